@@ -1,0 +1,295 @@
+//! Rows of one topic partition → batches cut by rows, bytes or age.
+//!
+//! In: encoded rows, one per record, in offset order. Out: a [`Batch`] that
+//! owns its bytes and an index of `(offset, end)` per row, so that every retry
+//! sends identical bytes and reconciliation can drop the rows ClickHouse
+//! already has without re-encoding anything. A batch always covers a
+//! contiguous run of the records read from its partition.
+
+use crate::offset::{NextOffset, Offset};
+use std::time::{Duration, Instant};
+
+/// A topic partition.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PartitionId {
+    pub topic: String,
+    pub partition: i32,
+}
+
+impl std::fmt::Display for PartitionId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}[{}]", self.topic, self.partition)
+    }
+}
+
+/// When a batch is cut.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BatchLimits {
+    pub max_rows: usize,
+    pub max_bytes: usize,
+    pub max_age: Duration,
+}
+
+/// Encoded rows of one partition with the offset of each row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Batch {
+    pub partition: PartitionId,
+    body: Vec<u8>,
+    /// Per row: its offset and the end of its bytes in `body`.
+    rows: Vec<(Offset, usize)>,
+    /// The position after the last record this batch accounts for.
+    end: NextOffset,
+}
+
+impl Batch {
+    pub fn body(&self) -> &[u8] {
+        &self.body
+    }
+
+    pub fn len(&self) -> usize {
+        self.rows.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.body.len()
+    }
+
+    /// Offsets of the rows, ascending.
+    pub fn offsets(&self) -> impl ExactSizeIterator<Item = Offset> + '_ {
+        self.rows.iter().map(|r| r.0)
+    }
+
+    pub fn first(&self) -> Option<Offset> {
+        self.rows.first().map(|r| r.0)
+    }
+
+    pub fn last(&self) -> Option<Offset> {
+        self.rows.last().map(|r| r.0)
+    }
+
+    /// The read position just after this batch.
+    pub fn end(&self) -> NextOffset {
+        self.end
+    }
+
+    /// A batch of only the rows whose offsets are not in `present`
+    /// (ascending). The end position stays the same: the rows left out are
+    /// already in ClickHouse, so the batch still accounts for all of them.
+    pub fn without(&self, present: &[Offset]) -> Batch {
+        let mut out = Batch {
+            partition: self.partition.clone(),
+            body: Vec::with_capacity(self.body.len()),
+            rows: Vec::with_capacity(self.rows.len()),
+            end: self.end,
+        };
+        let mut p = present.iter().peekable();
+        let mut start = 0usize;
+        for &(offset, end) in &self.rows {
+            while p.next_if(|o| **o < offset).is_some() {}
+            let keep = p.peek().is_none_or(|o| **o != offset);
+            if keep {
+                out.body.extend_from_slice(&self.body[start..end]);
+                out.rows.push((offset, out.body.len()));
+            }
+            start = end;
+        }
+        out
+    }
+}
+
+/// Accumulates the rows of one partition until a limit is reached.
+#[derive(Debug)]
+pub struct BatchBuilder {
+    partition: PartitionId,
+    limits: BatchLimits,
+    body: Vec<u8>,
+    rows: Vec<(Offset, usize)>,
+    end: Option<NextOffset>,
+    opened: Option<Instant>,
+}
+
+impl BatchBuilder {
+    pub fn new(partition: PartitionId, limits: BatchLimits) -> Self {
+        Self {
+            partition,
+            limits,
+            body: Vec::new(),
+            rows: Vec::new(),
+            end: None,
+            opened: None,
+        }
+    }
+
+    pub fn partition(&self) -> &PartitionId {
+        &self.partition
+    }
+
+    /// Appends one row: `encode` writes its bytes at the end of the buffer.
+    /// If `encode` fails, nothing is appended and the error is returned.
+    pub fn push<E>(
+        &mut self,
+        offset: Offset,
+        now: Instant,
+        encode: impl FnOnce(&mut Vec<u8>) -> Result<(), E>,
+    ) -> Result<(), E> {
+        encode(&mut self.body)?;
+        self.rows.push((offset, self.body.len()));
+        self.end = Some(offset.next());
+        self.opened.get_or_insert(now);
+        Ok(())
+    }
+
+    /// Accounts for a record that yields no row (it is already handled
+    /// elsewhere), so the batch's end position moves past it.
+    pub fn skip(&mut self, offset: Offset, now: Instant) {
+        self.end = Some(offset.next());
+        self.opened.get_or_insert(now);
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.end.is_none()
+    }
+
+    pub fn rows(&self) -> usize {
+        self.rows.len()
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.body.len()
+    }
+
+    /// Whether the batch is full or old enough to be sent.
+    pub fn is_due(&self, now: Instant) -> bool {
+        self.rows.len() >= self.limits.max_rows
+            || self.body.len() >= self.limits.max_bytes
+            || self
+                .opened
+                .is_some_and(|t| now.saturating_duration_since(t) >= self.limits.max_age)
+    }
+
+    /// Takes the accumulated rows as a batch, leaving the builder empty.
+    pub fn take(&mut self) -> Option<Batch> {
+        let end = self.end.take()?;
+        self.opened = None;
+        let cap = self.body.capacity().min(self.limits.max_bytes + 64 * 1024);
+        Some(Batch {
+            partition: self.partition.clone(),
+            body: std::mem::replace(&mut self.body, Vec::with_capacity(cap)),
+            rows: std::mem::take(&mut self.rows),
+            end,
+        })
+    }
+
+    /// Drops everything accumulated (the partition was given up).
+    pub fn clear(&mut self) {
+        self.body.clear();
+        self.rows.clear();
+        self.end = None;
+        self.opened = None;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn limits(rows: usize, bytes: usize) -> BatchLimits {
+        BatchLimits {
+            max_rows: rows,
+            max_bytes: bytes,
+            max_age: Duration::from_secs(1),
+        }
+    }
+
+    fn builder(l: BatchLimits) -> BatchBuilder {
+        BatchBuilder::new(
+            PartitionId {
+                topic: "t".into(),
+                partition: 0,
+            },
+            l,
+        )
+    }
+
+    fn push(b: &mut BatchBuilder, o: i64, now: Instant) {
+        b.push::<()>(Offset(o), now, |buf| {
+            buf.extend_from_slice(format!("row{o}\n").as_bytes());
+            Ok(())
+        })
+        .unwrap();
+    }
+
+    #[test]
+    fn cuts_by_rows_bytes_and_age() {
+        let t0 = Instant::now();
+        let mut b = builder(limits(2, 1000));
+        push(&mut b, 0, t0);
+        assert!(!b.is_due(t0));
+        push(&mut b, 1, t0);
+        assert!(b.is_due(t0));
+
+        let mut b = builder(limits(100, 10));
+        push(&mut b, 0, t0);
+        assert!(!b.is_due(t0));
+        push(&mut b, 1, t0);
+        assert!(b.is_due(t0));
+
+        let mut b = builder(limits(100, 1000));
+        push(&mut b, 0, t0);
+        assert!(!b.is_due(t0 + Duration::from_millis(999)));
+        assert!(b.is_due(t0 + Duration::from_secs(1)));
+        let batch = b.take().unwrap();
+        assert_eq!(batch.end(), NextOffset(1));
+        assert!(b.is_empty());
+        assert!(!b.is_due(t0 + Duration::from_secs(5)));
+    }
+
+    #[test]
+    fn failed_encode_appends_nothing() {
+        let t0 = Instant::now();
+        let mut b = builder(limits(10, 1000));
+        push(&mut b, 5, t0);
+        assert_eq!(b.push(Offset(6), t0, |_| Err("bad")), Err("bad"));
+        let batch = b.take().unwrap();
+        assert_eq!(batch.body(), b"row5\n");
+        assert_eq!(batch.end(), NextOffset(6));
+    }
+
+    #[test]
+    fn skip_moves_end_without_rows() {
+        let t0 = Instant::now();
+        let mut b = builder(limits(10, 1000));
+        push(&mut b, 5, t0);
+        b.skip(Offset(6), t0);
+        let batch = b.take().unwrap();
+        assert_eq!(batch.len(), 1);
+        assert_eq!(batch.end(), NextOffset(7));
+    }
+
+    proptest! {
+        #[test]
+        fn without_keeps_exactly_the_missing_rows(
+            offsets in proptest::collection::btree_set(0i64..500, 1..60),
+            present in proptest::collection::btree_set(0i64..500, 0..60),
+        ) {
+            let t0 = Instant::now();
+            let mut b = builder(limits(1000, 1 << 20));
+            for &o in &offsets { push(&mut b, o, t0); }
+            let batch = b.take().unwrap();
+            let present: Vec<Offset> = present.into_iter().map(Offset).collect();
+            let rest = batch.without(&present);
+            let expect: Vec<i64> = offsets.iter().copied()
+                .filter(|o| !present.contains(&Offset(*o))).collect();
+            let got: Vec<i64> = rest.offsets().map(|o| o.0).collect();
+            prop_assert_eq!(&got, &expect);
+            let body: String = expect.iter().map(|o| format!("row{o}\n")).collect();
+            prop_assert_eq!(rest.body(), body.as_bytes());
+            prop_assert_eq!(rest.end(), batch.end());
+        }
+    }
+}

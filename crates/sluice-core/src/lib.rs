@@ -1,0 +1,28 @@
+//! The exactly-once core of sluice, free of I/O.
+//!
+//! Records flow in as `(partition, offset, value)`; out come encoded batches,
+//! insert tokens, resume plans and reconciliation decisions. Nothing here
+//! talks to Kafka, ClickHouse, the clock or the network, so every rule that
+//! the exactly-once contract rests on is tested with unit and property tests:
+//!
+//! - [`offset`]: the two offset conventions as two types.
+//! - [`row`]: one Kafka record value → one JSONEachRow line with metadata.
+//! - [`batch`]: rows of one partition → a batch cut by rows, bytes or age.
+//! - [`token`]: a batch's rows → deterministic dedup token and query ids.
+//! - [`acks`]: out-of-order batch completions → the in-order durable frontier.
+//! - [`resume`]: committed offset + ClickHouse watermark → where to read from
+//!   and which offsets must be checked before they are inserted.
+//!   ([`batch::Batch::without`] drops the rows ClickHouse already holds.)
+
+pub mod acks;
+pub mod batch;
+pub mod offset;
+pub mod resume;
+pub mod row;
+pub mod token;
+
+pub use acks::AckTracker;
+pub use batch::{Batch, BatchBuilder, BatchLimits, PartitionId};
+pub use offset::{NextOffset, Offset};
+pub use resume::{resume_plan, ResumePlan};
+pub use row::{MetadataColumns, RowEncoder, RowError};

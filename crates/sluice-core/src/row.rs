@@ -1,0 +1,226 @@
+//! One Kafka record value → one JSONEachRow line carrying its origin.
+//!
+//! In: the raw value bytes of a record and its partition and offset.
+//! Out: the same JSON object with the metadata columns (`_topic`,
+//! `_partition`, `_offset` by default) appended, followed by `\n`.
+//! The value is validated as one JSON object whose top-level keys do not
+//! collide with the metadata columns; anything else is a [`RowError`], so a
+//! bad record never reaches ClickHouse inside a batch of good ones.
+
+use serde::de::{self, Deserializer, IgnoredAny, MapAccess, Visitor};
+use std::fmt;
+
+/// The names of the columns that carry a row's origin.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MetadataColumns {
+    pub topic: String,
+    pub partition: String,
+    pub offset: String,
+}
+
+impl Default for MetadataColumns {
+    fn default() -> Self {
+        Self {
+            topic: "_topic".into(),
+            partition: "_partition".into(),
+            offset: "_offset".into(),
+        }
+    }
+}
+
+/// Why a record value cannot become a row.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RowError {
+    #[error("the record has no value (a tombstone)")]
+    Tombstone,
+    #[error("the value is not valid JSON: {0}")]
+    NotJson(String),
+    #[error("the value is JSON but not an object")]
+    NotObject,
+    #[error("the value already has a field named `{0}`, which is a metadata column")]
+    ReservedField(String),
+}
+
+/// Encodes the values of one topic into JSONEachRow lines.
+#[derive(Debug, Clone)]
+pub struct RowEncoder {
+    columns: MetadataColumns,
+    /// `"_topic":"<topic>","_partition":` with the topic already escaped.
+    head: Vec<u8>,
+    /// `,"_offset":`
+    mid: Vec<u8>,
+}
+
+impl RowEncoder {
+    pub fn new(topic: &str, columns: MetadataColumns) -> Self {
+        let q = |s: &str| serde_json::to_string(s).unwrap_or_else(|_| format!("\"{s}\""));
+        let head = format!(
+            "{}:{},{}:",
+            q(&columns.topic),
+            q(topic),
+            q(&columns.partition)
+        );
+        let mid = format!(",{}:", q(&columns.offset));
+        Self {
+            columns,
+            head: head.into_bytes(),
+            mid: mid.into_bytes(),
+        }
+    }
+
+    /// Appends the row for `value` to `out`. On error `out` is unchanged.
+    pub fn encode(
+        &self,
+        value: Option<&[u8]>,
+        partition: i32,
+        offset: i64,
+        out: &mut Vec<u8>,
+    ) -> Result<(), RowError> {
+        let value = value.ok_or(RowError::Tombstone)?;
+        let (body, empty) = self.validate(value)?;
+        out.reserve(body.len() + self.head.len() + self.mid.len() + 24);
+        out.extend_from_slice(body);
+        if !empty {
+            out.push(b',');
+        }
+        out.extend_from_slice(&self.head);
+        let mut num = itoa::Buffer::new();
+        out.extend_from_slice(num.format(partition).as_bytes());
+        out.extend_from_slice(&self.mid);
+        out.extend_from_slice(num.format(offset).as_bytes());
+        out.extend_from_slice(b"}\n");
+        Ok(())
+    }
+
+    /// Checks `value` and returns it without its closing brace, plus whether
+    /// the object is empty.
+    fn validate<'v>(&self, value: &'v [u8]) -> Result<(&'v [u8], bool), RowError> {
+        let start = value.iter().position(|b| !b.is_ascii_whitespace());
+        let end = value.iter().rposition(|b| !b.is_ascii_whitespace());
+        let (Some(start), Some(end)) = (start, end) else {
+            return Err(RowError::NotJson("the value is empty".into()));
+        };
+        if value[start] != b'{' {
+            // Distinguish "valid JSON, wrong shape" from "not JSON at all".
+            return match serde_json::from_slice::<IgnoredAny>(value) {
+                Ok(_) => Err(RowError::NotObject),
+                Err(e) => Err(RowError::NotJson(e.to_string())),
+            };
+        }
+        let mut de = serde_json::Deserializer::from_slice(value);
+        let fields = de
+            .deserialize_map(KeyCheck(&self.columns))
+            .and_then(|n| de.end().map(|_| n))
+            .map_err(|e| match e.classify() {
+                serde_json::error::Category::Data => {
+                    let msg = e.to_string();
+                    match msg.strip_prefix(RESERVED) {
+                        Some(rest) => RowError::ReservedField(
+                            rest.split(" at line").next().unwrap_or(rest).to_string(),
+                        ),
+                        None => RowError::NotJson(msg),
+                    }
+                }
+                _ => RowError::NotJson(e.to_string()),
+            })?;
+        Ok((&value[..end], fields == 0))
+    }
+}
+
+const RESERVED: &str = "reserved:";
+
+/// Walks the top-level keys of an object, skipping values, and fails on a
+/// metadata column name. Returns the number of fields.
+struct KeyCheck<'c>(&'c MetadataColumns);
+
+impl<'de> Visitor<'de> for KeyCheck<'_> {
+    type Value = usize;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a JSON object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<usize, A::Error> {
+        let mut n = 0;
+        while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+            let c = self.0;
+            if *key == *c.topic || *key == *c.partition || *key == *c.offset {
+                return Err(de::Error::custom(format!("{RESERVED}{key}")));
+            }
+            map.next_value::<IgnoredAny>()?;
+            n += 1;
+        }
+        Ok(n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn enc(v: &str) -> Result<String, RowError> {
+        let e = RowEncoder::new("orders", MetadataColumns::default());
+        let mut out = b"prefix|".to_vec();
+        e.encode(Some(v.as_bytes()), 3, 42, &mut out)?;
+        Ok(String::from_utf8(out).unwrap())
+    }
+
+    #[test]
+    fn appends_metadata() {
+        assert_eq!(
+            enc(r#" {"id": 1, "s": "a}"} "#).unwrap(),
+            "prefix| {\"id\": 1, \"s\": \"a}\",\"_topic\":\"orders\",\"_partition\":3,\"_offset\":42}\n"
+        );
+        assert_eq!(
+            enc("{}").unwrap(),
+            "prefix|{\"_topic\":\"orders\",\"_partition\":3,\"_offset\":42}\n"
+        );
+    }
+
+    #[test]
+    fn output_is_valid_json_with_metadata() {
+        let line = enc(r#"{"nested":{"_offset":1},"list":[1,2]}"#).unwrap();
+        let v: serde_json::Value =
+            serde_json::from_str(line.strip_prefix("prefix|").unwrap()).unwrap();
+        assert_eq!(v["_offset"], 42);
+        assert_eq!(v["_partition"], 3);
+        assert_eq!(v["_topic"], "orders");
+        assert_eq!(v["nested"]["_offset"], 1);
+    }
+
+    #[test]
+    fn rejects_bad_values() {
+        assert!(matches!(enc("{\"a\":"), Err(RowError::NotJson(_))));
+        assert!(matches!(enc("not json"), Err(RowError::NotJson(_))));
+        assert!(matches!(enc(""), Err(RowError::NotJson(_))));
+        assert_eq!(enc("[1,2]"), Err(RowError::NotObject));
+        assert_eq!(enc("\"s\""), Err(RowError::NotObject));
+        assert!(matches!(
+            enc("{\"a\":1} trailing"),
+            Err(RowError::NotJson(_))
+        ));
+        assert_eq!(
+            enc(r#"{"a":1,"_offset":7}"#),
+            Err(RowError::ReservedField("_offset".into()))
+        );
+        let e = RowEncoder::new("t", MetadataColumns::default());
+        let mut out = vec![];
+        assert_eq!(e.encode(None, 0, 0, &mut out), Err(RowError::Tombstone));
+        assert!(out.is_empty());
+    }
+
+    #[test]
+    fn escapes_topic_and_custom_columns() {
+        let cols = MetadataColumns {
+            topic: "src_topic".into(),
+            partition: "src_part".into(),
+            offset: "src_off".into(),
+        };
+        let e = RowEncoder::new("we\"ird", cols);
+        let mut out = vec![];
+        e.encode(Some(b"{\"x\":1}"), 0, 7, &mut out).unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(v["src_topic"], "we\"ird");
+        assert_eq!(v["src_off"], 7);
+    }
+}

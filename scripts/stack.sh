@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# stack.sh up|down|env|status — the local test stack: Kafka (tansu 0.6.0, sqlite) + ClickHouse
+# (chDB 26.9 behind stack/chdb_server.py), both on 127.0.0.1.
+#
+#   up      install both (scripts/install-*.sh), start what is not running, wait until ready
+#           (Kafka: a Metadata request answers; ClickHouse: /ping), print KAFKA_BROKERS / CLICKHOUSE_URL
+#   down    SIGTERM both, SIGKILL after 10 s, remove pid files
+#   env     print KAFKA_BROKERS, CLICKHOUSE_URL, SLUICE_TANSU_BIN, SLUICE_CHDB_PYTHON, SLUICE_CHDB_SERVER
+#   status  say what runs
+#
+# State: ${SLUICE_STACK_DIR:-<repo>/.stack}/{data/tansu.db, chdb/, tansu.{pid,log}, chdb.{pid,log}}
+# (tansu runs with cwd = the state dir so `--storage-engine sqlite://data/tansu.db` lands there).
+# Ports: SLUICE_KAFKA_PORT (19092), SLUICE_CH_PORT (18123). Cache: SLUICE_CACHE (~/.cache/sluice).
+set -euo pipefail
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+CACHE="${SLUICE_CACHE:-$HOME/.cache/sluice}"
+STACK="${SLUICE_STACK_DIR:-$REPO/.stack}"
+KPORT="${SLUICE_KAFKA_PORT:-19092}"
+CPORT="${SLUICE_CH_PORT:-18123}"
+TANSU_BIN="$CACHE/tansu-0.6.0/bin/tansu"
+CHDB_PY="$CACHE/venv-chdb-26.9.0/bin/python"
+CHDB_SERVER="$REPO/stack/chdb_server.py"
+
+lines() {
+  echo "KAFKA_BROKERS=127.0.0.1:$KPORT"
+  echo "CLICKHOUSE_URL=http://127.0.0.1:$CPORT"
+}
+
+alive() { # alive NAME -> pid file names a live process
+  local f="$STACK/$1.pid"
+  [ -f "$f" ] && kill -0 "$(cat "$f")" 2>/dev/null
+}
+
+kafka_ready() { # a Kafka Metadata v0 request gets an answer naming at least one broker
+  "$CHDB_PY" - "$KPORT" <<'PY'
+import socket, struct, sys
+try:
+    s = socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=2)
+    body = struct.pack(">hhih", 3, 0, 7, 5) + b"ready" + struct.pack(">i", 0)  # Metadata v0, all topics
+    s.sendall(struct.pack(">i", len(body)) + body)
+    size, corr, brokers = struct.unpack(">iii", s.recv(12, socket.MSG_WAITALL))
+    sys.exit(0 if corr == 7 and brokers >= 1 else 1)
+except Exception:
+    sys.exit(1)
+PY
+}
+
+ch_ready() {
+  "$CHDB_PY" -c "import sys,urllib.request as u; sys.exit(u.urlopen('http://127.0.0.1:$CPORT/ping', timeout=2).read() != b'Ok.\n')" 2>/dev/null
+}
+
+wait_ready() { # wait_ready NAME CHECK
+  for _ in $(seq 1 300); do
+    if "$2"; then return 0; fi
+    alive "$1" || { echo "stack: $1 died; see $STACK/$1.log" >&2; tail -20 "$STACK/$1.log" >&2; exit 1; }
+    sleep 0.2
+  done
+  echo "stack: $1 not ready after 60 s; see $STACK/$1.log" >&2
+  exit 1
+}
+
+up() {
+  "$REPO/scripts/install-chdb.sh" >/dev/null
+  "$REPO/scripts/install-tansu.sh" >/dev/null
+  mkdir -p "$STACK/data" "$STACK/chdb"
+  if ! alive tansu; then
+    (cd "$STACK" && exec setsid "$TANSU_BIN" broker \
+        --cluster-id sluice --listener-url "tcp://127.0.0.1:$KPORT" \
+        --advertised-listener-url "tcp://127.0.0.1:$KPORT" \
+        --storage-engine "sqlite://data/tansu.db" </dev/null >>"$STACK/tansu.log" 2>&1) &
+    echo $! >"$STACK/tansu.pid"
+  fi
+  if ! alive chdb; then
+    setsid "$CHDB_PY" "$CHDB_SERVER" --path "$STACK/chdb" --port "$CPORT" </dev/null >>"$STACK/chdb.log" 2>&1 &
+    echo $! >"$STACK/chdb.pid"
+  fi
+  wait_ready tansu kafka_ready
+  wait_ready chdb ch_ready
+  lines
+}
+
+stop() { # stop NAME: SIGTERM, then SIGKILL after 10 s
+  local f="$STACK/$1.pid" pid
+  [ -f "$f" ] || return 0
+  pid="$(cat "$f")"
+  if kill -TERM "$pid" 2>/dev/null; then
+    for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$pid" 2>/dev/null && echo "stack: $1 ($pid) killed after SIGTERM timeout" >&2
+  fi
+  rm -f "$f"
+}
+
+case "${1:-}" in
+  up) up ;;
+  down) stop tansu; stop chdb ;;
+  env)
+    lines
+    echo "SLUICE_TANSU_BIN=$TANSU_BIN"
+    echo "SLUICE_CHDB_PYTHON=$CHDB_PY"
+    echo "SLUICE_CHDB_SERVER=$CHDB_SERVER"
+    ;;
+  status)
+    for n in tansu chdb; do
+      if alive "$n"; then echo "$n: running (pid $(cat "$STACK/$n.pid"))"; else echo "$n: stopped"; fi
+    done
+    ;;
+  *) echo "usage: $0 up|down|env|status" >&2; exit 2 ;;
+esac
