@@ -7,6 +7,7 @@
 //! contiguous run of the records read from its partition.
 
 use crate::offset::{NextOffset, Offset};
+use bytes::Bytes;
 use std::time::{Duration, Instant};
 
 /// A topic partition.
@@ -34,7 +35,8 @@ pub struct BatchLimits {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Batch {
     pub partition: PartitionId,
-    body: Vec<u8>,
+    /// Shared, immutable bytes: every attempt sends these very bytes.
+    body: Bytes,
     /// Per row: its offset and the end of its bytes in `body`.
     rows: Vec<(Offset, usize)>,
     /// The position after the last record this batch accounts for.
@@ -42,7 +44,7 @@ pub struct Batch {
 }
 
 impl Batch {
-    pub fn body(&self) -> &[u8] {
+    pub fn body(&self) -> &Bytes {
         &self.body
     }
 
@@ -80,24 +82,25 @@ impl Batch {
     /// (ascending). The end position stays the same: the rows left out are
     /// already in ClickHouse, so the batch still accounts for all of them.
     pub fn without(&self, present: &[Offset]) -> Batch {
-        let mut out = Batch {
-            partition: self.partition.clone(),
-            body: Vec::with_capacity(self.body.len()),
-            rows: Vec::with_capacity(self.rows.len()),
-            end: self.end,
-        };
+        let mut body = Vec::with_capacity(self.body.len());
+        let mut rows = Vec::with_capacity(self.rows.len());
         let mut p = present.iter().peekable();
         let mut start = 0usize;
         for &(offset, end) in &self.rows {
             while p.next_if(|o| **o < offset).is_some() {}
             let keep = p.peek().is_none_or(|o| **o != offset);
             if keep {
-                out.body.extend_from_slice(&self.body[start..end]);
-                out.rows.push((offset, out.body.len()));
+                body.extend_from_slice(&self.body[start..end]);
+                rows.push((offset, body.len()));
             }
             start = end;
         }
-        out
+        Batch {
+            partition: self.partition.clone(),
+            body: body.into(),
+            rows,
+            end: self.end,
+        }
     }
 }
 
@@ -178,7 +181,7 @@ impl BatchBuilder {
         let cap = self.body.capacity().min(self.limits.max_bytes + 64 * 1024);
         Some(Batch {
             partition: self.partition.clone(),
-            body: std::mem::replace(&mut self.body, Vec::with_capacity(cap)),
+            body: std::mem::replace(&mut self.body, Vec::with_capacity(cap)).into(),
             rows: std::mem::take(&mut self.rows),
             end,
         })
@@ -256,7 +259,7 @@ mod tests {
         push(&mut b, 5, t0);
         assert_eq!(b.push(Offset(6), t0, |_| Err("bad")), Err("bad"));
         let batch = b.take().unwrap();
-        assert_eq!(batch.body(), b"row5\n");
+        assert_eq!(&batch.body()[..], b"row5\n");
         assert_eq!(batch.end(), NextOffset(6));
     }
 
@@ -288,7 +291,7 @@ mod tests {
             let got: Vec<i64> = rest.offsets().map(|o| o.0).collect();
             prop_assert_eq!(&got, &expect);
             let body: String = expect.iter().map(|o| format!("row{o}\n")).collect();
-            prop_assert_eq!(rest.body(), body.as_bytes());
+            prop_assert_eq!(&rest.body()[..], body.as_bytes());
             prop_assert_eq!(rest.end(), batch.end());
         }
     }

@@ -1,1 +1,135 @@
-fn main(){}
+//! The `sluice` binary: parses the command line, sets up logging and runs a
+//! subcommand. Errors end here as a message on stderr and exit code 2.
+
+use anyhow::Context;
+use clap::{Parser, Subcommand, ValueEnum};
+use sluice::config::{Delivery, Overrides, RawConfig};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(
+    name = "sluice",
+    version,
+    about = "Exactly-once Kafka → ClickHouse ingestion"
+)]
+struct Cli {
+    /// Log filter, e.g. `info` or `sluice=debug` (RUST_LOG also works).
+    #[arg(long, global = true, default_value = "info", env = "SLUICE_LOG")]
+    log: String,
+    /// Log format.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text, env = "SLUICE_LOG_FORMAT")]
+    log_format: LogFormat,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum DeliveryArg {
+    ExactlyOnce,
+    AtLeastOnce,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the sink: consume the routed topics and write rows exactly once.
+    Run {
+        /// The config file (TOML).
+        #[arg(long, short)]
+        config: PathBuf,
+        /// Kafka bootstrap servers; overrides the file.
+        #[arg(long, env = "KAFKA_BROKERS")]
+        brokers: Option<String>,
+        /// ClickHouse HTTP URL; overrides the file.
+        #[arg(long, env = "CLICKHOUSE_URL")]
+        clickhouse_url: Option<String>,
+        /// Consumer group id; overrides the file.
+        #[arg(long)]
+        group_id: Option<String>,
+        /// Delivery mode; overrides the file.
+        #[arg(long, value_enum)]
+        delivery: Option<DeliveryArg>,
+        /// Rows per insert at most; overrides the file.
+        #[arg(long)]
+        max_batch_rows: Option<usize>,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(&cli.log, cli.log_format);
+    match run(cli.command) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e:#}");
+            eprintln!("sluice: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn run(command: Command) -> anyhow::Result<()> {
+    match command {
+        Command::Run {
+            config,
+            brokers,
+            clickhouse_url,
+            group_id,
+            delivery,
+            max_batch_rows,
+        } => {
+            let overrides = Overrides {
+                brokers,
+                clickhouse_url,
+                group_id,
+                delivery: delivery.map(|d| match d {
+                    DeliveryArg::ExactlyOnce => Delivery::ExactlyOnce,
+                    DeliveryArg::AtLeastOnce => Delivery::AtLeastOnce,
+                }),
+                max_batch_rows,
+            };
+            let cfg = RawConfig::from_file(&config)?.validate(overrides)?;
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+                .context("starting the async runtime")?;
+            rt.block_on(sluice::sink::run(cfg, shutdown_signal()))
+        }
+    }
+}
+
+/// Resolves on SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = match signal(SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot listen for SIGTERM");
+            let _ = tokio::signal::ctrl_c().await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+    tracing::info!("shutdown requested: flushing, committing and leaving the group");
+}
+
+fn init_logging(filter: &str, format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(filter));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}

@@ -1,0 +1,258 @@
+//! Inserts and protocol queries against ClickHouse over HTTP.
+//!
+//! In: encoded batches and questions about a table. Out: acknowledged
+//! inserts, watermarks (the highest stored offset per partition), the set of
+//! offsets present in a range, and "that attempt can no longer commit".
+//! Every insert carries the settings the protocol relies on explicitly, so
+//! the sink behaves the same on 25.3 (the documents' version) and 26.x
+//! (which defaults to `async_insert=1`). Settings the server does not know
+//! are left out after asking `system.settings` once at start.
+
+use super::error::{ChError, ChErrorKind};
+use crate::config::{ClickHouseConfig, Delivery, Route};
+use bytes::Bytes;
+use sluice_core::{MetadataColumns, Offset};
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+/// One insert attempt.
+#[derive(Debug, Clone)]
+pub struct InsertRequest {
+    /// `` `db`.`table` ``.
+    pub table: String,
+    pub body: Bytes,
+    /// `insert_deduplication_token`, when the mode uses one.
+    pub token: Option<String>,
+    /// Unique per attempt, so the attempt can be found and killed.
+    pub query_id: String,
+}
+
+#[derive(Clone)]
+pub struct ClickHouse {
+    client: clickhouse::Client,
+    insert_timeout: Duration,
+    insert_settings: Vec<(String, String)>,
+    columns: MetadataColumns,
+}
+
+impl ClickHouse {
+    /// Connects and learns which insert settings the server knows.
+    pub async fn connect(
+        cfg: &ClickHouseConfig,
+        columns: MetadataColumns,
+        delivery: Delivery,
+        max_batch_rows: usize,
+    ) -> Result<Self, ChError> {
+        let client = clickhouse::Client::default()
+            .with_url(&cfg.url)
+            .with_user(&cfg.user)
+            .with_password(&cfg.password)
+            .with_database(&cfg.database)
+            .with_validation(false);
+        let secs = cfg.insert_timeout.as_secs().max(1).to_string();
+        let block = (max_batch_rows + 1).max(1_048_449).to_string();
+        let mut wanted: Vec<(&str, String)> = vec![
+            ("async_insert", "0".into()),
+            ("insert_deduplicate", "1".into()),
+            ("max_insert_block_size", block.clone()),
+            ("min_insert_block_size_rows", block),
+            ("max_insert_block_size_bytes", "0".into()),
+            ("max_execution_time", secs.clone()),
+            ("timeout_overflow_mode", "throw".into()),
+            ("http_receive_timeout", secs.clone()),
+            ("http_send_timeout", secs),
+        ];
+        if delivery == Delivery::ExactlyOnce {
+            // 26.x: `insert_deduplicate=0` no longer turns dedup off; this does.
+            wanted.push(("deduplicate_insert", "enable".into()));
+        }
+        let names: Vec<&str> = wanted.iter().map(|w| w.0).collect();
+        let known: Vec<String> = client
+            .query("SELECT name FROM system.settings WHERE name IN ?")
+            .bind(names)
+            .fetch_all::<String>()
+            .await?;
+        let mut insert_settings: Vec<(String, String)> = wanted
+            .into_iter()
+            .filter(|(n, _)| known.iter().any(|k| k == n))
+            .map(|(n, v)| (n.to_string(), v))
+            .collect();
+        for (k, v) in &cfg.settings {
+            insert_settings.retain(|(n, _)| n != k);
+            insert_settings.push((k.clone(), v.clone()));
+        }
+        Ok(Self {
+            client,
+            insert_timeout: cfg.insert_timeout,
+            insert_settings,
+            columns,
+        })
+    }
+
+    /// The longest an insert can live on the client and on the server.
+    pub fn insert_timeout(&self) -> Duration {
+        self.insert_timeout
+    }
+
+    /// Checks that `route`'s table exists and has the metadata columns.
+    pub async fn check_table(&self, route: &Route) -> Result<(), ChError> {
+        let cols: Vec<String> = self
+            .client
+            .query("SELECT name FROM system.columns WHERE database = ? AND table = ?")
+            .bind(&route.database)
+            .bind(&route.table)
+            .fetch_all()
+            .await?;
+        if cols.is_empty() {
+            return Err(ChError::client(format!(
+                "table {}.{} (for topic {:?}) does not exist; `sluice schema` prints a recommended DDL",
+                route.database, route.table, route.topic
+            )));
+        }
+        let c = &self.columns;
+        let missing: Vec<&str> = [&c.topic, &c.partition, &c.offset]
+            .into_iter()
+            .filter(|m| !cols.iter().any(|x| x == *m))
+            .map(|s| s.as_str())
+            .collect();
+        if !missing.is_empty() {
+            return Err(ChError::client(format!(
+                "table {}.{} lacks the metadata column(s) {}; sluice stores each row's topic, partition and offset there",
+                route.database,
+                route.table,
+                missing.join(", ")
+            )));
+        }
+        Ok(())
+    }
+
+    /// Runs one insert attempt, bounded by the insert timeout.
+    pub async fn insert(&self, req: InsertRequest) -> Result<(), ChError> {
+        let sql = format!("INSERT INTO {} FORMAT JSONEachRow", req.table);
+        let mut ins = self
+            .client
+            .insert_formatted_with(sql)
+            .with_timeouts(Some(self.insert_timeout), Some(self.insert_timeout))
+            .with_setting("query_id", &req.query_id);
+        for (k, v) in &self.insert_settings {
+            ins = ins.with_setting(k, v);
+        }
+        if let Some(token) = &req.token {
+            ins = ins.with_setting("insert_deduplication_token", token);
+        }
+        let work = async {
+            ins.send(req.body).await?;
+            ins.end().await
+        };
+        // A client-side bound on the whole attempt, on top of the crate's.
+        match tokio::time::timeout(self.insert_timeout + Duration::from_secs(1), work).await {
+            Ok(r) => r.map_err(ChError::from),
+            Err(_) => Err(ChError {
+                kind: ChErrorKind::Timeout,
+                code: None,
+                message: "insert timed out".into(),
+            }),
+        }
+    }
+
+    /// The highest stored offset of each partition of `topic` in `route`'s table.
+    pub async fn watermarks(&self, route: &Route) -> Result<HashMap<i32, Offset>, ChError> {
+        let c = &self.columns;
+        let sql = format!(
+            "SELECT toInt32({p}), toInt64(max({o})) FROM {t} WHERE {tp} = ? GROUP BY {tp}, {p}",
+            p = q(&c.partition),
+            o = q(&c.offset),
+            tp = q(&c.topic),
+            t = route.qualified()
+        );
+        let rows: Vec<(i32, i64)> = self
+            .client
+            .query(&sql)
+            .bind(&route.topic)
+            .fetch_all()
+            .await?;
+        Ok(rows.into_iter().map(|(p, o)| (p, Offset(o))).collect())
+    }
+
+    /// The offsets in `first..=last` of one partition that the table holds,
+    /// ascending (duplicates included once or more).
+    pub async fn present_offsets(
+        &self,
+        route: &Route,
+        partition: i32,
+        first: Offset,
+        last: Offset,
+    ) -> Result<Vec<Offset>, ChError> {
+        let c = &self.columns;
+        let sql = format!(
+            "SELECT toInt64({o}) AS o FROM {t} WHERE {tp} = ? AND {p} = ? AND {o} BETWEEN ? AND ? ORDER BY o",
+            p = q(&c.partition),
+            o = q(&c.offset),
+            tp = q(&c.topic),
+            t = route.qualified()
+        );
+        let rows: Vec<i64> = self
+            .client
+            .query(&sql)
+            .bind(&route.topic)
+            .bind(partition)
+            .bind(first.0)
+            .bind(last.0)
+            .fetch_all()
+            .await?;
+        Ok(rows.into_iter().map(Offset).collect())
+    }
+
+    /// Makes sure the attempt `query_id`, started at `started`, can no longer
+    /// commit: asks the server to kill it and waits until it is gone from
+    /// `system.processes`. If the server cannot say, waits out the attempt's
+    /// lifetime bound instead.
+    pub async fn fence_attempt(&self, query_id: &str, started: Instant) -> Result<(), ChError> {
+        let bound = started + self.insert_timeout + Duration::from_secs(2);
+        let _ = self
+            .client
+            .query("KILL QUERY WHERE query_id = ? SYNC")
+            .bind(query_id)
+            .execute()
+            .await;
+        loop {
+            let running = self
+                .client
+                .query("SELECT count() FROM system.processes WHERE query_id = ?")
+                .bind(query_id)
+                .fetch_one::<u64>()
+                .await
+                .map_err(ChError::from);
+            match running {
+                Ok(0) => return Ok(()),
+                Ok(_) if Instant::now() >= bound + self.insert_timeout => {
+                    return Err(ChError::client(format!(
+                        "insert {query_id} is still running after kill and twice its timeout"
+                    )));
+                }
+                Ok(_) => {}
+                Err(e) if e.kind == ChErrorKind::Server => {
+                    // No visibility into processes: rely on the lifetime bound.
+                    tokio::time::sleep_until(bound.into()).await;
+                    return Ok(());
+                }
+                Err(e) => return Err(e),
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// A trivial round trip, for readiness.
+    pub async fn ping(&self) -> Result<(), ChError> {
+        self.client
+            .query("SELECT 1")
+            .fetch_one::<u8>()
+            .await
+            .map(|_| ())?;
+        Ok(())
+    }
+}
+
+fn q(ident: &str) -> String {
+    crate::config::quote_ident(ident)
+}

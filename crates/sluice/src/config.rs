@@ -1,0 +1,516 @@
+//! `sluice.toml` → a validated [`Config`].
+//!
+//! Two steps, as in vector and ripgrep: [`RawConfig`] mirrors the file with
+//! `deny_unknown_fields` and a doc comment on every field; [`RawConfig::validate`]
+//! turns it into [`Config`], with one [`ConfigError`] variant per broken rule.
+//!
+//! Precedence, lowest first: built-in defaults, the file, environment
+//! variables (`KAFKA_BROKERS`, `CLICKHOUSE_URL`), command-line flags.
+
+use serde::Deserialize;
+use sluice_core::{BatchLimits, MetadataColumns};
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Duration;
+
+/// How strongly records are delivered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum Delivery {
+    /// Resume from ClickHouse, reconcile unknown outcomes, fence on rebalance.
+    #[default]
+    ExactlyOnce,
+    /// Commit after insert and re-send blindly on failure (today's pipelines).
+    AtLeastOnce,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct RawConfig {
+    /// Where records come from.
+    #[serde(default)]
+    pub kafka: RawKafka,
+    /// Where rows go.
+    #[serde(default)]
+    pub clickhouse: RawClickHouse,
+    /// How records become inserts.
+    #[serde(default)]
+    pub sink: RawSink,
+    /// One entry per topic: which table its records go to.
+    #[serde(default, rename = "route")]
+    pub routes: Vec<RawRoute>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct RawKafka {
+    /// Bootstrap servers, `host:port[,host:port]`. Overridden by `KAFKA_BROKERS`.
+    pub brokers: Option<String>,
+    /// Consumer group id. Default `sluice`.
+    pub group_id: Option<String>,
+    /// Group session timeout. Default 10s.
+    #[serde(default, with = "humantime_serde")]
+    pub session_timeout: Option<Duration>,
+    /// Heartbeat interval. Default 3s (a third of the session timeout at most).
+    #[serde(default, with = "humantime_serde")]
+    pub heartbeat_interval: Option<Duration>,
+    /// Where to start when nothing is committed: `earliest` (default) or `latest`.
+    pub auto_offset_reset: Option<String>,
+    /// Extra librdkafka properties, passed through as they are.
+    #[serde(default)]
+    pub properties: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct RawClickHouse {
+    /// HTTP(S) endpoint. Overridden by `CLICKHOUSE_URL`.
+    pub url: Option<String>,
+    /// Database for tables named without one. Default `default`.
+    pub database: Option<String>,
+    /// User name. Default `default`.
+    pub user: Option<String>,
+    /// Password. Default empty.
+    pub password: Option<String>,
+    /// The longest one insert may live, on the client and on the server
+    /// (`max_execution_time` and the HTTP timeouts). Default 30s.
+    #[serde(default, with = "humantime_serde")]
+    pub insert_timeout: Option<Duration>,
+    /// Extra settings sent with every insert.
+    #[serde(default)]
+    pub settings: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct RawSink {
+    /// `exactly-once` (default) or `at-least-once`.
+    pub delivery: Option<Delivery>,
+    /// Rows per insert, at most. Default 100000.
+    pub max_batch_rows: Option<usize>,
+    /// Bytes per insert, at most (approximately). Default 16 MiB.
+    pub max_batch_bytes: Option<usize>,
+    /// How long a row may wait for its batch to fill. Default 1s.
+    #[serde(default, with = "humantime_serde")]
+    pub max_batch_age: Option<Duration>,
+    /// Bytes buffered in batches being built or sent; over it, fetching
+    /// pauses. Default 256 MiB.
+    pub max_buffered_bytes: Option<usize>,
+    /// Inserts running at once. Default 4.
+    pub max_concurrent_inserts: Option<usize>,
+    /// How often durable positions are committed to Kafka. Default 2s.
+    #[serde(default, with = "humantime_serde")]
+    pub commit_interval: Option<Duration>,
+    /// How long a new owner waits before reading ClickHouse when the previous
+    /// owner did not hand the partition over cleanly. Default: insert
+    /// timeout + 5s.
+    #[serde(default, with = "humantime_serde")]
+    pub fence_wait: Option<Duration>,
+    /// Names of the metadata columns.
+    #[serde(default)]
+    pub columns: RawColumns,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct RawColumns {
+    /// Column for the source topic. Default `_topic`.
+    pub topic: Option<String>,
+    /// Column for the source partition. Default `_partition`.
+    pub partition: Option<String>,
+    /// Column for the source offset. Default `_offset`.
+    pub offset: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRoute {
+    /// Kafka topic to consume.
+    pub topic: String,
+    /// Target table, `table` or `database.table`.
+    pub table: String,
+}
+
+/// A validated configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub kafka: KafkaConfig,
+    pub clickhouse: ClickHouseConfig,
+    pub sink: SinkConfig,
+    pub routes: Vec<Route>,
+}
+
+#[derive(Debug, Clone)]
+pub struct KafkaConfig {
+    pub brokers: String,
+    pub group_id: String,
+    pub session_timeout: Duration,
+    pub heartbeat_interval: Duration,
+    pub auto_offset_reset: String,
+    pub properties: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone)]
+pub struct ClickHouseConfig {
+    pub url: String,
+    pub database: String,
+    pub user: String,
+    pub password: String,
+    pub insert_timeout: Duration,
+    pub settings: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone)]
+pub struct SinkConfig {
+    pub delivery: Delivery,
+    pub limits: BatchLimits,
+    pub max_buffered_bytes: usize,
+    pub max_concurrent_inserts: usize,
+    pub commit_interval: Duration,
+    pub fence_wait: Duration,
+    pub columns: MetadataColumns,
+}
+
+/// A topic and the table its rows go to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Route {
+    pub topic: String,
+    pub database: String,
+    pub table: String,
+}
+
+impl Route {
+    /// `` `db`.`table` `` for SQL.
+    pub fn qualified(&self) -> String {
+        format!(
+            "{}.{}",
+            quote_ident(&self.database),
+            quote_ident(&self.table)
+        )
+    }
+}
+
+/// Back-quotes an identifier for ClickHouse SQL.
+pub fn quote_ident(s: &str) -> String {
+    format!("`{}`", s.replace('\\', "\\\\").replace('`', "\\`"))
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("config file {path} is not valid: {message}")]
+    Parse { path: String, message: String },
+    #[error("{field}: missing; expected {expected}")]
+    Missing {
+        field: &'static str,
+        expected: &'static str,
+    },
+    #[error("{field}: expected {expected}, found {found:?}")]
+    Invalid {
+        field: String,
+        expected: &'static str,
+        found: String,
+    },
+    #[error("route: topic {0:?} is routed twice; each topic goes to one table")]
+    DuplicateTopic(String),
+    #[error(
+        "sink.max_buffered_bytes ({buffered}) must be at least twice sink.max_batch_bytes ({batch})"
+    )]
+    BufferTooSmall { buffered: usize, batch: usize },
+    #[error(
+        "kafka.heartbeat_interval ({heartbeat:?}) must be under a third of kafka.session_timeout ({session:?})"
+    )]
+    Heartbeat {
+        heartbeat: Duration,
+        session: Duration,
+    },
+    #[error("sink.columns: the metadata column names must be distinct and non-empty")]
+    Columns,
+}
+
+/// Values that override the file, from the environment and flags.
+#[derive(Debug, Clone, Default)]
+pub struct Overrides {
+    pub brokers: Option<String>,
+    pub clickhouse_url: Option<String>,
+    pub group_id: Option<String>,
+    pub delivery: Option<Delivery>,
+    pub max_batch_rows: Option<usize>,
+}
+
+impl RawConfig {
+    pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Self::from_toml(&text).map_err(|e| match e {
+            ConfigError::Parse { message, .. } => ConfigError::Parse {
+                path: path.display().to_string(),
+                message,
+            },
+            other => other,
+        })
+    }
+
+    pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
+        toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: "<inline>".into(),
+            message: e.to_string(),
+        })
+    }
+
+    /// Applies overrides, fills defaults and checks every cross-field rule.
+    pub fn validate(self, o: Overrides) -> Result<Config, ConfigError> {
+        let brokers = o
+            .brokers
+            .or(self.kafka.brokers)
+            .ok_or(ConfigError::Missing {
+                field: "kafka.brokers",
+                expected: "host:port (or KAFKA_BROKERS / --brokers)",
+            })?;
+        let url = o
+            .clickhouse_url
+            .or(self.clickhouse.url)
+            .ok_or(ConfigError::Missing {
+                field: "clickhouse.url",
+                expected: "http(s)://host:port (or CLICKHOUSE_URL / --clickhouse-url)",
+            })?;
+        if !(url.starts_with("http://") || url.starts_with("https://")) {
+            return Err(invalid(
+                "clickhouse.url",
+                "an http:// or https:// URL",
+                &url,
+            ));
+        }
+        let reset = self
+            .kafka
+            .auto_offset_reset
+            .unwrap_or_else(|| "earliest".into());
+        if reset != "earliest" && reset != "latest" {
+            return Err(invalid(
+                "kafka.auto_offset_reset",
+                "earliest or latest",
+                &reset,
+            ));
+        }
+        let session = self
+            .kafka
+            .session_timeout
+            .unwrap_or(Duration::from_secs(10));
+        let heartbeat = self
+            .kafka
+            .heartbeat_interval
+            .unwrap_or_else(|| (session / 3).min(Duration::from_secs(3)));
+        if heartbeat * 3 > session {
+            return Err(ConfigError::Heartbeat { heartbeat, session });
+        }
+        let database = self.clickhouse.database.unwrap_or_else(|| "default".into());
+        let insert_timeout = self
+            .clickhouse
+            .insert_timeout
+            .unwrap_or(Duration::from_secs(30));
+        if insert_timeout < Duration::from_secs(1) {
+            return Err(invalid(
+                "clickhouse.insert_timeout",
+                "at least 1s",
+                &format!("{insert_timeout:?}"),
+            ));
+        }
+
+        let s = self.sink;
+        let limits = BatchLimits {
+            max_rows: positive(
+                "sink.max_batch_rows",
+                o.max_batch_rows.or(s.max_batch_rows),
+                100_000,
+            )?,
+            max_bytes: positive("sink.max_batch_bytes", s.max_batch_bytes, 16 << 20)?,
+            max_age: s.max_batch_age.unwrap_or(Duration::from_secs(1)),
+        };
+        if limits.max_bytes > 1 << 30 {
+            return Err(invalid(
+                "sink.max_batch_bytes",
+                "at most 1 GiB",
+                &limits.max_bytes.to_string(),
+            ));
+        }
+        let max_buffered_bytes =
+            positive("sink.max_buffered_bytes", s.max_buffered_bytes, 256 << 20)?;
+        if max_buffered_bytes < 2 * limits.max_bytes {
+            return Err(ConfigError::BufferTooSmall {
+                buffered: max_buffered_bytes,
+                batch: limits.max_bytes,
+            });
+        }
+        let defaults = MetadataColumns::default();
+        let columns = MetadataColumns {
+            topic: s.columns.topic.unwrap_or(defaults.topic),
+            partition: s.columns.partition.unwrap_or(defaults.partition),
+            offset: s.columns.offset.unwrap_or(defaults.offset),
+        };
+        if columns.topic.is_empty()
+            || columns.partition.is_empty()
+            || columns.offset.is_empty()
+            || columns.topic == columns.partition
+            || columns.topic == columns.offset
+            || columns.partition == columns.offset
+        {
+            return Err(ConfigError::Columns);
+        }
+
+        if self.routes.is_empty() {
+            return Err(ConfigError::Missing {
+                field: "route",
+                expected: "at least one [[route]] with topic and table",
+            });
+        }
+        let mut routes: Vec<Route> = Vec::new();
+        for (i, r) in self.routes.into_iter().enumerate() {
+            if r.topic.is_empty() {
+                return Err(invalid(
+                    &format!("route[{i}].topic"),
+                    "a topic name",
+                    &r.topic,
+                ));
+            }
+            let (db, table) = match r.table.split_once('.') {
+                Some((db, t)) => (db.to_string(), t.to_string()),
+                None => (database.clone(), r.table.clone()),
+            };
+            if db.is_empty() || table.is_empty() {
+                return Err(invalid(
+                    &format!("route[{i}].table"),
+                    "table or database.table",
+                    &r.table,
+                ));
+            }
+            if routes.iter().any(|x| x.topic == r.topic) {
+                return Err(ConfigError::DuplicateTopic(r.topic));
+            }
+            routes.push(Route {
+                topic: r.topic,
+                database: db,
+                table,
+            });
+        }
+
+        Ok(Config {
+            kafka: KafkaConfig {
+                brokers,
+                group_id: o
+                    .group_id
+                    .or(self.kafka.group_id)
+                    .unwrap_or_else(|| "sluice".into()),
+                session_timeout: session,
+                heartbeat_interval: heartbeat,
+                auto_offset_reset: reset,
+                properties: self.kafka.properties,
+            },
+            clickhouse: ClickHouseConfig {
+                url,
+                database,
+                user: self.clickhouse.user.unwrap_or_else(|| "default".into()),
+                password: self.clickhouse.password.unwrap_or_default(),
+                insert_timeout,
+                settings: self.clickhouse.settings,
+            },
+            sink: SinkConfig {
+                delivery: o.delivery.or(s.delivery).unwrap_or_default(),
+                limits,
+                max_buffered_bytes,
+                max_concurrent_inserts: positive(
+                    "sink.max_concurrent_inserts",
+                    s.max_concurrent_inserts,
+                    4,
+                )?,
+                commit_interval: s.commit_interval.unwrap_or(Duration::from_secs(2)),
+                fence_wait: s
+                    .fence_wait
+                    .unwrap_or(insert_timeout + Duration::from_secs(5)),
+                columns,
+            },
+            routes,
+        })
+    }
+}
+
+fn invalid(field: &str, expected: &'static str, found: &str) -> ConfigError {
+    ConfigError::Invalid {
+        field: field.to_string(),
+        expected,
+        found: found.to_string(),
+    }
+}
+
+fn positive(field: &str, v: Option<usize>, default: usize) -> Result<usize, ConfigError> {
+    match v {
+        Some(0) => Err(invalid(field, "a positive number", "0")),
+        Some(n) => Ok(n),
+        None => Ok(default),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIN: &str = r#"
+        [kafka]
+        brokers = "127.0.0.1:9092"
+        [clickhouse]
+        url = "http://127.0.0.1:8123"
+        [[route]]
+        topic = "orders"
+        table = "shop.orders"
+    "#;
+
+    fn load(text: &str) -> Result<Config, ConfigError> {
+        RawConfig::from_toml(text)?.validate(Overrides::default())
+    }
+
+    #[test]
+    fn defaults_and_routes() {
+        let c = load(MIN).unwrap();
+        assert_eq!(c.sink.delivery, Delivery::ExactlyOnce);
+        assert_eq!(c.routes[0].qualified(), "`shop`.`orders`");
+        assert_eq!(c.sink.fence_wait, Duration::from_secs(35));
+        assert_eq!(c.kafka.group_id, "sluice");
+    }
+
+    #[test]
+    fn overrides_win() {
+        let c = RawConfig::from_toml(MIN)
+            .unwrap()
+            .validate(Overrides {
+                brokers: Some("b:1".into()),
+                delivery: Some(Delivery::AtLeastOnce),
+                ..Default::default()
+            })
+            .unwrap();
+        assert_eq!(c.kafka.brokers, "b:1");
+        assert_eq!(c.sink.delivery, Delivery::AtLeastOnce);
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        let err = |t: &str| load(t).unwrap_err().to_string();
+        assert!(err("[kafka]\nbrokrs = 'x'").contains("unknown field `brokrs`"));
+        assert!(err("").contains("kafka.brokers: missing"));
+        let no_route = "[kafka]\nbrokers='a:1'\n[clickhouse]\nurl='http://x'";
+        assert!(err(no_route).contains("route: missing"));
+        assert!(err(&format!("{MIN}\n[sink]\nmax_batch_rows = 0")).contains("sink.max_batch_rows"));
+        assert!(err(&MIN.replace("http://", "ftp://")).contains("clickhouse.url"));
+        assert!(err(&format!("{MIN}\n[sink]\ndelivery = 'twice'")).contains("unknown variant"));
+        let dup = format!("{MIN}\n[[route]]\ntopic='orders'\ntable='x'");
+        assert!(err(&dup).contains("routed twice"));
+        let buf = format!("{MIN}\n[sink]\nmax_batch_bytes = 1000\nmax_buffered_bytes = 1500");
+        assert!(err(&buf).contains("at least twice"));
+        let cols = format!("{MIN}\n[sink.columns]\ntopic = '_offset'");
+        assert!(err(&cols).contains("distinct"));
+    }
+}

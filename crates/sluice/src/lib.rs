@@ -1,0 +1,11 @@
+//! sluice: exactly-once Kafka → ClickHouse ingestion.
+//!
+//! - [`config`]: the TOML file, environment and flags → a validated config.
+//! - [`ch`]: the ClickHouse service (inserts, watermarks, reconciliation reads).
+//! - [`sink`]: `sluice run`, the consumer thread, batches and insert tasks.
+//!
+//! The exactly-once rules themselves live in the I/O-free `sluice-core` crate.
+
+pub mod ch;
+pub mod config;
+pub mod sink;
