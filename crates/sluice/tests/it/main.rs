@@ -1,1 +1,12 @@
+//! Integration tests against the real local stack (tansu + ClickHouse engine).
+//!
+//! One test binary, as in clickhouse-rs: every test makes its own topic,
+//! table and processes, so they can run side by side. The stack comes from
+//! `KAFKA_BROKERS` and `CLICKHOUSE_URL` (`make test` starts it); a test
+//! fails, never skips, when it is missing.
 
+mod harness;
+mod proxy;
+
+mod delivery;
+mod faults;

@@ -1,0 +1,196 @@
+//! Faults between the sink and ClickHouse, and group membership changes.
+
+use crate::harness::*;
+use crate::proxy::{Fault, Proxy};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const PARTITIONS: i32 = 8;
+
+async fn setup(prefix: &str, n: u64) -> (String, String, clickhouse::Client) {
+    let topic = unique(prefix);
+    create_topic(&topic, PARTITIONS).await;
+    let ch = ch();
+    let table = create_table(&ch, &unique("it")).await;
+    let t = topic.clone();
+    tokio::task::spawn_blocking(move || produce(&t, PARTITIONS, 0, n)).await.unwrap();
+    (topic, table, ch)
+}
+
+fn upstream() -> String {
+    clickhouse_url().trim_start_matches("http://").trim_end_matches('/').to_string()
+}
+
+/// The documents' re-submit: the server committed, the client never heard.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn withheld_response_after_commit_makes_no_duplicate() {
+    let n = 50_000;
+    let (topic, table, ch) = setup("withhold", n).await;
+    let proxy = Proxy::start(upstream(), Duration::from_secs(8)).await;
+    proxy.arm(Fault::WithholdResponse);
+    let mut spec = SinkSpec::new(&topic, &table);
+    spec.clickhouse_url = proxy.url.clone();
+    spec.insert_timeout_s = 3;
+    spec.max_batch_rows = 2_000;
+    let mut sink = spec.start();
+    let got = wait_for(&ch, &table, n, Duration::from_secs(180)).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let got = landed(&ch, &table).await.max_rows(got);
+    assert!(sink.stop(Duration::from_secs(60)).success());
+    assert_eq!(proxy.fired(), 1, "the fault must have been injected");
+    let log = std::fs::read_to_string(&sink.log).unwrap();
+    assert!(log.contains("reconciled"), "the sink must have reconciled: {}", sink.log_tail());
+    assert_eq!(got.duplicates(), 0, "{got:?}");
+    assert_eq!(got.rows, n, "{got:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropped_request_loses_nothing() {
+    let n = 50_000;
+    let (topic, table, ch) = setup("drop", n).await;
+    let proxy = Proxy::start(upstream(), Duration::from_secs(1)).await;
+    proxy.arm(Fault::DropRequest);
+    let mut spec = SinkSpec::new(&topic, &table);
+    spec.clickhouse_url = proxy.url.clone();
+    spec.insert_timeout_s = 3;
+    spec.max_batch_rows = 2_000;
+    let mut sink = spec.start();
+    let got = wait_for(&ch, &table, n, Duration::from_secs(180)).await;
+    assert!(sink.stop(Duration::from_secs(60)).success());
+    assert_eq!(proxy.fired(), 1, "the fault must have been injected");
+    assert_eq!(missing_ids(&ch, &table, n).await, 0, "{got:?}");
+    assert_eq!(got.duplicates(), 0, "{got:?}");
+}
+
+/// A private ClickHouse engine behind our HTTP server, on its own port and
+/// data directory, so it can be stopped without disturbing other tests.
+struct PrivateClickHouse {
+    child: Option<Child>,
+    port: u16,
+    dir: std::path::PathBuf,
+}
+
+impl PrivateClickHouse {
+    fn start(port: u16, dir: std::path::PathBuf) -> Self {
+        let python = std::env::var("SLUICE_CHDB_PYTHON").expect("SLUICE_CHDB_PYTHON is not set: run `make test`");
+        let server = std::env::var("SLUICE_CHDB_SERVER").expect("SLUICE_CHDB_SERVER is not set: run `make test`");
+        std::fs::create_dir_all(&dir).unwrap();
+        let child = Command::new(python)
+            .arg(server)
+            .args(["--path", dir.to_str().unwrap(), "--port", &port.to_string()])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("starting the ClickHouse server");
+        let me = Self { child: Some(child), port, dir };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "private ClickHouse did not start");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        me
+    }
+
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = Command::new("kill").args(["-TERM", &c.id().to_string()]).status();
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while c.try_wait().unwrap().is_none() {
+                if Instant::now() > deadline {
+                    let _ = c.kill();
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+    }
+}
+
+impl Drop for PrivateClickHouse {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clickhouse_down_for_a_minute() {
+    let n = 200_000;
+    let topic = unique("outage");
+    create_topic(&topic, PARTITIONS).await;
+    let port = free_port();
+    let dir = std::env::temp_dir().join(unique("chdb"));
+    let mut server = PrivateClickHouse::start(port, dir.clone());
+    let ch = ch_at(&server.url());
+    let table = create_table(&ch, "outage").await;
+    let t = topic.clone();
+    let producer = tokio::task::spawn_blocking(move || produce(&t, PARTITIONS, 0, n));
+
+    let mut spec = SinkSpec::new(&topic, &table);
+    spec.clickhouse_url = server.url();
+    spec.max_batch_rows = 2_000;
+    spec.max_buffered_mb = 32;
+    let mut sink = spec.start();
+    // Stop ClickHouse once some rows are in.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while landed(&ch, &table).await.rows < 20_000 {
+        assert!(Instant::now() < deadline, "no progress: {}", sink.log_tail());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    server.stop();
+    let mut peak_rss = 0;
+    let down = Instant::now();
+    while down.elapsed() < Duration::from_secs(60) {
+        assert!(sink.is_running(), "the sink must ride out the outage: {}", sink.log_tail());
+        peak_rss = peak_rss.max(sink.rss_kb());
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    producer.await.unwrap();
+    let server = PrivateClickHouse::start(port, dir);
+    let ch = ch_at(&server.url());
+    let got = wait_for(&ch, &table, n, Duration::from_secs(300)).await;
+    assert!(sink.stop(Duration::from_secs(60)).success(), "{}", sink.log_tail());
+    eprintln!("outage: {got:?}, peak RSS during outage {} MiB", peak_rss / 1024);
+    assert_eq!(missing_ids(&ch, &table, n).await, 0, "{got:?}");
+    assert_eq!(got.duplicates(), 0, "{got:?}");
+    // 32 MiB of batches plus librdkafka's queue and the runtime.
+    assert!(peak_rss < 400 * 1024, "memory must stay bounded: {peak_rss} KiB");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn instances_join_and_leave_during_ingest() {
+    let n = 300_000;
+    let (topic, table, ch) = setup("rebalance", 0).await;
+    let t = topic.clone();
+    let producer = tokio::task::spawn_blocking(move || {
+        for chunk in 0..10 {
+            produce(&t, PARTITIONS, chunk * 30_000, 30_000);
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    });
+    let mut spec = SinkSpec::new(&topic, &table);
+    spec.max_batch_rows = 3_000;
+    let mut a = spec.start();
+    let mut b = spec.start();
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let mut c = spec.start();
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    assert!(a.stop(Duration::from_secs(60)).success(), "{}", a.log_tail());
+    producer.await.unwrap();
+    let got = wait_for(&ch, &table, n, Duration::from_secs(300)).await;
+    assert!(b.stop(Duration::from_secs(60)).success(), "{}", b.log_tail());
+    assert!(c.stop(Duration::from_secs(60)).success(), "{}", c.log_tail());
+    assert_eq!(missing_ids(&ch, &table, n).await, 0, "{got:?}");
+    assert_eq!(got.duplicates(), 0, "{got:?}");
+}
