@@ -85,9 +85,4 @@ impl Lease {
             tokio::time::sleep(wait).await;
         }
     }
-
-    /// Freezes seen so far.
-    pub fn gaps(&self) -> u64 {
-        self.state.lock().unwrap_or_else(|p| p.into_inner()).gaps
-    }
 }

@@ -1,12 +1,21 @@
 //! `sluice run`: the sink daemon.
 //!
-//! Data flow: the Kafka consumer ([`driver`]) → per-partition batch builders
-//! → insert tasks ([`writer`]) → completions back to the driver → the
-//! in-order durable frontier → offset commits. [`lease`] decides whether this
-//! process may start an insert at all.
+//! Data flow: the Kafka consumer thread ([`driver`]) → per-partition batch
+//! builders ([`state`]) → insert tasks ([`writer`]) → completions back to the
+//! consumer thread → the in-order durable frontier → offset commits.
+//! [`handoff`] moves partitions between owners without overlap; [`lease`]
+//! decides whether this process may start an insert at all.
 
 mod driver;
+mod handoff;
 mod lease;
+mod state;
 mod writer;
 
 pub use driver::run;
+
+/// The consumer's context: the sink's state, reachable from rebalance
+/// callbacks. Only the consumer thread locks it.
+struct SinkContext {
+    sink: std::sync::Mutex<state::Sink>,
+}

@@ -49,7 +49,6 @@ pub enum Outcome {
     Durable {
         /// Rows inserted by this job (fewer than the batch after reconciliation).
         inserted: usize,
-        attempts: u32,
     },
     Abandoned,
     Failed(ChError),
@@ -109,10 +108,7 @@ async fn attempt_until_done(job: &Job, ctx: &WriterCtx) -> Outcome {
             job.batch.clone()
         };
         if batch.is_empty() {
-            return Outcome::Durable {
-                inserted: 0,
-                attempts: attempt,
-            };
+            return Outcome::Durable { inserted: 0 };
         }
         // Reconciliation takes time: check again right before the insert.
         if exactly_once && (!ctx.lease.wait_needed().is_zero() || job.abandon.is_cancelled()) {
@@ -147,7 +143,6 @@ async fn attempt_until_done(job: &Job, ctx: &WriterCtx) -> Outcome {
                 tracing::debug!(partition = %p, rows = batch.len(), attempt, "inserted");
                 return Outcome::Durable {
                     inserted: batch.len(),
-                    attempts: attempt + 1,
                 };
             }
             Err(e) if !e.is_retriable() => return Outcome::Failed(e),

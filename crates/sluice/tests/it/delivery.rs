@@ -9,13 +9,18 @@ const PARTITIONS: i32 = 8;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_million_records_land_exactly_once() {
-    let n: u64 = std::env::var("SLUICE_TEST_RECORDS").ok().and_then(|v| v.parse().ok()).unwrap_or(1_000_000);
+    let n: u64 = std::env::var("SLUICE_TEST_RECORDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1_000_000);
     let topic = unique("million");
     create_topic(&topic, PARTITIONS).await;
     let ch = ch();
     let table = create_table(&ch, &unique("it")).await;
     let t = topic.clone();
-    tokio::task::spawn_blocking(move || produce(&t, PARTITIONS, 0, n)).await.unwrap();
+    tokio::task::spawn_blocking(move || produce(&t, PARTITIONS, 0, n))
+        .await
+        .unwrap();
 
     let mut spec = SinkSpec::new(&topic, &table);
     spec.max_batch_rows = 50_000;
@@ -24,11 +29,22 @@ async fn a_million_records_land_exactly_once() {
     let got = wait_for(&ch, &table, n, Duration::from_secs(600)).await;
     let secs = started.elapsed().as_secs_f64();
     let status = sink.stop(Duration::from_secs(60));
-    eprintln!("{n} records in {secs:.1}s ({:.0} rows/s incl. start-up)", n as f64 / secs);
-    assert!(status.success(), "sluice exit {status:?}: {}", sink.log_tail());
+    eprintln!(
+        "{n} records in {secs:.1}s ({:.0} rows/s incl. start-up)",
+        n as f64 / secs
+    );
+    assert!(
+        status.success(),
+        "sluice exit {status:?}: {}",
+        sink.log_tail()
+    );
     assert_eq!(
         got,
-        Landed { rows: n, distinct_offsets: n, distinct_ids: n },
+        Landed {
+            rows: n,
+            distinct_offsets: n,
+            distinct_ids: n
+        },
         "log: {}",
         sink.log_tail()
     );
@@ -43,7 +59,9 @@ async fn kill9_scenario(delivery: &'static str, n: u64, kills: u32) -> (Landed, 
     let ch = ch();
     let table = create_table(&ch, &unique("it")).await;
     let t = topic.clone();
-    tokio::task::spawn_blocking(move || produce(&t, PARTITIONS, 0, n)).await.unwrap();
+    tokio::task::spawn_blocking(move || produce(&t, PARTITIONS, 0, n))
+        .await
+        .unwrap();
 
     let mut spec = SinkSpec::new(&topic, &table);
     spec.delivery = delivery;
@@ -58,11 +76,18 @@ async fn kill9_scenario(delivery: &'static str, n: u64, kills: u32) -> (Landed, 
         // Wait until this run has made progress, then kill at a random instant.
         let before = landed(&ch, &table).await.rows;
         let deadline = Instant::now() + Duration::from_secs(60);
-        while landed(&ch, &table).await.rows == before && Instant::now() < deadline && sink.is_running() {
+        while landed(&ch, &table).await.rows == before
+            && Instant::now() < deadline
+            && sink.is_running()
+        {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         tokio::time::sleep(Duration::from_millis(rng.random_range(0..1500))).await;
-        assert!(sink.is_running(), "run {i} stopped on its own: {}", sink.log_tail());
+        assert!(
+            sink.is_running(),
+            "run {i} stopped on its own: {}",
+            sink.log_tail()
+        );
         sink.kill9();
         let l = landed(&ch, &table).await;
         if l.distinct_offsets < n {
@@ -74,10 +99,21 @@ async fn kill9_scenario(delivery: &'static str, n: u64, kills: u32) -> (Landed, 
     let got = wait_for(&ch, &table, n, Duration::from_secs(300)).await;
     // Let a replay (if any) finish before counting.
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let got = if got.distinct_offsets >= n { landed(&ch, &table).await } else { got };
-    assert!(sink.stop(Duration::from_secs(60)).success(), "{}", sink.log_tail());
+    let got = if got.distinct_offsets >= n {
+        landed(&ch, &table).await
+    } else {
+        got
+    };
+    assert!(
+        sink.stop(Duration::from_secs(60)).success(),
+        "{}",
+        sink.log_tail()
+    );
     eprintln!("{delivery}: {kills} kills ({killed_mid_ingest} mid-ingest): {got:?}");
-    assert!(killed_mid_ingest >= kills / 2, "most kills must land during ingest");
+    assert!(
+        killed_mid_ingest >= kills / 2,
+        "most kills must land during ingest"
+    );
     (got, missing_ids(&ch, &table, n).await)
 }
 

@@ -13,12 +13,17 @@ async fn setup(prefix: &str, n: u64) -> (String, String, clickhouse::Client) {
     let ch = ch();
     let table = create_table(&ch, &unique("it")).await;
     let t = topic.clone();
-    tokio::task::spawn_blocking(move || produce(&t, PARTITIONS, 0, n)).await.unwrap();
+    tokio::task::spawn_blocking(move || produce(&t, PARTITIONS, 0, n))
+        .await
+        .unwrap();
     (topic, table, ch)
 }
 
 fn upstream() -> String {
-    clickhouse_url().trim_start_matches("http://").trim_end_matches('/').to_string()
+    clickhouse_url()
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .to_string()
 }
 
 /// The documents' re-submit: the server committed, the client never heard.
@@ -39,7 +44,11 @@ async fn withheld_response_after_commit_makes_no_duplicate() {
     assert!(sink.stop(Duration::from_secs(60)).success());
     assert_eq!(proxy.fired(), 1, "the fault must have been injected");
     let log = std::fs::read_to_string(&sink.log).unwrap();
-    assert!(log.contains("reconciled"), "the sink must have reconciled: {}", sink.log_tail());
+    assert!(
+        log.contains("reconciled"),
+        "the sink must have reconciled: {}",
+        sink.log_tail()
+    );
     assert_eq!(got.duplicates(), 0, "{got:?}");
     assert_eq!(got.rows, n, "{got:?}");
 }
@@ -72,8 +81,10 @@ struct PrivateClickHouse {
 
 impl PrivateClickHouse {
     fn start(port: u16, dir: std::path::PathBuf) -> Self {
-        let python = std::env::var("SLUICE_CHDB_PYTHON").expect("SLUICE_CHDB_PYTHON is not set: run `make test`");
-        let server = std::env::var("SLUICE_CHDB_SERVER").expect("SLUICE_CHDB_SERVER is not set: run `make test`");
+        let python = std::env::var("SLUICE_CHDB_PYTHON")
+            .expect("SLUICE_CHDB_PYTHON is not set: run `make test`");
+        let server = std::env::var("SLUICE_CHDB_SERVER")
+            .expect("SLUICE_CHDB_SERVER is not set: run `make test`");
         std::fs::create_dir_all(&dir).unwrap();
         let child = Command::new(python)
             .arg(server)
@@ -83,10 +94,17 @@ impl PrivateClickHouse {
             .stderr(Stdio::null())
             .spawn()
             .expect("starting the ClickHouse server");
-        let me = Self { child: Some(child), port, dir };
+        let me = Self {
+            child: Some(child),
+            port,
+            dir,
+        };
         let deadline = Instant::now() + Duration::from_secs(60);
         while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < deadline, "private ClickHouse did not start");
+            assert!(
+                Instant::now() < deadline,
+                "private ClickHouse did not start"
+            );
             std::thread::sleep(Duration::from_millis(200));
         }
         me
@@ -98,7 +116,9 @@ impl PrivateClickHouse {
 
     fn stop(&mut self) {
         if let Some(mut c) = self.child.take() {
-            let _ = Command::new("kill").args(["-TERM", &c.id().to_string()]).status();
+            let _ = Command::new("kill")
+                .args(["-TERM", &c.id().to_string()])
+                .status();
             let deadline = Instant::now() + Duration::from_secs(20);
             while c.try_wait().unwrap().is_none() {
                 if Instant::now() > deadline {
@@ -121,7 +141,11 @@ impl Drop for PrivateClickHouse {
 }
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -145,14 +169,22 @@ async fn clickhouse_down_for_a_minute() {
     // Stop ClickHouse once some rows are in.
     let deadline = Instant::now() + Duration::from_secs(120);
     while landed(&ch, &table).await.rows < 20_000 {
-        assert!(Instant::now() < deadline, "no progress: {}", sink.log_tail());
+        assert!(
+            Instant::now() < deadline,
+            "no progress: {}",
+            sink.log_tail()
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     server.stop();
     let mut peak_rss = 0;
     let down = Instant::now();
     while down.elapsed() < Duration::from_secs(60) {
-        assert!(sink.is_running(), "the sink must ride out the outage: {}", sink.log_tail());
+        assert!(
+            sink.is_running(),
+            "the sink must ride out the outage: {}",
+            sink.log_tail()
+        );
         peak_rss = peak_rss.max(sink.rss_kb());
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
@@ -160,12 +192,22 @@ async fn clickhouse_down_for_a_minute() {
     let server = PrivateClickHouse::start(port, dir);
     let ch = ch_at(&server.url());
     let got = wait_for(&ch, &table, n, Duration::from_secs(300)).await;
-    assert!(sink.stop(Duration::from_secs(60)).success(), "{}", sink.log_tail());
-    eprintln!("outage: {got:?}, peak RSS during outage {} MiB", peak_rss / 1024);
+    assert!(
+        sink.stop(Duration::from_secs(60)).success(),
+        "{}",
+        sink.log_tail()
+    );
+    eprintln!(
+        "outage: {got:?}, peak RSS during outage {} MiB",
+        peak_rss / 1024
+    );
     assert_eq!(missing_ids(&ch, &table, n).await, 0, "{got:?}");
     assert_eq!(got.duplicates(), 0, "{got:?}");
     // 32 MiB of batches plus librdkafka's queue and the runtime.
-    assert!(peak_rss < 400 * 1024, "memory must stay bounded: {peak_rss} KiB");
+    assert!(
+        peak_rss < 400 * 1024,
+        "memory must stay bounded: {peak_rss} KiB"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -186,11 +228,23 @@ async fn instances_join_and_leave_during_ingest() {
     tokio::time::sleep(Duration::from_secs(6)).await;
     let mut c = spec.start();
     tokio::time::sleep(Duration::from_secs(6)).await;
-    assert!(a.stop(Duration::from_secs(60)).success(), "{}", a.log_tail());
+    assert!(
+        a.stop(Duration::from_secs(60)).success(),
+        "{}",
+        a.log_tail()
+    );
     producer.await.unwrap();
     let got = wait_for(&ch, &table, n, Duration::from_secs(300)).await;
-    assert!(b.stop(Duration::from_secs(60)).success(), "{}", b.log_tail());
-    assert!(c.stop(Duration::from_secs(60)).success(), "{}", c.log_tail());
+    assert!(
+        b.stop(Duration::from_secs(60)).success(),
+        "{}",
+        b.log_tail()
+    );
+    assert!(
+        c.stop(Duration::from_secs(60)).success(),
+        "{}",
+        c.log_tail()
+    );
     assert_eq!(missing_ids(&ch, &table, n).await, 0, "{got:?}");
     assert_eq!(got.duplicates(), 0, "{got:?}");
 }

@@ -27,7 +27,12 @@ pub fn unique(prefix: &str) -> String {
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_millis();
-    format!("{prefix}_{}_{}_{}", std::process::id(), t % 100_000_000, N.fetch_add(1, Ordering::Relaxed))
+    format!(
+        "{prefix}_{}_{}_{}",
+        std::process::id(),
+        t % 100_000_000,
+        N.fetch_add(1, Ordering::Relaxed)
+    )
 }
 
 pub async fn create_topic(name: &str, partitions: i32) {
@@ -63,13 +68,20 @@ pub fn produce(topic: &str, partitions: i32, start: u64, n: u64) {
     for i in start..start + n {
         let value = format!(r#"{{"id":{i},"payload":"{pad}"}}"#);
         let p = (i % partitions as u64) as i32;
-        let mut rec = BaseRecord::<(), str>::to(topic).payload(&value).partition(p);
+        let mut rec = BaseRecord::<(), str>::to(topic)
+            .payload(&value)
+            .partition(p);
         loop {
             match producer.send(rec) {
                 Ok(()) => break,
                 Err((e, r)) => {
                     assert!(
-                        matches!(e, rdkafka::error::KafkaError::MessageProduction(rdkafka::types::RDKafkaErrorCode::QueueFull)),
+                        matches!(
+                            e,
+                            rdkafka::error::KafkaError::MessageProduction(
+                                rdkafka::types::RDKafkaErrorCode::QueueFull
+                            )
+                        ),
                         "produce: {e}"
                     );
                     rec = r;
@@ -86,7 +98,9 @@ pub fn ch() -> clickhouse::Client {
 }
 
 pub fn ch_at(url: &str) -> clickhouse::Client {
-    clickhouse::Client::default().with_url(url).with_validation(false)
+    clickhouse::Client::default()
+        .with_url(url)
+        .with_validation(false)
 }
 
 pub async fn exec(client: &clickhouse::Client, sql: &str) {
@@ -133,7 +147,11 @@ impl Landed {
 
     /// The later of two counts (rows only grow).
     pub fn max_rows(self, other: Landed) -> Landed {
-        if self.rows >= other.rows { self } else { other }
+        if self.rows >= other.rows {
+            self
+        } else {
+            other
+        }
     }
 }
 
@@ -164,7 +182,12 @@ pub async fn missing_ids(client: &clickhouse::Client, table: &str, n: u64) -> u6
 }
 
 /// Waits until the table holds `want` distinct offsets, or the timeout.
-pub async fn wait_for(client: &clickhouse::Client, table: &str, want: u64, timeout: Duration) -> Landed {
+pub async fn wait_for(
+    client: &clickhouse::Client,
+    table: &str,
+    want: u64,
+    timeout: Duration,
+) -> Landed {
     let deadline = Instant::now() + timeout;
     loop {
         let l = landed(client, table).await;
@@ -268,7 +291,10 @@ table = "{table}"
             .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
             .expect("starting sluice");
-        Sink { child: Some(child), log }
+        Sink {
+            child: Some(child),
+            log,
+        }
     }
 }
 
@@ -291,7 +317,10 @@ impl Sink {
     }
 
     pub fn signal(&self, sig: &str) {
-        let status = Command::new("kill").args([sig, &self.pid().to_string()]).status().unwrap();
+        let status = Command::new("kill")
+            .args([sig, &self.pid().to_string()])
+            .status()
+            .unwrap();
         assert!(status.success(), "kill {sig}");
     }
 
@@ -306,14 +335,19 @@ impl Sink {
             }
             if Instant::now() > deadline {
                 let _ = c.kill();
-                panic!("sluice did not stop within {timeout:?}; log: {}", self.log_tail());
+                panic!(
+                    "sluice did not stop within {timeout:?}; log: {}",
+                    self.log_tail()
+                );
             }
             std::thread::sleep(Duration::from_millis(100));
         }
     }
 
     pub fn is_running(&mut self) -> bool {
-        self.child.as_mut().is_some_and(|c| c.try_wait().unwrap().is_none())
+        self.child
+            .as_mut()
+            .is_some_and(|c| c.try_wait().unwrap().is_none())
     }
 
     pub fn rss_kb(&self) -> u64 {

@@ -1,0 +1,35 @@
+# sluice — quick start: `make demo` runs the main job on the local stack,
+# `make test` runs every test against it. Both install and start the stack
+# (tansu 0.6.0 + the ClickHouse 26.9 engine) on 127.0.0.1 if needed.
+
+STACK := scripts/stack.sh
+ENV := set -a; eval "$$($(STACK) env)"; set +a
+
+.PHONY: build stack stack-down demo test lint bench-resume clean-stack
+
+build:
+	cargo build --release --bin sluice
+
+stack:
+	@$(STACK) up
+
+stack-down:
+	@$(STACK) down
+
+demo:
+	@scripts/demo.sh
+
+test:
+	@$(STACK) up >/dev/null
+	@$(ENV); cargo test --release --workspace -- --test-threads=4
+
+lint:
+	cargo fmt --all -- --check
+	cargo clippy --all-targets -- -D warnings
+
+bench-resume:
+	@$(STACK) up >/dev/null
+	@$(ENV); scripts/bench-resume.sh
+
+clean-stack: stack-down
+	rm -rf .stack

@@ -1,0 +1,420 @@
+//! The sink's state on the consumer thread: partitions, batches, completions
+//! and commits.
+//!
+//! Records in ([`Sink::on_record`]) → per-partition [`BatchBuilder`]s → due
+//! batches spawned as insert tasks ([`Sink::cut`]) → [`Event`]s back from
+//! the tasks ([`Sink::on_event`]) → each partition's [`AckTracker`] → the
+//! durable frontier, committed to Kafka ([`Sink::commit`]).
+//!
+//! Memory: builders plus in-flight batches stay under `max_buffered_bytes`;
+//! over it, every partition is paused (the consumer keeps polling, so the
+//! group does not evict it) until half of it is free.
+
+use super::handoff::Prepared;
+use super::writer::{deliver, Completion, Job, Outcome, WriterCtx};
+use super::SinkContext;
+use crate::config::{Config, Route};
+use anyhow::anyhow;
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
+use rdkafka::{Offset as KOffset, TopicPartitionList};
+use sluice_core::resume::StartAt;
+use sluice_core::{AckTracker, BatchBuilder, NextOffset, Offset, PartitionId, RowEncoder};
+use std::collections::HashMap;
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::runtime::Handle;
+use tokio_util::sync::CancellationToken;
+
+pub(super) const MARK_OPEN: &str = "sluice:open";
+pub(super) const MARK_CLEAN: &str = "sluice:clean";
+
+pub(super) type Key = (usize, i32);
+
+/// What tasks report back to the consumer thread.
+pub(super) enum Event {
+    Completion(Completion),
+    Prepared(Prepared),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Phase {
+    /// Assigned and paused; the start position is being worked out.
+    Preparing,
+    /// Positioned; its records are being batched and inserted.
+    Active,
+}
+
+pub(super) struct Part {
+    pub phase: Phase,
+    pub builder: BatchBuilder,
+    /// The batch being built holds rows that may already be stored.
+    pub builder_uncertain: bool,
+    pub acks: Option<AckTracker>,
+    pub committed: Option<NextOffset>,
+    pub check_through: Option<Offset>,
+    pub generation: u64,
+    pub abandon: CancellationToken,
+    /// Paused by backpressure (preparing partitions are always paused).
+    pub paused: bool,
+}
+
+#[derive(Default, Debug, Clone, Copy)]
+pub(super) struct Stats {
+    pub records: u64,
+    pub rows_inserted: u64,
+    pub batches: u64,
+}
+
+/// All state of the sink; lives in the consumer context so rebalance
+/// callbacks can reach it. Only the consumer thread ever locks it.
+pub(super) struct Sink {
+    pub cfg: Config,
+    pub routes: Vec<Arc<Route>>,
+    pub encoders: Vec<RowEncoder>,
+    pub parts: HashMap<Key, Part>,
+    pub ctx: Arc<WriterCtx>,
+    pub handle: Handle,
+    pub tx: mpsc::Sender<Event>,
+    pub rx: mpsc::Receiver<Event>,
+    pub in_flight_bytes: usize,
+    pub in_flight: usize,
+    pub next_generation: u64,
+    pub overloaded: bool,
+    pub fatal: Option<anyhow::Error>,
+    pub stopping: CancellationToken,
+    pub stats: Stats,
+}
+
+impl Sink {
+    pub fn route_of(&self, topic: &str) -> Option<usize> {
+        self.routes.iter().position(|r| r.topic == topic)
+    }
+
+    pub fn new_part(&mut self, ri: usize, partition: i32, phase: Phase) -> Part {
+        self.next_generation += 1;
+        Part {
+            phase,
+            builder: BatchBuilder::new(
+                PartitionId {
+                    topic: self.routes[ri].topic.clone(),
+                    partition,
+                },
+                self.cfg.sink.limits,
+            ),
+            builder_uncertain: false,
+            acks: None,
+            committed: None,
+            check_through: None,
+            generation: self.next_generation,
+            abandon: CancellationToken::new(),
+            paused: false,
+        }
+    }
+
+    pub fn on_record(
+        &mut self,
+        topic: &str,
+        partition: i32,
+        offset: i64,
+        payload: Option<&[u8]>,
+        now: Instant,
+    ) {
+        let Some(ri) = self.route_of(topic) else {
+            return;
+        };
+        let Some(part) = self.parts.get_mut(&(ri, partition)) else {
+            return;
+        };
+        if part.phase != Phase::Active {
+            // Fetched before the pause took hold; it is read again after the seek.
+            return;
+        }
+        self.stats.records += 1;
+        let encoder = &self.encoders[ri];
+        let offset = Offset(offset);
+        part.acks
+            .get_or_insert_with(|| AckTracker::new(NextOffset(offset.0)));
+        if part.check_through.is_some_and(|c| offset <= c) {
+            part.builder_uncertain = true;
+        }
+        let pushed = part.builder.push(offset, now, |buf| {
+            encoder.encode(payload, partition, offset.0, buf)
+        });
+        if let Err(e) = pushed {
+            self.fatal = Some(anyhow!(
+                "record {topic}[{partition}]@{} cannot become a row: {e}. \
+                 sluice stops rather than skip it; fix or remove the record (a DLQ comes in a later release)",
+                offset.0
+            ));
+            return;
+        }
+        if part.builder.is_due(now) {
+            self.cut((ri, partition));
+        }
+    }
+
+    /// Sends every due batch (every non-empty one with `all`).
+    pub fn cut_due(&mut self, now: Instant, all: bool) {
+        let due: Vec<Key> = self
+            .parts
+            .iter()
+            .filter(|(_, p)| !p.builder.is_empty() && (all || p.builder.is_due(now)))
+            .map(|(k, _)| *k)
+            .collect();
+        for key in due {
+            self.cut(key);
+        }
+    }
+
+    fn cut(&mut self, key: Key) {
+        let Some(part) = self.parts.get_mut(&key) else {
+            return;
+        };
+        let Some(batch) = part.builder.take() else {
+            return;
+        };
+        let uncertain = std::mem::take(&mut part.builder_uncertain);
+        let Some(acks) = part.acks.as_mut() else {
+            return;
+        };
+        let ticket = acks.register(batch.end());
+        self.in_flight_bytes += batch.bytes();
+        self.in_flight += 1;
+        self.stats.batches += 1;
+        let job = Job {
+            route: self.routes[key.0].clone(),
+            route_idx: key.0,
+            batch,
+            uncertain,
+            ticket,
+            generation: part.generation,
+            abandon: part.abandon.clone(),
+        };
+        let ctx = self.ctx.clone();
+        let tx = self.tx.clone();
+        self.handle.spawn(async move {
+            let c = deliver(job, ctx).await;
+            let _ = tx.send(Event::Completion(c));
+        });
+    }
+
+    /// Handles everything the tasks reported, without waiting.
+    pub fn drain_events(&mut self, consumer: &BaseConsumer<SinkContext>) {
+        while let Ok(e) = self.rx.try_recv() {
+            self.on_event(consumer, e);
+        }
+    }
+
+    pub fn on_event(&mut self, consumer: &BaseConsumer<SinkContext>, e: Event) {
+        match e {
+            Event::Completion(c) => self.on_completion(c),
+            Event::Prepared(p) => self.activate(consumer, p),
+        }
+    }
+
+    fn on_completion(&mut self, c: Completion) {
+        self.in_flight_bytes -= c.bytes;
+        self.in_flight -= 1;
+        let part = self
+            .parts
+            .get_mut(&(c.route_idx, c.partition))
+            .filter(|p| p.generation == c.generation);
+        match c.outcome {
+            Outcome::Durable { inserted } => {
+                self.stats.rows_inserted += inserted as u64;
+                if let Some(acks) = part.and_then(|p| p.acks.as_mut()) {
+                    acks.ack(c.ticket);
+                }
+            }
+            Outcome::Abandoned => {}
+            Outcome::Failed(e) => {
+                let route = &self.routes[c.route_idx];
+                self.fatal.get_or_insert(anyhow!(
+                    "inserting into {}.{} (topic {:?}, partition {}) failed and cannot succeed by retrying: {e}",
+                    route.database,
+                    route.table,
+                    route.topic,
+                    c.partition
+                ));
+            }
+        }
+    }
+
+    /// Waits for in-flight batches (of `only`, or of every partition),
+    /// handling events meanwhile. False if `timeout` passed first.
+    pub fn wait_in_flight(
+        &mut self,
+        consumer: &BaseConsumer<SinkContext>,
+        only: Option<&[Key]>,
+        timeout: Duration,
+    ) -> bool {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let busy = match only {
+                Some(keys) => keys.iter().any(|k| {
+                    self.parts
+                        .get(k)
+                        .and_then(|p| p.acks.as_ref())
+                        .is_some_and(|a| a.in_flight() > 0)
+                }),
+                None => self.in_flight > 0,
+            };
+            if !busy {
+                return true;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            match self.rx.recv_timeout(left.min(Duration::from_millis(200))) {
+                Ok(e) => self.on_event(consumer, e),
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+                Err(mpsc::RecvTimeoutError::Disconnected) => return false,
+            }
+        }
+    }
+
+    /// Commits the durable frontier of `keys` (or of every partition that
+    /// moved), tagged with a hand-off marker.
+    pub fn commit(
+        &mut self,
+        consumer: &BaseConsumer<SinkContext>,
+        keys: Option<&[Key]>,
+        marker: &str,
+        mode: CommitMode,
+    ) {
+        let mut tpl = TopicPartitionList::new();
+        let mut moved = Vec::new();
+        for (key, part) in &self.parts {
+            if keys.is_some_and(|ks| !ks.contains(key)) || part.phase != Phase::Active {
+                continue;
+            }
+            let Some(frontier) = part.acks.as_ref().map(|a| a.frontier()) else {
+                continue;
+            };
+            if keys.is_none() && part.committed == Some(frontier) && marker == MARK_OPEN {
+                continue;
+            }
+            add_marked(&mut tpl, &self.routes[key.0].topic, key.1, frontier, marker);
+            moved.push((*key, frontier));
+        }
+        if moved.is_empty() {
+            return;
+        }
+        match consumer.commit(&tpl, mode) {
+            Ok(()) => {
+                for (key, frontier) in moved {
+                    if let Some(p) = self.parts.get_mut(&key) {
+                        p.committed = Some(frontier);
+                    }
+                }
+            }
+            Err(e) => tracing::warn!(
+                error = %e,
+                "offset commit failed; it is advisory, progress lives in ClickHouse"
+            ),
+        }
+    }
+
+    /// Pauses every partition while too much is buffered; preparing
+    /// partitions stay paused regardless.
+    pub fn apply_backpressure(&mut self, consumer: &BaseConsumer<SinkContext>) {
+        let building: usize = self.parts.values().map(|p| p.builder.bytes()).sum();
+        let buffered = self.in_flight_bytes + building;
+        let max = self.cfg.sink.max_buffered_bytes;
+        self.overloaded = if self.overloaded {
+            buffered >= max / 2
+        } else {
+            buffered >= max
+        };
+        if self.overloaded {
+            // Send what is built so the memory can drain.
+            self.cut_due(Instant::now(), true);
+        }
+        let mut pause = TopicPartitionList::new();
+        let mut resume = TopicPartitionList::new();
+        for (key, part) in self.parts.iter_mut() {
+            let want = self.overloaded || part.phase == Phase::Preparing;
+            if want != part.paused {
+                let list = if want { &mut pause } else { &mut resume };
+                list.add_partition(&self.routes[key.0].topic, key.1);
+                part.paused = want;
+            }
+        }
+        for (list, pausing) in [(pause, true), (resume, false)] {
+            if list.count() == 0 {
+                continue;
+            }
+            let r = if pausing {
+                consumer.pause(&list)
+            } else {
+                consumer.resume(&list)
+            };
+            if let Err(e) = r {
+                tracing::warn!(error = %e, pausing, "pause/resume failed");
+            }
+        }
+    }
+
+    /// Positions a prepared partition and lets its records flow.
+    pub fn activate(&mut self, consumer: &BaseConsumer<SinkContext>, p: Prepared) {
+        let reset_to = if self.cfg.kafka.auto_offset_reset == "latest" {
+            KOffset::End
+        } else {
+            KOffset::Beginning
+        };
+        let topic = self.routes[p.key.0].topic.clone();
+        let Some(part) = self
+            .parts
+            .get_mut(&p.key)
+            .filter(|x| x.generation == p.generation && x.phase == Phase::Preparing)
+        else {
+            return;
+        };
+        let target = match p.plan.start {
+            StartAt::At(n) => KOffset::Offset(n.0),
+            StartAt::Reset => reset_to,
+        };
+        if let Err(e) = consumer.seek(&topic, p.key.1, target, Duration::from_secs(10)) {
+            tracing::warn!(partition = %format!("{topic}[{}]", p.key.1), error = %e, "seek failed; retrying");
+            let tx = self.tx.clone();
+            self.handle.spawn(async move {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                let _ = tx.send(Event::Prepared(p));
+            });
+            return;
+        }
+        part.check_through = p.plan.check_through;
+        if let StartAt::At(n) = p.plan.start {
+            part.acks = Some(AckTracker::new(n));
+            part.committed = Some(n);
+            // Ownership marker before any insert: a later owner that finds
+            // it knows the hand-off was not clean.
+            let mut marker = TopicPartitionList::new();
+            add_marked(&mut marker, &topic, p.key.1, n, MARK_OPEN);
+            if let Err(e) = consumer.commit(&marker, CommitMode::Sync) {
+                tracing::warn!(error = %e, "could not record the ownership marker");
+            }
+        }
+        part.phase = Phase::Active;
+        tracing::info!(
+            partition = %format!("{topic}[{}]", p.key.1),
+            start = ?p.plan.start,
+            check_through = ?p.plan.check_through.map(|o| o.0),
+            "partition active"
+        );
+    }
+}
+
+pub(super) fn add_marked(
+    tpl: &mut TopicPartitionList,
+    topic: &str,
+    p: i32,
+    at: NextOffset,
+    marker: &str,
+) {
+    let mut e = tpl.add_partition(topic, p);
+    let _ = e.set_offset(KOffset::Offset(at.0));
+    e.set_metadata(marker);
+}
