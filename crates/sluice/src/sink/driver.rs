@@ -93,6 +93,10 @@ pub async fn run(
         stats: Stats::default(),
     };
     let consumer = build_consumer(&cfg, sink)?;
+    // Fail fast, with the address, when the brokers cannot be reached.
+    consumer
+        .fetch_metadata(None, Duration::from_secs(15))
+        .with_context(|| format!("cannot reach Kafka at {}", cfg.kafka.brokers))?;
     let topics: Vec<&str> = cfg.routes.iter().map(|r| r.topic.as_str()).collect();
     consumer
         .subscribe(&topics)
@@ -114,7 +118,7 @@ pub async fn run(
 }
 
 async fn connect_clickhouse(cfg: &Config) -> anyhow::Result<ClickHouse> {
-    let deadline = Instant::now() + Duration::from_secs(30);
+    let deadline = Instant::now() + Duration::from_secs(15);
     loop {
         let connected = ClickHouse::connect(
             &cfg.clickhouse,
@@ -227,13 +231,12 @@ fn poll_loop(consumer: BaseConsumer<SinkContext>) -> anyhow::Result<()> {
             );
         }
     }
-    // Graceful stop: flush what was read (unless a record was bad), wait for
-    // every insert, commit with a clean hand-off marker, leave the group.
+    // Graceful stop: flush what was read (a bad record never entered a
+    // batch), wait for every insert, commit with a clean hand-off marker,
+    // leave the group.
     let fatal = {
         let mut s = lock(&consumer);
-        if s.fatal.is_none() {
-            s.cut_due(Instant::now(), true);
-        }
+        s.cut_due(Instant::now(), true);
         let timeout = s.cfg.clickhouse.insert_timeout * 3;
         let drained = s.wait_in_flight(&consumer, None, timeout);
         let marker = if drained { MARK_CLEAN } else { MARK_OPEN };

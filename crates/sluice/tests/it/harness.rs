@@ -344,6 +344,14 @@ impl Sink {
         }
     }
 
+    /// The exit code once the process has ended.
+    pub fn exit_code(&mut self) -> Option<i32> {
+        self.child
+            .as_mut()
+            .and_then(|c| c.try_wait().ok().flatten())
+            .and_then(|s| s.code())
+    }
+
     pub fn is_running(&mut self) -> bool {
         self.child
             .as_mut()

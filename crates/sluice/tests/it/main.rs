@@ -9,4 +9,5 @@ mod harness;
 mod proxy;
 
 mod delivery;
+mod errors;
 mod faults;

@@ -16,7 +16,6 @@ use tokio::net::{TcpListener, TcpStream};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
 pub enum Fault {
-    None = 0,
     WithholdResponse = 1,
     DropRequest = 2,
 }
@@ -25,7 +24,6 @@ pub struct Proxy {
     pub url: String,
     armed: Arc<AtomicU8>,
     fired: Arc<AtomicU32>,
-    hold: Duration,
 }
 
 impl Proxy {
@@ -46,12 +44,7 @@ impl Proxy {
                 });
             }
         });
-        Self {
-            url,
-            armed,
-            fired,
-            hold,
-        }
+        Self { url, armed, fired }
     }
 
     /// The next INSERT gets `fault`.
@@ -61,10 +54,6 @@ impl Proxy {
 
     pub fn fired(&self) -> u32 {
         self.fired.load(Ordering::SeqCst)
-    }
-
-    pub fn hold(&self) -> Duration {
-        self.hold
     }
 }
 
@@ -124,9 +113,6 @@ async fn pipe(
                 }
             }
         }
-    }
-    if mode.load(Ordering::SeqCst) == Fault::DropRequest as u8 {
-        // Nothing was forwarded; close the client side at once.
     }
     upstream.abort();
     let _ = cw.shutdown().await;

@@ -1,0 +1,139 @@
+//! Bad input and bad configuration end in a clear error, never a panic,
+//! a silent drop or lost data.
+
+use crate::harness::*;
+use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+use rdkafka::ClientConfig;
+use std::time::Duration;
+
+/// Waits for the sink to exit and returns its exit code and log.
+fn exit_of(mut sink: Sink, timeout: Duration) -> (Option<i32>, String) {
+    let deadline = std::time::Instant::now() + timeout;
+    while sink.is_running() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "sluice kept running: {}",
+            sink.log_tail()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let code = sink.exit_code();
+    (code, std::fs::read_to_string(&sink.log).unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn missing_table_is_named() {
+    let topic = unique("notable");
+    create_topic(&topic, 1).await;
+    let sink = SinkSpec::new(&topic, "nowhere.nothing").start();
+    let (code, log) = exit_of(sink, Duration::from_secs(60));
+    assert_eq!(code, Some(2));
+    assert!(
+        log.contains("table nowhere.nothing") && log.contains("does not exist"),
+        "{log}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn missing_metadata_column_is_named() {
+    let topic = unique("nocol");
+    create_topic(&topic, 1).await;
+    let ch = ch();
+    let db = unique("it");
+    exec(&ch, &format!("CREATE DATABASE {db}")).await;
+    exec(
+        &ch,
+        &format!("CREATE TABLE {db}.t (id UInt64, _topic String, _partition UInt32) ENGINE = MergeTree ORDER BY id"),
+    )
+    .await;
+    let sink = SinkSpec::new(&topic, &format!("{db}.t")).start();
+    let (code, log) = exit_of(sink, Duration::from_secs(60));
+    assert_eq!(code, Some(2));
+    assert!(
+        log.contains("lacks the metadata column(s) _offset"),
+        "{log}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreachable_clickhouse_is_named() {
+    let topic = unique("noch");
+    create_topic(&topic, 1).await;
+    let mut spec = SinkSpec::new(&topic, "db.t");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    spec.clickhouse_url = format!("http://127.0.0.1:{port}");
+    let (code, log) = exit_of(spec.start(), Duration::from_secs(60));
+    assert_eq!(code, Some(2));
+    assert!(
+        log.contains(&format!("cannot use ClickHouse at http://127.0.0.1:{port}")),
+        "{log}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_record_stops_with_its_position_and_keeps_the_rest() {
+    let topic = unique("poison");
+    create_topic(&topic, 1).await;
+    let ch = ch();
+    let table = create_table(&ch, &unique("it")).await;
+    produce(&topic, 1, 0, 100);
+    let producer: ThreadedProducer<DefaultProducerContext> = ClientConfig::new()
+        .set("bootstrap.servers", brokers())
+        .create()
+        .unwrap();
+    producer
+        .send(
+            BaseRecord::<(), str>::to(&topic)
+                .payload("{not json")
+                .partition(0),
+        )
+        .map_err(|(e, _)| e)
+        .unwrap();
+    producer.flush(Duration::from_secs(10)).unwrap();
+    drop(producer);
+    produce(&topic, 1, 100, 100);
+
+    let (code, log) = exit_of(
+        SinkSpec::new(&topic, &table).start(),
+        Duration::from_secs(90),
+    );
+    assert_eq!(code, Some(2));
+    assert!(
+        log.contains(&format!("record {topic}[0]@100 cannot become a row")),
+        "{log}"
+    );
+    assert!(log.contains("not valid JSON"), "{log}");
+    // Everything before the bad record landed, once; nothing after it was skipped past.
+    let got = landed(&ch, &table).await;
+    assert_eq!(
+        got,
+        Landed {
+            rows: 100,
+            distinct_offsets: 100,
+            distinct_ids: 100
+        }
+    );
+}
+
+#[test]
+fn bad_config_is_named() {
+    let dir = std::env::temp_dir().join(unique("badcfg"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("sluice.toml");
+    std::fs::write(&path, "[sink]\nmax_batch_rows = 0\n[kafka]\nbrokers='x:1'\n[clickhouse]\nurl='http://x'\n[[route]]\ntopic='t'\ntable='t'\n").unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["run", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("sink.max_batch_rows: expected a positive number, found \"0\""),
+        "{err}"
+    );
+}
