@@ -92,7 +92,7 @@ stop() { # stop NAME: SIGTERM, then SIGKILL after 10 s
 
 case "${1:-}" in
   up) up ;;
-  down) stop tansu; stop chdb ;;
+  down) stop tansu & stop chdb & wait ;;
   env)
     lines
     echo "SLUICE_TANSU_BIN=$TANSU_BIN"

@@ -48,6 +48,10 @@ pub struct RawKafka {
     pub brokers: Option<String>,
     /// Consumer group id. Default `sluice`.
     pub group_id: Option<String>,
+    /// Static group membership (`group.instance.id`, KIP-345): a restarted
+    /// instance with the same id takes its partitions back at once, without
+    /// a rebalance. Give each instance its own, stable id (a pod name).
+    pub instance_id: Option<String>,
     /// Group session timeout. Default 10s.
     #[serde(default, with = "humantime_serde")]
     pub session_timeout: Option<Duration>,
@@ -144,6 +148,7 @@ pub struct Config {
 pub struct KafkaConfig {
     pub brokers: String,
     pub group_id: String,
+    pub instance_id: Option<String>,
     pub session_timeout: Duration,
     pub heartbeat_interval: Duration,
     pub auto_offset_reset: String,
@@ -406,6 +411,7 @@ impl RawConfig {
                     .group_id
                     .or(self.kafka.group_id)
                     .unwrap_or_else(|| "sluice".into()),
+                instance_id: self.kafka.instance_id.filter(|s| !s.is_empty()),
                 session_timeout: session,
                 heartbeat_interval: heartbeat,
                 auto_offset_reset: reset,

@@ -13,7 +13,9 @@ pub enum ChErrorKind {
     Server,
     /// No answer in time: the outcome is unknown.
     Timeout,
-    /// Connection refused, reset or broken: the outcome may be unknown.
+    /// No connection was made: nothing was sent, nothing can commit.
+    Connect,
+    /// Connection reset or broken: the outcome may be unknown.
     Network,
     /// Anything else the client reported.
     Client,
@@ -31,7 +33,12 @@ impl fmt::Display for ChError {
         match (self.kind, self.code) {
             (_, Some(code)) => write!(f, "ClickHouse error {code}: {}", self.message),
             (ChErrorKind::Timeout, _) => write!(f, "ClickHouse did not answer in time"),
-            (ChErrorKind::Network, _) => write!(f, "cannot reach ClickHouse: {}", self.message),
+            (ChErrorKind::Connect, _) => {
+                write!(f, "cannot connect to ClickHouse: {}", self.message)
+            }
+            (ChErrorKind::Network, _) => {
+                write!(f, "ClickHouse connection failed: {}", self.message)
+            }
             _ => write!(f, "ClickHouse client error: {}", self.message),
         }
     }
@@ -88,7 +95,7 @@ impl ChError {
     /// timeouts and network failures always may.
     pub fn is_retriable(&self) -> bool {
         match self.kind {
-            ChErrorKind::Timeout | ChErrorKind::Network => true,
+            ChErrorKind::Timeout | ChErrorKind::Connect | ChErrorKind::Network => true,
             ChErrorKind::Server => self.code.is_none_or(|c| !PERMANENT.contains(&c)),
             ChErrorKind::Client => false,
         }
@@ -104,11 +111,20 @@ impl From<clickhouse::error::Error> for ChError {
                 code: None,
                 message: "timed out".into(),
             },
-            E::Network(inner) => Self {
-                kind: ChErrorKind::Network,
-                code: None,
-                message: inner.to_string(),
-            },
+            E::Network(inner) => {
+                let connect = inner
+                    .downcast_ref::<hyper_util::client::legacy::Error>()
+                    .is_some_and(|e| e.is_connect());
+                Self {
+                    kind: if connect {
+                        ChErrorKind::Connect
+                    } else {
+                        ChErrorKind::Network
+                    },
+                    code: None,
+                    message: error_chain(&*inner),
+                }
+            }
             E::BadResponse(text) => {
                 let code = parse_code(&text);
                 // An HTTP error without an exception code (a proxy's 502, …)
@@ -127,6 +143,18 @@ impl From<clickhouse::error::Error> for ChError {
             other => Self::client(other.to_string()),
         }
     }
+}
+
+/// An error with its sources, `a: b: c`.
+fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = e.to_string();
+    let mut src = e.source();
+    while let Some(s) = src {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        src = s.source();
+    }
+    out
 }
 
 /// `Code: 60. DB::Exception: …` → 60.

@@ -204,11 +204,13 @@ impl ClickHouse {
     }
 
     /// Makes sure the attempt `query_id`, started at `started`, can no longer
-    /// commit: asks the server to kill it and waits until it is gone from
-    /// `system.processes`. If the server cannot say, waits out the attempt's
-    /// lifetime bound instead.
+    /// commit. The server is asked to kill it, and sluice waits until it has
+    /// left `system.processes`; then, because a server may not know the query
+    /// by that id (or its bytes may not have arrived yet), until the
+    /// attempt's lifetime bound has passed: after `insert_timeout` the
+    /// server's `max_execution_time` and HTTP timeouts have ended it.
     pub async fn fence_attempt(&self, query_id: &str, started: Instant) -> Result<(), ChError> {
-        let bound = started + self.insert_timeout + Duration::from_secs(2);
+        let bound = started + self.insert_timeout + Duration::from_secs(1);
         let _ = self
             .client
             .query("KILL QUERY WHERE query_id = ? SYNC")
@@ -224,22 +226,21 @@ impl ClickHouse {
                 .await
                 .map_err(ChError::from);
             match running {
-                Ok(0) => return Ok(()),
+                Ok(0) => break,
                 Ok(_) if Instant::now() >= bound + self.insert_timeout => {
                     return Err(ChError::client(format!(
-                        "insert {query_id} is still running after kill and twice its timeout"
+                        "insert {query_id} is still running after a kill and twice its timeout"
                     )));
                 }
                 Ok(_) => {}
-                Err(e) if e.kind == ChErrorKind::Server => {
-                    // No visibility into processes: rely on the lifetime bound.
-                    tokio::time::sleep_until(bound.into()).await;
-                    return Ok(());
-                }
+                // No view of the processes: the lifetime bound alone decides.
+                Err(e) if e.kind == ChErrorKind::Server => break,
                 Err(e) => return Err(e),
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
+        tokio::time::sleep_until(bound.into()).await;
+        Ok(())
     }
 
     /// A trivial round trip, for readiness.

@@ -164,6 +164,9 @@ fn build_consumer(cfg: &Config, sink: Sink) -> anyhow::Result<BaseConsumer<SinkC
         .set("auto.offset.reset", &k.auto_offset_reset)
         .set("queued.max.messages.kbytes", queued_kb.to_string())
         .set("enable.partition.eof", "false");
+    if let Some(id) = &k.instance_id {
+        cc.set("group.instance.id", id);
+    }
     for (key, v) in &k.properties {
         cc.set(key, v);
     }

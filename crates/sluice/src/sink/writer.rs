@@ -14,7 +14,7 @@
 //! At-least-once: the same bytes are re-sent until one attempt succeeds.
 
 use super::lease::Lease;
-use crate::ch::{ChError, ClickHouse, InsertRequest};
+use crate::ch::{ChError, ChErrorKind, ClickHouse, InsertRequest};
 use crate::config::{Delivery, Route};
 use sluice_core::acks::Ticket;
 use sluice_core::token::{insert_token, query_id};
@@ -155,7 +155,8 @@ async fn attempt_until_done(job: &Job, ctx: &WriterCtx) -> Outcome {
                     error = %e,
                     "insert outcome unknown; will reconcile before retrying"
                 );
-                if exactly_once {
+                if exactly_once && e.kind != ChErrorKind::Connect {
+                    // Something may have reached the server: reconcile first.
                     uncertain = true;
                     previous = Some((qid, started));
                 }

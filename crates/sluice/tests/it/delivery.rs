@@ -74,6 +74,10 @@ async fn kill9_scenario(delivery: &'static str, n: u64, kills: u32) -> (Landed, 
     spec.insert_timeout_s = 2;
     spec.fence_wait_ms = 3_000;
     spec.commit_interval_ms = 2_000;
+    // The restarted process is the same group member (as a pod would be),
+    // so it takes the partitions back without waiting for the dead one to
+    // be expired.
+    spec.instance_id = Some(unique("instance"));
     let mut rng = rand::rng();
     let mut killed_mid_ingest = 0;
     for i in 0..kills {

@@ -211,6 +211,8 @@ pub struct SinkSpec {
     pub fence_wait_ms: u64,
     pub commit_interval_ms: u64,
     pub max_buffered_mb: usize,
+    /// Static membership id, for restarts that take the partitions back.
+    pub instance_id: Option<String>,
 }
 
 impl SinkSpec {
@@ -226,6 +228,7 @@ impl SinkSpec {
             fence_wait_ms: 6_000,
             commit_interval_ms: 1_000,
             max_buffered_mb: 64,
+            instance_id: None,
         }
     }
 
@@ -240,6 +243,7 @@ impl SinkSpec {
 [kafka]
 brokers = "{brokers}"
 group_id = "{group}"
+{instance}
 session_timeout = "6s"
 heartbeat_interval = "1s"
 
@@ -262,6 +266,10 @@ table = "{table}"
 "#,
                 brokers = brokers(),
                 group = self.group,
+                instance = self
+                    .instance_id
+                    .as_ref()
+                    .map_or(String::new(), |i| format!("instance_id = \"{i}\"")),
                 url = self.clickhouse_url,
                 it = self.insert_timeout_s,
                 delivery = self.delivery,
