@@ -13,14 +13,7 @@ async fn a_million_records_land_exactly_once() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(1_000_000);
-    let topic = unique("million");
-    create_topic(&topic, PARTITIONS).await;
-    let ch = ch();
-    let table = create_table(&ch, &unique("it")).await;
-    let t = topic.clone();
-    tokio::task::spawn_blocking(move || produce(&t, PARTITIONS, 0, n))
-        .await
-        .unwrap();
+    let (topic, table, ch) = setup("million", PARTITIONS, n).await;
 
     let mut spec = SinkSpec::new(&topic, &table);
     spec.max_batch_rows = 50_000;
@@ -56,10 +49,7 @@ async fn a_million_records_land_exactly_once() {
 /// records keep arriving (also while the sink is down); then one run that
 /// finishes. Returns what landed and how many ids are missing.
 async fn kill9_scenario(delivery: &'static str, n: u64, kills: u32) -> (Landed, u64) {
-    let topic = unique(&format!("kill_{}", delivery.replace('-', "_")));
-    create_topic(&topic, PARTITIONS).await;
-    let ch = ch();
-    let table = create_table(&ch, &unique("it")).await;
+    let (topic, table, ch) = setup(&format!("kill_{}", delivery.replace('-', "_")), PARTITIONS, 0).await;
     let chunks = u64::from(kills) * 3;
     let t = topic.clone();
     let producer = tokio::task::spawn_blocking(move || {
@@ -74,10 +64,7 @@ async fn kill9_scenario(delivery: &'static str, n: u64, kills: u32) -> (Landed, 
     spec.insert_timeout_s = 2;
     spec.fence_wait_ms = 3_000;
     spec.commit_interval_ms = 2_000;
-    // The restarted process is the same group member (as a pod would be),
-    // so it takes the partitions back without waiting for the dead one to
-    // be expired.
-    spec.instance_id = Some(unique("instance"));
+    let _keepalive = GroupKeepalive::start(&spec.group).await;
     let mut rng = rand::rng();
     let mut killed_mid_ingest = 0;
     for i in 0..kills {

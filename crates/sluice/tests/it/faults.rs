@@ -7,18 +7,6 @@ use std::time::{Duration, Instant};
 
 const PARTITIONS: i32 = 8;
 
-async fn setup(prefix: &str, n: u64) -> (String, String, clickhouse::Client) {
-    let topic = unique(prefix);
-    create_topic(&topic, PARTITIONS).await;
-    let ch = ch();
-    let table = create_table(&ch, &unique("it")).await;
-    let t = topic.clone();
-    tokio::task::spawn_blocking(move || produce(&t, PARTITIONS, 0, n))
-        .await
-        .unwrap();
-    (topic, table, ch)
-}
-
 fn upstream() -> String {
     clickhouse_url()
         .trim_start_matches("http://")
@@ -26,48 +14,41 @@ fn upstream() -> String {
         .to_string()
 }
 
-/// The documents' re-submit: the server committed, the client never heard.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn withheld_response_after_commit_makes_no_duplicate() {
+/// Runs a sink behind a proxy that injects `fault` into its first insert;
+/// returns what landed, how many ids are missing, and the sink's log.
+async fn behind_proxy(fault: Fault, hold: Duration) -> (Landed, u64, String) {
     let n = 50_000;
-    let (topic, table, ch) = setup("withhold", n).await;
-    let proxy = Proxy::start(upstream(), Duration::from_secs(8)).await;
-    proxy.arm(Fault::WithholdResponse);
+    let (topic, table, ch) = setup("proxy", PARTITIONS, n).await;
+    let proxy = Proxy::start(upstream(), hold).await;
+    proxy.arm(fault);
     let mut spec = SinkSpec::new(&topic, &table);
     spec.clickhouse_url = proxy.url.clone();
     spec.insert_timeout_s = 3;
     spec.max_batch_rows = 2_000;
     let mut sink = spec.start();
-    let got = wait_for(&ch, &table, n, Duration::from_secs(180)).await;
+    wait_for(&ch, &table, n, Duration::from_secs(180)).await;
+    // Give a late duplicate every chance to appear before counting.
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let got = landed(&ch, &table).await.max_rows(got);
-    assert!(sink.stop(Duration::from_secs(60)).success());
+    let got = landed(&ch, &table).await;
+    assert!(sink.stop(Duration::from_secs(60)).success(), "{}", sink.log_tail());
     assert_eq!(proxy.fired(), 1, "the fault must have been injected");
     let log = std::fs::read_to_string(&sink.log).unwrap();
-    assert!(
-        log.contains("reconciled"),
-        "the sink must have reconciled: {}",
-        sink.log_tail()
-    );
+    (got, missing_ids(&ch, &table, n).await, log)
+}
+
+/// The documents' re-submit: the server committed, the client never heard.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn withheld_response_after_commit_makes_no_duplicate() {
+    let (got, missing, log) = behind_proxy(Fault::WithholdResponse, Duration::from_secs(8)).await;
+    assert!(log.contains("reconciled"), "the sink must have reconciled");
     assert_eq!(got.duplicates(), 0, "{got:?}");
-    assert_eq!(got.rows, n, "{got:?}");
+    assert_eq!((got.rows, missing), (50_000, 0), "{got:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dropped_request_loses_nothing() {
-    let n = 50_000;
-    let (topic, table, ch) = setup("drop", n).await;
-    let proxy = Proxy::start(upstream(), Duration::from_secs(1)).await;
-    proxy.arm(Fault::DropRequest);
-    let mut spec = SinkSpec::new(&topic, &table);
-    spec.clickhouse_url = proxy.url.clone();
-    spec.insert_timeout_s = 3;
-    spec.max_batch_rows = 2_000;
-    let mut sink = spec.start();
-    let got = wait_for(&ch, &table, n, Duration::from_secs(180)).await;
-    assert!(sink.stop(Duration::from_secs(60)).success());
-    assert_eq!(proxy.fired(), 1, "the fault must have been injected");
-    assert_eq!(missing_ids(&ch, &table, n).await, 0, "{got:?}");
+    let (got, missing, _) = behind_proxy(Fault::DropRequest, Duration::from_secs(1)).await;
+    assert_eq!(missing, 0, "{got:?}");
     assert_eq!(got.duplicates(), 0, "{got:?}");
 }
 
@@ -213,7 +194,7 @@ async fn clickhouse_down_for_a_minute() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn instances_join_and_leave_during_ingest() {
     let n = 300_000;
-    let (topic, table, ch) = setup("rebalance", 0).await;
+    let (topic, table, ch) = setup("rebalance", PARTITIONS, 0).await;
     let t = topic.clone();
     let producer = tokio::task::spawn_blocking(move || {
         for chunk in 0..10 {
@@ -248,6 +229,46 @@ async fn instances_join_and_leave_during_ingest() {
         "{}",
         c.log_tail()
     );
+    assert_eq!(missing_ids(&ch, &table, n).await, 0, "{got:?}");
+    assert_eq!(got.duplicates(), 0, "{got:?}");
+}
+
+/// The zombie: an instance frozen (SIGSTOP) past the session timeout while
+/// it holds in-flight work, its partitions taken over, then woken (SIGCONT).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn frozen_instance_wakes_up_without_writing() {
+    let n = 200_000;
+    let (topic, table, ch) = setup("zombie", PARTITIONS, 0).await;
+    let t = topic.clone();
+    let producer = tokio::task::spawn_blocking(move || {
+        for chunk in 0..10 {
+            produce(&t, PARTITIONS, chunk * 20_000, 20_000);
+            std::thread::sleep(Duration::from_millis(1500));
+        }
+    });
+    let mut spec = SinkSpec::new(&topic, &table);
+    spec.max_batch_rows = 2_000;
+    spec.fence_wait_ms = 10_000;
+    let mut a = spec.start();
+    let mut b = spec.start();
+    // Freeze A once both are inserting.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while landed(&ch, &table).await.rows < 30_000 {
+        assert!(Instant::now() < deadline, "no progress: {}", a.log_tail());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    a.signal("-STOP");
+    // Past the 6 s session timeout: the group moves A's partitions to B.
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    a.signal("-CONT");
+    producer.await.unwrap();
+    let got = wait_for(&ch, &table, n, Duration::from_secs(300)).await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let got = landed(&ch, &table).await.max_rows(got);
+    assert!(a.stop(Duration::from_secs(60)).success(), "{}", a.log_tail());
+    assert!(b.stop(Duration::from_secs(60)).success(), "{}", b.log_tail());
+    let log = std::fs::read_to_string(&a.log).unwrap();
+    assert!(log.contains("process was frozen"), "A must notice the freeze: {}", a.log_tail());
     assert_eq!(missing_ids(&ch, &table, n).await, 0, "{got:?}");
     assert_eq!(got.duplicates(), 0, "{got:?}");
 }

@@ -60,7 +60,6 @@ pub fn produce(topic: &str, partitions: i32, start: u64, n: u64) {
         .set("enable.idempotence", "true")
         .set("linger.ms", "20")
         .set("batch.size", "1000000")
-        .set("compression.type", "lz4")
         .set("queue.buffering.max.messages", "1000000")
         .create()
         .expect("producer");
@@ -132,6 +131,22 @@ pub async fn create_table(client: &clickhouse::Client, db: &str) -> String {
     format!("{db}.events")
 }
 
+/// A fresh topic with `partitions` partitions and `n` records in it, and a
+/// fresh table: `(topic, table, client)`.
+pub async fn setup(prefix: &str, partitions: i32, n: u64) -> (String, String, clickhouse::Client) {
+    let topic = unique(prefix);
+    create_topic(&topic, partitions).await;
+    let ch = ch();
+    let table = create_table(&ch, &unique("it")).await;
+    if n > 0 {
+        let t = topic.clone();
+        tokio::task::spawn_blocking(move || produce(&t, partitions, 0, n))
+            .await
+            .unwrap();
+    }
+    (topic, table, ch)
+}
+
 /// What landed: rows, distinct `(partition, offset)`, distinct ids.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Landed {
@@ -195,6 +210,52 @@ pub async fn wait_for(
             return l;
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// A consumer that sits in a group, subscribed to a topic of its own, and
+/// heartbeats. tansu 0.6 evicts dead members only while handling some
+/// member's heartbeat; after a kill -9 of the group leader, the survivors
+/// loop in JoinGroup/SyncGroup (no heartbeats) and the group never
+/// recovers. This member's heartbeats let the broker evict the dead one, as
+/// a real Kafka coordinator does on its own. It takes no partitions of the
+/// sink's topics.
+pub struct GroupKeepalive {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl GroupKeepalive {
+    pub async fn start(group: &str) -> Self {
+        use rdkafka::consumer::{BaseConsumer, Consumer};
+        let topic = unique("keepalive");
+        create_topic(&topic, 1).await;
+        let consumer: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", brokers())
+            .set("group.id", group)
+            .set("partition.assignment.strategy", "cooperative-sticky")
+            .set("session.timeout.ms", "6000")
+            .set("heartbeat.interval.ms", "500")
+            .create()
+            .expect("keepalive consumer");
+        consumer.subscribe(&[&topic]).expect("keepalive subscribe");
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let s = stop.clone();
+        let thread = std::thread::spawn(move || {
+            while !s.load(Ordering::Relaxed) {
+                let _ = consumer.poll(Duration::from_millis(100));
+            }
+        });
+        Self { stop, thread: Some(thread) }
+    }
+}
+
+impl Drop for GroupKeepalive {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
     }
 }
 
