@@ -30,6 +30,32 @@ pub struct ResumePlan {
     pub check_through: Option<Offset>,
 }
 
+impl ResumePlan {
+    /// The offsets that may already be stored, `(first, last)`, when they
+    /// can be counted: the plan starts at a known position.
+    pub fn zone(&self) -> Option<(Offset, Offset)> {
+        match (self.start, self.check_through) {
+            (StartAt::At(c), Some(w)) if !c.covers(w) => Some((Offset(c.0), w)),
+            _ => None,
+        }
+    }
+
+    /// Tightens the plan with the number of distinct offsets ClickHouse holds
+    /// in [`Self::zone`]. If every integer offset of the zone is present,
+    /// nothing in it can be missing, so reading starts after it. Otherwise
+    /// (a gap in the data, or in the log itself) the plan stays as it is and
+    /// the zone is reconciled record by record.
+    pub fn with_zone_count(self, distinct: u64) -> ResumePlan {
+        match self.zone() {
+            Some((first, last)) if distinct == (last.0 - first.0 + 1) as u64 => ResumePlan {
+                start: StartAt::At(last.next()),
+                check_through: None,
+            },
+            _ => self,
+        }
+    }
+}
+
 /// The plan for a partition with `committed` position and `watermark`.
 pub fn resume_plan(committed: Option<NextOffset>, watermark: Option<Offset>) -> ResumePlan {
     let start = committed.map_or(StartAt::Reset, StartAt::At);
@@ -96,5 +122,23 @@ mod tests {
                 check_through: Some(Offset(9))
             }
         );
+    }
+
+    #[test]
+    fn a_complete_zone_is_skipped_and_a_gap_is_not() {
+        let plan = resume_plan(Some(NextOffset(10)), Some(Offset(25)));
+        assert_eq!(plan.zone(), Some((Offset(10), Offset(25))));
+        assert_eq!(
+            plan.with_zone_count(16),
+            ResumePlan {
+                start: StartAt::At(NextOffset(26)),
+                check_through: None
+            }
+        );
+        assert_eq!(plan.with_zone_count(15), plan);
+        // No known start: nothing to count.
+        let reset = resume_plan(None, Some(Offset(9)));
+        assert_eq!(reset.zone(), None);
+        assert_eq!(reset.with_zone_count(10), reset);
     }
 }

@@ -102,7 +102,7 @@ pub struct RawSink {
     pub max_buffered_bytes: Option<usize>,
     /// Inserts running at once. Default 4.
     pub max_concurrent_inserts: Option<usize>,
-    /// How often durable positions are committed to Kafka. Default 2s.
+    /// How often durable positions are committed to Kafka. Default 1s.
     #[serde(default, with = "humantime_serde")]
     pub commit_interval: Option<Duration>,
     /// How long a new owner waits before reading ClickHouse when the previous
@@ -434,7 +434,7 @@ impl RawConfig {
                     s.max_concurrent_inserts,
                     4,
                 )?,
-                commit_interval: s.commit_interval.unwrap_or(Duration::from_secs(2)),
+                commit_interval: s.commit_interval.unwrap_or(Duration::from_secs(1)),
                 fence_wait: s
                     .fence_wait
                     .unwrap_or(insert_timeout + Duration::from_secs(5)),

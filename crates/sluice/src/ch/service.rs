@@ -203,6 +203,34 @@ impl ClickHouse {
         Ok(rows.into_iter().map(Offset).collect())
     }
 
+    /// How many distinct offsets in `first..=last` of one partition the table
+    /// holds.
+    pub async fn distinct_offsets(
+        &self,
+        route: &Route,
+        partition: i32,
+        first: Offset,
+        last: Offset,
+    ) -> Result<u64, ChError> {
+        let c = &self.columns;
+        let sql = format!(
+            "SELECT uniqExact({o}) FROM {t} WHERE {tp} = ? AND {p} = ? AND {o} BETWEEN ? AND ?",
+            p = q(&c.partition),
+            o = q(&c.offset),
+            tp = q(&c.topic),
+            t = route.qualified()
+        );
+        Ok(self
+            .client
+            .query(&sql)
+            .bind(&route.topic)
+            .bind(partition)
+            .bind(first.0)
+            .bind(last.0)
+            .fetch_one()
+            .await?)
+    }
+
     /// Makes sure the attempt `query_id`, started at `started`, can no longer
     /// commit. The server is asked to kill it, and sluice waits until it has
     /// left `system.processes`; then, because a server may not know the query

@@ -121,11 +121,22 @@ impl Sink {
                 };
                 for (key, generation) in parts {
                     let c = committed.get(&(route.topic.clone(), key.1)).and_then(|(c, _)| *c);
-                    let plan = resume_plan(c, marks.get(&key.1).copied());
+                    let w = marks.get(&key.1).copied();
+                    let mut plan = resume_plan(c, w);
+                    // If ClickHouse holds every offset between the commit and
+                    // the watermark, nothing there needs reading again.
+                    if let Some((first, last)) = plan.zone() {
+                        match ch.distinct_offsets(route, key.1, first, last).await {
+                            Ok(n) => plan = plan.with_zone_count(n),
+                            Err(e) => tracing::warn!(error = %e, "cannot count the stored offsets; reconciling the range instead"),
+                        }
+                    }
                     tracing::info!(
                         partition = %format!("{}[{}]", route.topic, key.1),
                         committed = ?c.map(|c| c.0),
-                        watermark = ?marks.get(&key.1).map(|w| w.0),
+                        watermark = ?w.map(|w| w.0),
+                        start = ?plan.start,
+                        check_through = ?plan.check_through.map(|o| o.0),
                         "resume plan"
                     );
                     let _ = tx.send(Event::Prepared(Prepared { key, generation, plan }));

@@ -246,7 +246,10 @@ impl GroupKeepalive {
                 let _ = consumer.poll(Duration::from_millis(100));
             }
         });
-        Self { stop, thread: Some(thread) }
+        Self {
+            stop,
+            thread: Some(thread),
+        }
     }
 }
 
