@@ -296,6 +296,9 @@ def parse_multipart(body, content_type):
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "chdb_server"
+    # Headers and body go out in separate writes; with Nagle on, the body
+    # waits for the client's delayed ACK (40 ms per request).
+    disable_nagle_algorithm = True
     db_path = None
 
     def log_message(self, fmt, *args):
