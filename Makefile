@@ -21,7 +21,7 @@ demo:
 
 test:
 	@$(STACK) up >/dev/null
-	@$(ENV); cargo test --release --workspace -- --test-threads=4
+	@$(ENV); cargo test --release --workspace --lib --bins --tests -- --test-threads=4
 
 lint:
 	cargo fmt --all -- --check
