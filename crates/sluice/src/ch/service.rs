@@ -183,21 +183,14 @@ impl ClickHouse {
         first: Offset,
         last: Offset,
     ) -> Result<Vec<Offset>, ChError> {
-        let c = &self.columns;
-        let sql = format!(
-            "SELECT toInt64({o}) AS o FROM {t} WHERE {tp} = ? AND {p} = ? AND {o} BETWEEN ? AND ? ORDER BY o",
-            p = q(&c.partition),
-            o = q(&c.offset),
-            tp = q(&c.topic),
-            t = route.qualified()
-        );
+        let o = q(&self.columns.offset);
         let rows: Vec<i64> = self
-            .client
-            .query(&sql)
-            .bind(&route.topic)
-            .bind(partition)
-            .bind(first.0)
-            .bind(last.0)
+            .range_query(
+                route,
+                &format!("toInt64({o}) AS o"),
+                "ORDER BY o",
+                (partition, first, last),
+            )
             .fetch_all()
             .await?;
         Ok(rows.into_iter().map(Offset).collect())
@@ -212,23 +205,41 @@ impl ClickHouse {
         first: Offset,
         last: Offset,
     ) -> Result<u64, ChError> {
+        let o = q(&self.columns.offset);
+        Ok(self
+            .range_query(
+                route,
+                &format!("uniqExact({o})"),
+                "",
+                (partition, first, last),
+            )
+            .fetch_one()
+            .await?)
+    }
+
+    /// `SELECT {select} … {tail}` over the rows of one partition whose offsets
+    /// lie in `first..=last`.
+    fn range_query(
+        &self,
+        route: &Route,
+        select: &str,
+        tail: &str,
+        (partition, first, last): (i32, Offset, Offset),
+    ) -> clickhouse::query::Query {
         let c = &self.columns;
         let sql = format!(
-            "SELECT uniqExact({o}) FROM {t} WHERE {tp} = ? AND {p} = ? AND {o} BETWEEN ? AND ?",
+            "SELECT {select} FROM {t} WHERE {tp} = ? AND {p} = ? AND {o} BETWEEN ? AND ? {tail}",
             p = q(&c.partition),
             o = q(&c.offset),
             tp = q(&c.topic),
             t = route.qualified()
         );
-        Ok(self
-            .client
+        self.client
             .query(&sql)
             .bind(&route.topic)
             .bind(partition)
             .bind(first.0)
             .bind(last.0)
-            .fetch_one()
-            .await?)
     }
 
     /// Makes sure the attempt `query_id`, started at `started`, can no longer
