@@ -29,6 +29,10 @@ pub struct BatchLimits {
     pub max_rows: usize,
     pub max_bytes: usize,
     pub max_age: Duration,
+    /// Also cut where the next offset is a multiple of `max_rows`, so that a
+    /// replay of the same records forms the same batches (the token-only
+    /// baseline; bytes and age limits still apply, as in the sinks it models).
+    pub aligned: bool,
 }
 
 /// Encoded rows of one partition with the offset of each row.
@@ -167,7 +171,12 @@ impl BatchBuilder {
 
     /// Whether the batch is full or old enough to be sent.
     pub fn is_due(&self, now: Instant) -> bool {
-        self.rows.len() >= self.limits.max_rows
+        let boundary = self.limits.aligned
+            && self
+                .end
+                .is_some_and(|e| e.0 % self.limits.max_rows as i64 == 0);
+        boundary
+            || self.rows.len() >= self.limits.max_rows
             || self.body.len() >= self.limits.max_bytes
             || self
                 .opened
@@ -206,7 +215,29 @@ mod tests {
             max_rows: rows,
             max_bytes: bytes,
             max_age: Duration::from_secs(1),
+            aligned: false,
         }
+    }
+
+    #[test]
+    fn aligned_batches_end_on_multiples_of_max_rows() {
+        let t0 = Instant::now();
+        let mut b = builder(BatchLimits {
+            aligned: true,
+            ..limits(4, 1 << 20)
+        });
+        // Starting mid-way (a replay from offset 6) still cuts at 8, 12, ...
+        push(&mut b, 6, t0);
+        assert!(!b.is_due(t0));
+        push(&mut b, 7, t0);
+        assert!(b.is_due(t0));
+        assert_eq!(b.take().unwrap().end(), NextOffset(8));
+        for o in 8..11 {
+            push(&mut b, o, t0);
+            assert!(!b.is_due(t0));
+        }
+        push(&mut b, 11, t0);
+        assert!(b.is_due(t0));
     }
 
     fn builder(l: BatchLimits) -> BatchBuilder {

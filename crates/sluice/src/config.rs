@@ -22,6 +22,22 @@ pub enum Delivery {
     ExactlyOnce,
     /// Commit after insert and re-send blindly on failure (today's pipelines).
     AtLeastOnce,
+    /// Deterministic batch boundaries and an `insert_deduplication_token` on
+    /// every insert, nothing else: the design of sinks that rely on
+    /// ClickHouse's dedup window. A baseline for `sluice lab`.
+    TokenOnly,
+}
+
+impl Delivery {
+    /// Whether the sink resumes from ClickHouse, reconciles and fences.
+    pub fn is_exactly_once(self) -> bool {
+        self == Delivery::ExactlyOnce
+    }
+
+    /// Whether every insert carries a deterministic dedup token.
+    pub fn sends_tokens(self) -> bool {
+        self != Delivery::AtLeastOnce
+    }
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -88,7 +104,7 @@ pub struct RawClickHouse {
 #[derive(Debug, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 pub struct RawSink {
-    /// `exactly-once` (default) or `at-least-once`.
+    /// `exactly-once` (default), `at-least-once` or `token-only`.
     pub delivery: Option<Delivery>,
     /// Rows per insert, at most. Default 100000.
     pub max_batch_rows: Option<usize>,
@@ -336,6 +352,7 @@ impl RawConfig {
             )?,
             max_bytes: positive("sink.max_batch_bytes", s.max_batch_bytes, 16 << 20)?,
             max_age: s.max_batch_age.unwrap_or(Duration::from_secs(1)),
+            aligned: o.delivery.or(s.delivery) == Some(Delivery::TokenOnly),
         };
         if limits.max_bytes > 1 << 30 {
             return Err(invalid(

@@ -34,6 +34,7 @@ enum LogFormat {
 enum DeliveryArg {
     ExactlyOnce,
     AtLeastOnce,
+    TokenOnly,
 }
 
 #[derive(Subcommand)]
@@ -91,6 +92,7 @@ fn run(command: Command) -> anyhow::Result<()> {
                 delivery: delivery.map(|d| match d {
                     DeliveryArg::ExactlyOnce => Delivery::ExactlyOnce,
                     DeliveryArg::AtLeastOnce => Delivery::AtLeastOnce,
+                    DeliveryArg::TokenOnly => Delivery::TokenOnly,
                 }),
                 max_batch_rows,
             };

@@ -62,7 +62,7 @@ impl ClickHouse {
             ("http_receive_timeout", secs.clone()),
             ("http_send_timeout", secs),
         ];
-        if delivery == Delivery::ExactlyOnce {
+        if delivery.sends_tokens() {
             // 26.x: `insert_deduplicate=0` no longer turns dedup off; this does.
             wanted.push(("deduplicate_insert", "enable".into()));
         }

@@ -15,7 +15,6 @@
 
 use super::state::{Event, Key, Phase, Sink, MARK_CLEAN, MARK_OPEN};
 use super::SinkContext;
-use crate::config::Delivery;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::error::KafkaResult;
 use rdkafka::{Offset as KOffset, TopicPartitionList};
@@ -54,7 +53,7 @@ impl Sink {
             return Ok(());
         }
         tracing::info!(partitions = ?keys.iter().map(|k| self.name(*k)).collect::<Vec<_>>(), "assigned");
-        if self.cfg.sink.delivery == Delivery::AtLeastOnce {
+        if !self.cfg.sink.delivery.is_exactly_once() {
             for &(ri, p) in &keys {
                 let part = self.new_part(ri, p, Phase::Active);
                 self.parts.insert((ri, p), part);

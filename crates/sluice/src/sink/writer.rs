@@ -11,7 +11,8 @@
 //! while the process's group membership is in doubt ([`Lease`]) or after the
 //! partition was given up (`abandon`).
 //!
-//! At-least-once: the same bytes are re-sent until one attempt succeeds.
+//! At-least-once and token-only: the same bytes (token-only: with the same
+//! token) are re-sent until one attempt succeeds.
 
 use super::lease::Lease;
 use crate::ch::{ChError, ChErrorKind, ClickHouse, InsertRequest};
@@ -77,7 +78,7 @@ pub async fn deliver(job: Job, ctx: Arc<WriterCtx>) -> Completion {
 }
 
 async fn attempt_until_done(job: &Job, ctx: &WriterCtx) -> Outcome {
-    let exactly_once = ctx.delivery == Delivery::ExactlyOnce;
+    let exactly_once = ctx.delivery.is_exactly_once();
     let mut uncertain = exactly_once && job.uncertain;
     let mut previous: Option<(String, Instant)> = None;
     let mut backoff = Backoff::new();

@@ -75,6 +75,25 @@ async fn unreachable_clickhouse_is_named() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreachable_kafka_is_named() {
+    let ch = ch();
+    let table = create_table(&ch, &unique("it")).await;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut spec = SinkSpec::new("nowhere", &table);
+    spec.brokers = format!("127.0.0.1:{port}");
+    let (code, log) = exit_of(spec.start(), Duration::from_secs(90));
+    assert_eq!(code, Some(2));
+    assert!(
+        log.contains(&format!("cannot reach Kafka at 127.0.0.1:{port}")),
+        "{log}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_record_stops_with_its_position_and_keeps_the_rest() {
     let topic = unique("poison");
     create_topic(&topic, 1).await;

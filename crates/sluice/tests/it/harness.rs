@@ -269,6 +269,7 @@ pub struct SinkSpec {
     pub table: String,
     pub group: String,
     pub clickhouse_url: String,
+    pub brokers: String,
     pub delivery: &'static str,
     pub max_batch_rows: usize,
     pub insert_timeout_s: u64,
@@ -286,6 +287,7 @@ impl SinkSpec {
             table: table.into(),
             group: unique("g"),
             clickhouse_url: clickhouse_url(),
+            brokers: brokers(),
             delivery: "exactly-once",
             max_batch_rows: 10_000,
             insert_timeout_s: 5,
@@ -328,7 +330,7 @@ fence_wait = "{fw}ms"
 topic = "{topic}"
 table = "{table}"
 "#,
-                brokers = brokers(),
+                brokers = self.brokers,
                 group = self.group,
                 instance = self
                     .instance_id
