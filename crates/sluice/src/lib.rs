@@ -3,9 +3,11 @@
 //! - [`config`]: the TOML file, environment and flags → a validated config.
 //! - [`ch`]: the ClickHouse service (inserts, watermarks, reconciliation reads).
 //! - [`sink`]: `sluice run`, the consumer thread, batches and insert tasks.
+//! - [`lab`]: `sluice lab`, the fault matrix against the real stack.
 //!
 //! The exactly-once rules themselves live in the I/O-free `sluice-core` crate.
 
 pub mod ch;
 pub mod config;
+pub mod lab;
 pub mod sink;

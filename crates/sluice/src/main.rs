@@ -60,6 +60,31 @@ enum Command {
         #[arg(long)]
         max_batch_rows: Option<usize>,
     },
+    /// Run the fault lab: each scenario × delivery mode against the real
+    /// stack, counted in ClickHouse, printed as a matrix.
+    Lab {
+        /// A reduced version of every scenario (minutes, not an hour).
+        #[arg(long)]
+        quick: bool,
+        /// Scenarios to run (default: all).
+        #[arg(long = "scenario", value_name = "NAME")]
+        scenarios: Vec<String>,
+        /// Delivery modes to compare (default: all).
+        #[arg(long = "mode", value_name = "MODE")]
+        modes: Vec<String>,
+        /// Also write every count as JSON.
+        #[arg(long)]
+        json: Option<PathBuf>,
+        /// Also write the matrix as Markdown.
+        #[arg(long)]
+        markdown: Option<PathBuf>,
+        /// Kafka bootstrap servers.
+        #[arg(long, env = "KAFKA_BROKERS")]
+        brokers: String,
+        /// ClickHouse HTTP URL.
+        #[arg(long, env = "CLICKHOUSE_URL")]
+        clickhouse_url: String,
+    },
 }
 
 fn main() -> ExitCode {
@@ -102,6 +127,32 @@ fn run(command: Command) -> anyhow::Result<()> {
                 .build()
                 .context("starting the async runtime")?;
             rt.block_on(sluice::sink::run(cfg, shutdown_signal()))
+        }
+        Command::Lab {
+            quick,
+            scenarios,
+            modes,
+            json,
+            markdown,
+            brokers,
+            clickhouse_url,
+        } => {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+                .context("starting the async runtime")?;
+            let opts = sluice::lab::LabOptions {
+                stack: sluice::lab::fixture::Stack {
+                    brokers,
+                    clickhouse_url,
+                },
+                quick,
+                scenarios,
+                modes,
+                json,
+                markdown,
+            };
+            rt.block_on(sluice::lab::run(opts)).map(|_| ())
         }
     }
 }

@@ -1,7 +1,7 @@
 //! Faults between the sink and ClickHouse, and group membership changes.
 
 use crate::harness::*;
-use crate::proxy::{Fault, Proxy};
+use sluice::lab::proxy::{Fault, Proxy};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -19,7 +19,7 @@ fn upstream() -> String {
 async fn behind_proxy(fault: Fault, hold: Duration) -> (Landed, u64, String) {
     let n = 50_000;
     let (topic, table, ch) = setup("proxy", PARTITIONS, n).await;
-    let proxy = Proxy::start(upstream(), hold).await;
+    let proxy = Proxy::start(upstream(), hold).await.unwrap();
     proxy.arm(fault);
     let mut spec = SinkSpec::new(&topic, &table);
     spec.clickhouse_url = proxy.url.clone();

@@ -6,7 +6,6 @@
 //! fails, never skips, when it is missing.
 
 mod harness;
-mod proxy;
 
 mod delivery;
 mod errors;

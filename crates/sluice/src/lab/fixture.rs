@@ -1,0 +1,209 @@
+//! The lab's view of the stack: fresh topics and tables, a producer, a
+//! keepalive group member, and the counts every verdict comes from.
+//!
+//! Every number the lab reports is read here from ClickHouse
+//! (`count()`, `uniqExact(_partition, _offset)`, `uniqExact(id)`) or from
+//! the broker; none comes from the sink's own logs.
+
+use anyhow::{anyhow, Context};
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+use rdkafka::ClientConfig;
+use serde::Serialize;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Where the lab runs: a broker and a ClickHouse HTTP endpoint.
+#[derive(Debug, Clone)]
+pub struct Stack {
+    pub brokers: String,
+    pub clickhouse_url: String,
+}
+
+/// What landed in a table.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Landed {
+    pub rows: u64,
+    pub distinct_offsets: u64,
+    pub distinct_ids: u64,
+}
+
+impl Stack {
+    /// A name unique to this process and call.
+    pub fn unique(prefix: &str) -> String {
+        static N: AtomicU32 = AtomicU32::new(0);
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() % 100_000_000);
+        let n = N.fetch_add(1, Ordering::Relaxed);
+        format!("{prefix}_{}_{t}_{n}", std::process::id())
+    }
+
+    pub fn ch(&self) -> clickhouse::Client {
+        clickhouse::Client::default()
+            .with_url(&self.clickhouse_url)
+            .with_validation(false)
+    }
+
+    pub async fn create_topic(&self, name: &str, partitions: i32) -> anyhow::Result<()> {
+        let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+            .set("bootstrap.servers", &self.brokers)
+            .create()?;
+        let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
+        for r in admin
+            .create_topics(&[NewTopic::new(name, partitions, TopicReplication::Fixed(1))], &opts)
+            .await?
+        {
+            r.map_err(|(t, e)| anyhow!("creating topic {t}: {e}"))?;
+        }
+        Ok(())
+    }
+
+    /// Creates `db.events` with the metadata columns and the watermark
+    /// projection; `window` is the table's `non_replicated_deduplication_window`.
+    pub async fn create_table(&self, db: &str, window: u32) -> anyhow::Result<String> {
+        let ch = self.ch();
+        ch.query(&format!("CREATE DATABASE IF NOT EXISTS {db}")).execute().await?;
+        ch.query(&format!(
+            "CREATE TABLE {db}.events (
+                id UInt64, payload String,
+                _topic LowCardinality(String), _partition UInt32, _offset UInt64,
+                PROJECTION watermark (SELECT _topic, _partition, max(_offset) GROUP BY _topic, _partition)
+            ) ENGINE = MergeTree ORDER BY (_topic, _partition, _offset)
+            SETTINGS non_replicated_deduplication_window = {window},
+                     deduplicate_merge_projection_mode = 'rebuild'"
+        ))
+        .execute()
+        .await
+        .with_context(|| format!("creating {db}.events"))?;
+        Ok(format!("{db}.events"))
+    }
+
+    /// Produces `n` records with ids `start..start + n`, round-robin over
+    /// `partitions`, and waits until the broker acknowledged all of them.
+    pub fn produce(&self, topic: &str, partitions: i32, start: u64, n: u64) -> anyhow::Result<()> {
+        let producer: ThreadedProducer<DefaultProducerContext> = ClientConfig::new()
+            .set("bootstrap.servers", &self.brokers)
+            .set("enable.idempotence", "true")
+            .set("linger.ms", "20")
+            .set("queue.buffering.max.messages", "1000000")
+            .create()?;
+        let pad = "x".repeat(60);
+        for i in start..start + n {
+            let value = format!(r#"{{"id":{i},"payload":"{pad}"}}"#);
+            let mut rec = BaseRecord::<(), str>::to(topic)
+                .payload(&value)
+                .partition((i % partitions as u64) as i32);
+            loop {
+                match producer.send(rec) {
+                    Ok(()) => break,
+                    Err((rdkafka::error::KafkaError::MessageProduction(
+                        rdkafka::types::RDKafkaErrorCode::QueueFull,
+                    ), r)) => {
+                        rec = r;
+                        std::thread::sleep(Duration::from_millis(5));
+                    }
+                    Err((e, _)) => return Err(anyhow!("producing to {topic}: {e}")),
+                }
+            }
+        }
+        producer.flush(Duration::from_secs(120))?;
+        Ok(())
+    }
+
+    pub async fn landed(&self, table: &str) -> anyhow::Result<Landed> {
+        let (rows, distinct_offsets, distinct_ids) = self
+            .ch()
+            .query(&format!(
+                "SELECT count(), uniqExact(_partition, _offset), uniqExact(id) FROM {table}"
+            ))
+            .fetch_one::<(u64, u64, u64)>()
+            .await
+            .with_context(|| format!("counting {table}"))?;
+        Ok(Landed {
+            rows,
+            distinct_offsets,
+            distinct_ids,
+        })
+    }
+
+    /// Waits until `table` holds `want` distinct ids and has been still for
+    /// `settle`, or `timeout` passed. Returns the count and when it was first
+    /// complete.
+    pub async fn quiesce(
+        &self,
+        table: &str,
+        want: u64,
+        settle: Duration,
+        timeout: Duration,
+    ) -> anyhow::Result<(Landed, Option<Instant>)> {
+        let deadline = Instant::now() + timeout;
+        let mut complete_at = None;
+        let mut last = self.landed(table).await?;
+        let mut still_since = Instant::now();
+        loop {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let now = self.landed(table).await?;
+            if now.distinct_ids >= want && complete_at.is_none() {
+                complete_at = Some(Instant::now());
+            }
+            if now != last {
+                last = now;
+                still_since = Instant::now();
+            }
+            let settled = still_since.elapsed() >= settle;
+            if (complete_at.is_some() && settled) || Instant::now() > deadline {
+                return Ok((last, complete_at));
+            }
+        }
+    }
+}
+
+/// A group member subscribed to a topic of its own, heartbeating. tansu 0.6
+/// evicts a dead member only while handling another member's heartbeat;
+/// after a kill -9 of the group leader the survivors loop in
+/// JoinGroup/SyncGroup and the group never recovers. This member's
+/// heartbeats let the broker evict the dead one, as a real Kafka coordinator
+/// does on its own. It takes none of the sink's partitions.
+pub struct Keepalive {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Keepalive {
+    pub async fn start(stack: &Stack, group: &str) -> anyhow::Result<Self> {
+        let topic = Stack::unique("keepalive");
+        stack.create_topic(&topic, 1).await?;
+        let consumer: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", &stack.brokers)
+            .set("group.id", group)
+            .set("partition.assignment.strategy", "cooperative-sticky")
+            .set("session.timeout.ms", "6000")
+            .set("heartbeat.interval.ms", "500")
+            .create()?;
+        consumer.subscribe(&[&topic])?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let s = stop.clone();
+        let thread = std::thread::spawn(move || {
+            while !s.load(Ordering::Relaxed) {
+                let _ = consumer.poll(Duration::from_millis(100));
+            }
+        });
+        Ok(Self {
+            stop,
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for Keepalive {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}

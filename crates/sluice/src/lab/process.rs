@@ -1,0 +1,162 @@
+//! `sluice run` as a child process the lab can start, kill -9, freeze,
+//! thaw and stop.
+//!
+//! Each run gets its own config file and log under a scratch directory; the
+//! child is killed when its handle is dropped, so the lab never leaves
+//! processes behind.
+
+use anyhow::Context;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The settings of one sink process.
+#[derive(Debug, Clone)]
+pub struct RunSpec {
+    pub brokers: String,
+    pub clickhouse_url: String,
+    pub topic: String,
+    pub table: String,
+    pub group: String,
+    pub delivery: &'static str,
+    pub max_batch_rows: usize,
+    pub insert_timeout: Duration,
+    pub fence_wait: Duration,
+    pub commit_interval: Duration,
+}
+
+/// A running `sluice run`.
+pub struct SinkProcess {
+    child: Option<Child>,
+    pub log: PathBuf,
+}
+
+impl RunSpec {
+    pub fn start(&self) -> anyhow::Result<SinkProcess> {
+        let dir = std::env::temp_dir().join(super::fixture::Stack::unique("sluice_lab"));
+        std::fs::create_dir_all(&dir)?;
+        let cfg = dir.join("sluice.toml");
+        std::fs::write(
+            &cfg,
+            format!(
+                r#"[kafka]
+brokers = "{brokers}"
+group_id = "{group}"
+session_timeout = "6s"
+heartbeat_interval = "1s"
+
+[clickhouse]
+url = "{url}"
+insert_timeout = "{it}ms"
+
+[sink]
+delivery = "{delivery}"
+max_batch_rows = {rows}
+max_batch_age = "300ms"
+commit_interval = "{ci}ms"
+fence_wait = "{fw}ms"
+
+[[route]]
+topic = "{topic}"
+table = "{table}"
+"#,
+                brokers = self.brokers,
+                group = self.group,
+                url = self.clickhouse_url,
+                it = self.insert_timeout.as_millis(),
+                delivery = self.delivery,
+                rows = self.max_batch_rows,
+                ci = self.commit_interval.as_millis(),
+                fw = self.fence_wait.as_millis(),
+                topic = self.topic,
+                table = self.table,
+            ),
+        )?;
+        let log = dir.join("sluice.log");
+        let exe = std::env::current_exe().context("locating the sluice binary")?;
+        let child = Command::new(exe)
+            .args(["run", "--config"])
+            .arg(&cfg)
+            .env("SLUICE_LOG", "info")
+            .env_remove("KAFKA_BROKERS")
+            .env_remove("CLICKHOUSE_URL")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log)?)
+            .spawn()
+            .context("starting sluice run")?;
+        Ok(SinkProcess {
+            child: Some(child),
+            log,
+        })
+    }
+}
+
+impl SinkProcess {
+    fn signal(&self, sig: &str) {
+        if let Some(c) = &self.child {
+            let _ = Command::new("kill").args([sig, &c.id().to_string()]).status();
+        }
+    }
+
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    pub fn freeze(&self) {
+        self.signal("-STOP");
+    }
+
+    pub fn thaw(&self) {
+        self.signal("-CONT");
+    }
+
+    /// Whether the process is still running (false once it exited on its own).
+    pub fn is_running(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+    }
+
+    /// Waits until the log mentions `what` (or the timeout).
+    pub async fn wait_for_log(&mut self, what: &str, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline && self.is_running() {
+            if std::fs::read_to_string(&self.log).is_ok_and(|s| s.contains(what)) {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        false
+    }
+
+    /// SIGTERM, then waits; false if it had to be killed or failed.
+    pub fn stop(&mut self, timeout: Duration) -> bool {
+        self.signal("-TERM");
+        let Some(mut c) = self.child.take() else {
+            return false;
+        };
+        let deadline = Instant::now() + timeout;
+        loop {
+            match c.try_wait() {
+                Ok(Some(s)) => return s.success(),
+                Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(100)),
+                _ => {
+                    let _ = c.kill();
+                    let _ = c.wait();
+                    return false;
+                }
+            }
+        }
+    }
+}
+
+impl Drop for SinkProcess {
+    fn drop(&mut self) {
+        self.thaw();
+        self.kill9();
+    }
+}

@@ -1,0 +1,150 @@
+//! A loopback TCP proxy in front of ClickHouse that injects faults by real
+//! means, for the lab and the integration tests.
+//!
+//! Bytes flow client → proxy → server and back untouched, until a fault is
+//! armed. The next INSERT seen on any connection then gets it:
+//! - [`Fault::WithholdResponse`]: the whole request is forwarded, the server
+//!   commits, its answer is swallowed and the client kept waiting for `hold`
+//!   (past its timeout), then hung up on. The outcome is unknown to the
+//!   client, but the rows are in.
+//! - [`Fault::HoldRequest`]: the request is not forwarded; the client waits
+//!   for `hold`, then is hung up on. The outcome is unknown, nothing landed.
+//! - [`Fault::DropRequest`]: the connection is closed instead of forwarding.
+//!
+//! [`Proxy::set_down`] makes every connection fail at once, as an
+//! unreachable server does.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Fault {
+    WithholdResponse = 1,
+    HoldRequest = 2,
+    DropRequest = 3,
+}
+
+#[derive(Default)]
+struct State {
+    armed: AtomicU8,
+    fired: AtomicU32,
+    down: AtomicBool,
+}
+
+pub struct Proxy {
+    pub url: String,
+    state: Arc<State>,
+}
+
+impl Proxy {
+    /// Starts a proxy on 127.0.0.1 to `upstream` (`host:port`); faults last
+    /// `hold`.
+    pub async fn start(upstream: String, hold: Duration) -> std::io::Result<Self> {
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let url = format!("http://{}", listener.local_addr()?);
+        let state = Arc::new(State::default());
+        let st = state.clone();
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                if st.down.load(Ordering::SeqCst) {
+                    drop(client);
+                    continue;
+                }
+                let (st, up) = (st.clone(), upstream.clone());
+                tokio::spawn(async move {
+                    if let Ok(server) = TcpStream::connect(&up).await {
+                        pipe(client, server, st, hold).await;
+                    }
+                });
+            }
+        });
+        Ok(Self { url, state })
+    }
+
+    /// The upstream of a ClickHouse URL: `http://host:port/` → `host:port`.
+    pub fn upstream_of(url: &str) -> String {
+        url.trim_start_matches("http://").trim_end_matches('/').to_string()
+    }
+
+    /// The next INSERT gets `fault`.
+    pub fn arm(&self, fault: Fault) {
+        self.state.armed.store(fault as u8, Ordering::SeqCst);
+    }
+
+    /// How many faults were injected.
+    pub fn fired(&self) -> u32 {
+        self.state.fired.load(Ordering::SeqCst)
+    }
+
+    /// While down, every new connection is closed at once.
+    pub fn set_down(&self, down: bool) {
+        self.state.down.store(down, Ordering::SeqCst);
+    }
+}
+
+async fn pipe(client: TcpStream, server: TcpStream, st: Arc<State>, hold: Duration) {
+    let (mut cr, mut cw) = client.into_split();
+    let (mut sr, mut sw) = server.into_split();
+    // Set once this connection carries a faulted insert.
+    let mode = Arc::new(AtomicU8::new(0));
+    let m = mode.clone();
+    let s2 = st.clone();
+    let upstream = tokio::spawn(async move {
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            let n = match cr.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            };
+            let chunk = &buf[..n];
+            if s2.down.load(Ordering::SeqCst) {
+                break;
+            }
+            if m.load(Ordering::SeqCst) == 0 && contains(chunk, b"query=INSERT") {
+                let f = s2.armed.swap(0, Ordering::SeqCst);
+                if f != 0 {
+                    m.store(f, Ordering::SeqCst);
+                    s2.fired.fetch_add(1, Ordering::SeqCst);
+                }
+            }
+            match m.load(Ordering::SeqCst) {
+                x if x == Fault::DropRequest as u8 => break,
+                x if x == Fault::HoldRequest as u8 => {
+                    tokio::time::sleep(hold).await;
+                    break;
+                }
+                _ => {}
+            }
+            if sw.write_all(chunk).await.is_err() {
+                break;
+            }
+        }
+        let _ = sw.shutdown().await;
+    });
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = match sr.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        if mode.load(Ordering::SeqCst) == Fault::WithholdResponse as u8 {
+            // The server has answered: the insert is committed. Swallow the
+            // answer, keep the client waiting, then hang up.
+            tokio::time::sleep(hold).await;
+            break;
+        }
+        if mode.load(Ordering::SeqCst) != 0 || cw.write_all(&buf[..n]).await.is_err() {
+            break;
+        }
+    }
+    upstream.abort();
+    let _ = cw.shutdown().await;
+}
+
+fn contains(hay: &[u8], needle: &[u8]) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle)
+}

@@ -1,0 +1,263 @@
+//! The fault scenarios, each written once and run against every delivery
+//! mode (the way tansu's `tests/txn.rs` runs one scenario per backend).
+//!
+//! A scenario makes a fresh topic, table and group, produces a known set of
+//! records, runs `sluice run` as child processes, injects its fault by real
+//! means (a proxy that withholds or holds an insert, kill -9, SIGSTOP, a
+//! ClickHouse that stops answering), waits until the table is still, and
+//! counts in ClickHouse.
+
+use super::fixture::{Keepalive, Landed, Stack};
+use super::process::{RunSpec, SinkProcess};
+use super::proxy::{Fault, Proxy};
+use anyhow::{bail, Context};
+use serde::Serialize;
+use std::time::{Duration, Instant};
+
+/// Every scenario, in the order of the matrix.
+pub const SCENARIOS: &[&str] = &[
+    "resubmit-after-timeout/window-large",
+    "resubmit-after-timeout/window-small",
+    "crash-replay",
+    "crash-after-many-batches",
+    "unknown-outcome-then-new-boundaries",
+    "clickhouse-outage",
+    "rebalance",
+    "zombie",
+];
+
+/// Every delivery mode, in the order of the matrix.
+pub const MODES: &[&str] = &["exactly-once", "at-least-once", "token-only"];
+
+const PARTITIONS: i32 = 4;
+
+/// Sizes and durations of one lab run.
+#[derive(Debug, Clone, Copy)]
+pub struct Params {
+    pub records: u64,
+    pub insert_timeout: Duration,
+    pub outage: Duration,
+    pub timeout: Duration,
+}
+
+impl Params {
+    /// Small enough for `make test`.
+    pub fn quick() -> Self {
+        Self {
+            records: 20_000,
+            insert_timeout: Duration::from_secs(3),
+            outage: Duration::from_secs(15),
+            timeout: Duration::from_secs(120),
+        }
+    }
+
+    /// The documents' timings: a 30 s client timeout, so the re-submit comes
+    /// 30+ s after the first attempt; a 60 s outage.
+    pub fn full() -> Self {
+        Self {
+            records: 200_000,
+            insert_timeout: Duration::from_secs(30),
+            outage: Duration::from_secs(60),
+            timeout: Duration::from_secs(600),
+        }
+    }
+}
+
+/// One cell of the matrix.
+#[derive(Debug, Clone, Serialize)]
+pub struct Cell {
+    pub scenario: String,
+    pub mode: String,
+    pub produced: u64,
+    pub rows: u64,
+    pub duplicates: u64,
+    pub missing: u64,
+    /// The sink stopped making progress (or exited) without an operator.
+    pub stalled: bool,
+    /// Seconds from the end of the fault until every record had landed.
+    pub recovery_s: Option<f64>,
+    /// Whether the fault was really injected.
+    pub fault_injected: bool,
+}
+
+struct Run {
+    stack: Stack,
+    table: String,
+    spec: RunSpec,
+    proxy: Option<Proxy>,
+    _keepalive: Keepalive,
+    params: Params,
+}
+
+impl Run {
+    async fn new(stack: &Stack, mode: &'static str, params: Params, window: u32, proxied: bool) -> anyhow::Result<Self> {
+        let topic = Stack::unique("lab");
+        stack.create_topic(&topic, PARTITIONS).await?;
+        let table = stack.create_table(&Stack::unique("lab"), window).await?;
+        let proxy = if proxied {
+            let hold = params.insert_timeout * 2 + Duration::from_secs(1);
+            Some(Proxy::start(Proxy::upstream_of(&stack.clickhouse_url), hold).await?)
+        } else {
+            None
+        };
+        let group = Stack::unique("lab");
+        let keepalive = Keepalive::start(stack, &group).await?;
+        let spec = RunSpec {
+            brokers: stack.brokers.clone(),
+            clickhouse_url: proxy
+                .as_ref()
+                .map_or(stack.clickhouse_url.clone(), |p| p.url.clone()),
+            topic,
+            table: table.clone(),
+            group,
+            delivery: mode,
+            max_batch_rows: 1_000,
+            insert_timeout: params.insert_timeout,
+            fence_wait: params.insert_timeout + Duration::from_secs(1),
+            // The documents' pipeline commits offsets every 60 s.
+            commit_interval: Duration::from_secs(60),
+        };
+        Ok(Self {
+            stack: stack.clone(),
+            table,
+            spec,
+            proxy,
+            _keepalive: keepalive,
+            params,
+        })
+    }
+
+    async fn produce(&self, start: u64, n: u64) -> anyhow::Result<()> {
+        let (stack, topic) = (self.stack.clone(), self.spec.topic.clone());
+        tokio::task::spawn_blocking(move || stack.produce(&topic, PARTITIONS, start, n)).await?
+    }
+
+    async fn rows(&self) -> anyhow::Result<u64> {
+        Ok(self.stack.landed(&self.table).await?.rows)
+    }
+
+    /// Waits until at least `rows` rows landed.
+    async fn wait_rows(&self, sink: &mut SinkProcess, rows: u64) -> anyhow::Result<()> {
+        let deadline = Instant::now() + self.params.timeout;
+        while self.rows().await? < rows {
+            if Instant::now() > deadline || !sink.is_running() {
+                bail!("no progress to {rows} rows (log: {})", sink.log.display());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Ok(())
+    }
+
+    /// Waits for quiescence and builds the cell.
+    async fn finish(
+        &self,
+        scenario: &str,
+        mut sinks: Vec<SinkProcess>,
+        produced: u64,
+        fault_end: Instant,
+    ) -> anyhow::Result<Cell> {
+        let (got, complete_at): (Landed, _) = self
+            .stack
+            .quiesce(&self.table, produced, Duration::from_secs(3), self.params.timeout)
+            .await?;
+        let exited = sinks.iter_mut().any(|s| !s.is_running());
+        for s in &mut sinks {
+            s.stop(Duration::from_secs(60));
+        }
+        Ok(Cell {
+            scenario: scenario.into(),
+            mode: self.spec.delivery.into(),
+            produced,
+            rows: got.rows,
+            duplicates: got.rows - got.distinct_offsets,
+            missing: produced.saturating_sub(got.distinct_ids),
+            stalled: complete_at.is_none() || exited,
+            recovery_s: complete_at.map(|t| t.saturating_duration_since(fault_end).as_secs_f64()),
+            fault_injected: self.proxy.as_ref().is_none_or(|p| p.fired() > 0),
+        })
+    }
+}
+
+/// Runs one scenario in one mode.
+pub async fn run(stack: &Stack, scenario: &str, mode: &'static str, p: Params) -> anyhow::Result<Cell> {
+    let n = p.records;
+    match scenario {
+        "resubmit-after-timeout/window-large" | "resubmit-after-timeout/window-small" => {
+            let window = if scenario.ends_with("large") { 1000 } else { 2 };
+            let r = Run::new(stack, mode, p, window, true).await?;
+            r.produce(0, n).await?;
+            r.proxy.as_ref().context("proxy")?.arm(Fault::WithholdResponse);
+            let sink = r.spec.start()?;
+            r.finish(scenario, vec![sink], n, Instant::now()).await
+        }
+        "crash-replay" | "crash-after-many-batches" => {
+            let mut r = Run::new(stack, mode, p, 1000, false).await?;
+            r.produce(0, n / 2).await?;
+            let mut sink = r.spec.start()?;
+            let batches = if scenario == "crash-replay" { 1 } else { 6 };
+            r.wait_rows(&mut sink, batches * r.spec.max_batch_rows as u64).await?;
+            sink.kill9();
+            // More records arrive while the sink is down; the restart reads
+            // with a different batch size.
+            r.produce(n / 2, n - n / 2).await?;
+            r.spec.max_batch_rows = 700;
+            let sink = r.spec.start()?;
+            r.finish(scenario, vec![sink], n, Instant::now()).await
+        }
+        "unknown-outcome-then-new-boundaries" => {
+            let mut r = Run::new(stack, mode, p, 1000, true).await?;
+            r.produce(0, n).await?;
+            let proxy = r.proxy.as_ref().context("proxy")?;
+            proxy.arm(Fault::HoldRequest);
+            let mut sink = r.spec.start()?;
+            let deadline = Instant::now() + p.timeout;
+            while proxy.fired() == 0 && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            // The client times out: the outcome is unknown (nothing landed).
+            tokio::time::sleep(p.insert_timeout + Duration::from_millis(500)).await;
+            sink.kill9();
+            r.spec.max_batch_rows = 700;
+            let sink = r.spec.start()?;
+            r.finish(scenario, vec![sink], n, Instant::now()).await
+        }
+        "clickhouse-outage" => {
+            let r = Run::new(stack, mode, p, 0, true).await?;
+            r.produce(0, n / 2).await?;
+            let mut sink = r.spec.start()?;
+            r.wait_rows(&mut sink, n / 8).await?;
+            let proxy = r.proxy.as_ref().context("proxy")?;
+            proxy.set_down(true);
+            r.produce(n / 2, n - n / 2).await?;
+            tokio::time::sleep(p.outage).await;
+            proxy.set_down(false);
+            r.finish(scenario, vec![sink], n, Instant::now()).await
+        }
+        "rebalance" => {
+            let r = Run::new(stack, mode, p, 0, false).await?;
+            r.produce(0, n / 2).await?;
+            let mut a = r.spec.start()?;
+            let b = r.spec.start()?;
+            r.wait_rows(&mut a, n / 8).await?;
+            let c = r.spec.start()?;
+            tokio::time::sleep(Duration::from_secs(4)).await;
+            r.produce(n / 2, n - n / 2).await?;
+            a.stop(Duration::from_secs(60));
+            r.finish(scenario, vec![b, c], n, Instant::now()).await
+        }
+        "zombie" => {
+            let r = Run::new(stack, mode, p, 0, false).await?;
+            r.produce(0, n / 2).await?;
+            let mut a = r.spec.start()?;
+            let b = r.spec.start()?;
+            r.wait_rows(&mut a, n / 8).await?;
+            a.freeze();
+            r.produce(n / 2, n - n / 2).await?;
+            // Past the 6 s session timeout: the group moves A's partitions.
+            tokio::time::sleep(Duration::from_secs(14)).await;
+            a.thaw();
+            r.finish(scenario, vec![a, b], n, Instant::now()).await
+        }
+        other => bail!("unknown scenario {other:?}; known: {}", SCENARIOS.join(", ")),
+    }
+}
