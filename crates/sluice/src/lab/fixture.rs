@@ -130,12 +130,42 @@ impl Stack {
         })
     }
 
-    /// Waits until `table` holds `want` distinct ids and has been still for
-    /// `settle`, or `timeout` passed. Returns the count and when it was first
-    /// complete.
+    /// Whether `group` has committed the end of every partition of `topic`:
+    /// the sink has read, and made durable, everything there is.
+    pub async fn caught_up(&self, group: &str, topic: &str, partitions: i32) -> anyhow::Result<bool> {
+        let (brokers, group, topic) = (self.brokers.clone(), group.to_string(), topic.to_string());
+        tokio::task::spawn_blocking(move || {
+            let consumer: BaseConsumer = ClientConfig::new()
+                .set("bootstrap.servers", &brokers)
+                .set("group.id", &group)
+                .create()?;
+            let mut tpl = rdkafka::TopicPartitionList::new();
+            for p in 0..partitions {
+                tpl.add_partition(&topic, p);
+            }
+            let committed = consumer.committed_offsets(tpl, Duration::from_secs(10))?;
+            for p in 0..partitions {
+                let (_, high) = consumer.fetch_watermarks(&topic, p, Duration::from_secs(10))?;
+                let at = committed
+                    .find_partition(&topic, p)
+                    .and_then(|e| e.offset().to_raw())
+                    .unwrap_or(-1);
+                if at < high {
+                    return Ok(false);
+                }
+            }
+            Ok(true)
+        })
+        .await?
+    }
+
+    /// Waits until the sinks of `group` have committed the end of `topic`
+    /// and `table` has been still for `settle` (or `timeout` passed).
+    /// Returns the count and when every one of `want` ids had first landed.
     pub async fn quiesce(
         &self,
         table: &str,
+        (group, topic, partitions): (&str, &str, i32),
         want: u64,
         settle: Duration,
         timeout: Duration,
@@ -155,7 +185,9 @@ impl Stack {
                 still_since = Instant::now();
             }
             let settled = still_since.elapsed() >= settle;
-            if (complete_at.is_some() && settled) || Instant::now() > deadline {
+            if Instant::now() > deadline
+                || (complete_at.is_some() && settled && self.caught_up(group, topic, partitions).await?)
+            {
                 return Ok((last, complete_at));
             }
         }

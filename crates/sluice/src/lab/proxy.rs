@@ -51,6 +51,7 @@ impl Proxy {
         tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
                 if st.down.load(Ordering::SeqCst) {
+                    st.fired.fetch_add(1, Ordering::SeqCst);
                     drop(client);
                     continue;
                 }
@@ -75,7 +76,8 @@ impl Proxy {
         self.state.armed.store(fault as u8, Ordering::SeqCst);
     }
 
-    /// How many faults were injected.
+    /// How many faults were injected (armed faults, and connections
+    /// refused while down).
     pub fn fired(&self) -> u32 {
         self.state.fired.load(Ordering::SeqCst)
     }

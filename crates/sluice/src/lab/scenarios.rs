@@ -114,8 +114,7 @@ impl Run {
             max_batch_rows: 1_000,
             insert_timeout: params.insert_timeout,
             fence_wait: params.insert_timeout + Duration::from_secs(1),
-            // The documents' pipeline commits offsets every 60 s.
-            commit_interval: Duration::from_secs(60),
+            commit_interval: Duration::from_secs(1),
         };
         Ok(Self {
             stack: stack.clone(),
@@ -156,9 +155,10 @@ impl Run {
         produced: u64,
         fault_end: Instant,
     ) -> anyhow::Result<Cell> {
+        let group = (self.spec.group.as_str(), self.spec.topic.as_str(), PARTITIONS);
         let (got, complete_at): (Landed, _) = self
             .stack
-            .quiesce(&self.table, produced, Duration::from_secs(3), self.params.timeout)
+            .quiesce(&self.table, group, produced, Duration::from_secs(2), self.params.timeout)
             .await?;
         let exited = sinks.iter_mut().any(|s| !s.is_running());
         for s in &mut sinks {
@@ -193,6 +193,9 @@ pub async fn run(stack: &Stack, scenario: &str, mode: &'static str, p: Params) -
         "crash-replay" | "crash-after-many-batches" => {
             let mut r = Run::new(stack, mode, p, 1000, false).await?;
             r.produce(0, n / 2).await?;
+            // The documents' pipeline commits offsets every 60 s: the crash
+            // comes before any commit.
+            r.spec.commit_interval = Duration::from_secs(60);
             let mut sink = r.spec.start()?;
             let batches = if scenario == "crash-replay" { 1 } else { 6 };
             r.wait_rows(&mut sink, batches * r.spec.max_batch_rows as u64).await?;
@@ -201,12 +204,14 @@ pub async fn run(stack: &Stack, scenario: &str, mode: &'static str, p: Params) -
             // with a different batch size.
             r.produce(n / 2, n - n / 2).await?;
             r.spec.max_batch_rows = 700;
+            r.spec.commit_interval = Duration::from_secs(1);
             let sink = r.spec.start()?;
             r.finish(scenario, vec![sink], n, Instant::now()).await
         }
         "unknown-outcome-then-new-boundaries" => {
             let mut r = Run::new(stack, mode, p, 1000, true).await?;
             r.produce(0, n).await?;
+            r.spec.commit_interval = Duration::from_secs(60);
             let proxy = r.proxy.as_ref().context("proxy")?;
             proxy.arm(Fault::HoldRequest);
             let mut sink = r.spec.start()?;
@@ -218,6 +223,7 @@ pub async fn run(stack: &Stack, scenario: &str, mode: &'static str, p: Params) -
             tokio::time::sleep(p.insert_timeout + Duration::from_millis(500)).await;
             sink.kill9();
             r.spec.max_batch_rows = 700;
+            r.spec.commit_interval = Duration::from_secs(1);
             let sink = r.spec.start()?;
             r.finish(scenario, vec![sink], n, Instant::now()).await
         }
