@@ -54,7 +54,10 @@ impl Stack {
             .create()?;
         let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
         for r in admin
-            .create_topics(&[NewTopic::new(name, partitions, TopicReplication::Fixed(1))], &opts)
+            .create_topics(
+                &[NewTopic::new(name, partitions, TopicReplication::Fixed(1))],
+                &opts,
+            )
             .await?
         {
             r.map_err(|(t, e)| anyhow!("creating topic {t}: {e}"))?;
@@ -66,7 +69,9 @@ impl Stack {
     /// projection; `window` is the table's `non_replicated_deduplication_window`.
     pub async fn create_table(&self, db: &str, window: u32) -> anyhow::Result<String> {
         let ch = self.ch();
-        ch.query(&format!("CREATE DATABASE IF NOT EXISTS {db}")).execute().await?;
+        ch.query(&format!("CREATE DATABASE IF NOT EXISTS {db}"))
+            .execute()
+            .await?;
         ch.query(&format!(
             "CREATE TABLE {db}.events (
                 id UInt64, payload String,
@@ -100,9 +105,12 @@ impl Stack {
             loop {
                 match producer.send(rec) {
                     Ok(()) => break,
-                    Err((rdkafka::error::KafkaError::MessageProduction(
-                        rdkafka::types::RDKafkaErrorCode::QueueFull,
-                    ), r)) => {
+                    Err((
+                        rdkafka::error::KafkaError::MessageProduction(
+                            rdkafka::types::RDKafkaErrorCode::QueueFull,
+                        ),
+                        r,
+                    )) => {
                         rec = r;
                         std::thread::sleep(Duration::from_millis(5));
                     }
@@ -132,7 +140,12 @@ impl Stack {
 
     /// Whether `group` has committed the end of every partition of `topic`:
     /// the sink has read, and made durable, everything there is.
-    pub async fn caught_up(&self, group: &str, topic: &str, partitions: i32) -> anyhow::Result<bool> {
+    pub async fn caught_up(
+        &self,
+        group: &str,
+        topic: &str,
+        partitions: i32,
+    ) -> anyhow::Result<bool> {
         let (brokers, group, topic) = (self.brokers.clone(), group.to_string(), topic.to_string());
         tokio::task::spawn_blocking(move || {
             let consumer: BaseConsumer = ClientConfig::new()
@@ -186,11 +199,106 @@ impl Stack {
             }
             let settled = still_since.elapsed() >= settle;
             if Instant::now() > deadline
-                || (complete_at.is_some() && settled && self.caught_up(group, topic, partitions).await?)
+                || (complete_at.is_some()
+                    && settled
+                    && self.caught_up(group, topic, partitions).await?)
             {
                 return Ok((last, complete_at));
             }
         }
+    }
+}
+
+/// A broker of the lab's own (tansu, from `SLUICE_TANSU_BIN`) on a free
+/// loopback port with its own sqlite file, so it can be stopped and started
+/// without disturbing anything else.
+pub struct PrivateBroker {
+    bin: std::path::PathBuf,
+    dir: std::path::PathBuf,
+    port: u16,
+    child: Option<std::process::Child>,
+}
+
+impl PrivateBroker {
+    pub async fn start() -> anyhow::Result<Self> {
+        let bin = std::env::var_os("SLUICE_TANSU_BIN")
+            .context("SLUICE_TANSU_BIN is not set: the broker-restart scenario runs its own broker (make stack prints it)")?;
+        let dir = std::env::temp_dir().join(Stack::unique("lab_broker"));
+        std::fs::create_dir_all(dir.join("data"))?;
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
+        let mut b = Self {
+            bin: bin.into(),
+            dir,
+            port,
+            child: None,
+        };
+        b.resume().await?;
+        Ok(b)
+    }
+
+    pub fn brokers(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// Starts the broker process and waits until it accepts connections.
+    pub async fn resume(&mut self) -> anyhow::Result<()> {
+        let url = format!("tcp://127.0.0.1:{}", self.port);
+        let child = std::process::Command::new(&self.bin)
+            .args([
+                "broker",
+                "--cluster-id",
+                "sluice-lab",
+                "--listener-url",
+                &url,
+            ])
+            .args([
+                "--advertised-listener-url",
+                &url,
+                "--storage-engine",
+                "sqlite://data/tansu.db",
+            ])
+            .current_dir(&self.dir)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .context("starting the lab's broker")?;
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while tokio::net::TcpStream::connect(("127.0.0.1", self.port))
+            .await
+            .is_err()
+        {
+            if Instant::now() > deadline {
+                anyhow::bail!("the lab's broker did not start on port {}", self.port);
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Ok(())
+    }
+
+    /// Stops the broker (SIGTERM, then SIGKILL) and waits for it to exit.
+    pub fn halt(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = std::process::Command::new("kill")
+                .args(["-TERM", &c.id().to_string()])
+                .status();
+            let deadline = Instant::now() + Duration::from_secs(15);
+            while matches!(c.try_wait(), Ok(None)) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for PrivateBroker {
+    fn drop(&mut self) {
+        self.halt();
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 

@@ -41,11 +41,9 @@ pub async fn run(o: LabOptions) -> anyhow::Result<Vec<Cell>> {
         o.modes
             .iter()
             .map(|m| {
-                MODES
-                    .iter()
-                    .copied()
-                    .find(|k| k == m)
-                    .ok_or_else(|| anyhow::anyhow!("unknown mode {m:?}; known: {}", MODES.join(", ")))
+                MODES.iter().copied().find(|k| k == m).ok_or_else(|| {
+                    anyhow::anyhow!("unknown mode {m:?}; known: {}", MODES.join(", "))
+                })
             })
             .collect::<anyhow::Result<_>>()?
     };
@@ -54,7 +52,11 @@ pub async fn run(o: LabOptions) -> anyhow::Result<Vec<Cell>> {
             anyhow::bail!("unknown scenario {s:?}; known: {}", SCENARIOS.join(", "));
         }
     }
-    let params = if o.quick { Params::quick() } else { Params::full() };
+    let params = if o.quick {
+        Params::quick()
+    } else {
+        Params::full()
+    };
     let mut cells = Vec::new();
     for s in &scenarios {
         eprintln!("lab: {s} ({})", modes.join(", "));

@@ -95,7 +95,9 @@ table = "{table}"
 impl SinkProcess {
     fn signal(&self, sig: &str) {
         if let Some(c) = &self.child {
-            let _ = Command::new("kill").args([sig, &c.id().to_string()]).status();
+            let _ = Command::new("kill")
+                .args([sig, &c.id().to_string()])
+                .status();
         }
     }
 
@@ -143,7 +145,9 @@ impl SinkProcess {
         loop {
             match c.try_wait() {
                 Ok(Some(s)) => return s.success(),
-                Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(100)),
+                Ok(None) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(100))
+                }
                 _ => {
                     let _ = c.kill();
                     let _ = c.wait();

@@ -68,7 +68,9 @@ impl Proxy {
 
     /// The upstream of a ClickHouse URL: `http://host:port/` → `host:port`.
     pub fn upstream_of(url: &str) -> String {
-        url.trim_start_matches("http://").trim_end_matches('/').to_string()
+        url.trim_start_matches("http://")
+            .trim_end_matches('/')
+            .to_string()
     }
 
     /// The next INSERT gets `fault`.

@@ -28,7 +28,9 @@ fn grid(cells: &[Cell], scenarios: &[String], modes: &[String]) -> Vec<Vec<Strin
         .map(|s| {
             let mut row = vec![s.clone()];
             for m in modes {
-                row.push(cell_text(cells.iter().find(|c| &c.scenario == s && &c.mode == m)));
+                row.push(cell_text(
+                    cells.iter().find(|c| &c.scenario == s && &c.mode == m),
+                ));
             }
             row
         })
@@ -50,7 +52,11 @@ pub fn terminal(cells: &[Cell], scenarios: &[String], modes: &[String]) -> Strin
 
 /// The matrix as a Markdown table, with the produced counts.
 pub fn markdown(cells: &[Cell], scenarios: &[String], modes: &[String]) -> String {
-    let mut out = format!("| scenario | {} |\n|---|{}\n", modes.join(" | "), "---|".repeat(modes.len()));
+    let mut out = format!(
+        "| scenario | {} |\n|---|{}\n",
+        modes.join(" | "),
+        "---|".repeat(modes.len())
+    );
     for row in grid(cells, scenarios, modes) {
         out.push_str(&format!("| {} |\n", row.join(" | ")));
     }
@@ -78,10 +84,19 @@ mod tests {
 
     #[test]
     fn renders_every_cell() {
-        let cells = vec![cell("crash", "exactly-once", 0, false), cell("crash", "at-least-once", 5, true)];
-        let (s, m) = (vec!["crash".to_string()], vec!["exactly-once".to_string(), "at-least-once".to_string()]);
+        let cells = vec![
+            cell("crash", "exactly-once", 0, false),
+            cell("crash", "at-least-once", 5, true),
+        ];
+        let (s, m) = (
+            vec!["crash".to_string()],
+            vec!["exactly-once".to_string(), "at-least-once".to_string()],
+        );
         let md = markdown(&cells, &s, &m);
-        assert!(md.contains("| crash | 0 dup / 0 miss | 5 dup / 0 miss STALL |"), "{md}");
+        assert!(
+            md.contains("| crash | 0 dup / 0 miss | 5 dup / 0 miss STALL |"),
+            "{md}"
+        );
         let t = terminal(&cells, &s, &m);
         assert!(t.contains("5 dup / 0 miss STALL"), "{t}");
     }

@@ -22,6 +22,7 @@ pub const SCENARIOS: &[&str] = &[
     "crash-after-many-batches",
     "unknown-outcome-then-new-boundaries",
     "clickhouse-outage",
+    "broker-restart",
     "rebalance",
     "zombie",
 ];
@@ -90,7 +91,13 @@ struct Run {
 }
 
 impl Run {
-    async fn new(stack: &Stack, mode: &'static str, params: Params, window: u32, proxied: bool) -> anyhow::Result<Self> {
+    async fn new(
+        stack: &Stack,
+        mode: &'static str,
+        params: Params,
+        window: u32,
+        proxied: bool,
+    ) -> anyhow::Result<Self> {
         let topic = Stack::unique("lab");
         stack.create_topic(&topic, PARTITIONS).await?;
         let table = stack.create_table(&Stack::unique("lab"), window).await?;
@@ -155,10 +162,20 @@ impl Run {
         produced: u64,
         fault_end: Instant,
     ) -> anyhow::Result<Cell> {
-        let group = (self.spec.group.as_str(), self.spec.topic.as_str(), PARTITIONS);
+        let group = (
+            self.spec.group.as_str(),
+            self.spec.topic.as_str(),
+            PARTITIONS,
+        );
         let (got, complete_at): (Landed, _) = self
             .stack
-            .quiesce(&self.table, group, produced, Duration::from_secs(2), self.params.timeout)
+            .quiesce(
+                &self.table,
+                group,
+                produced,
+                Duration::from_secs(2),
+                self.params.timeout,
+            )
             .await?;
         let exited = sinks.iter_mut().any(|s| !s.is_running());
         for s in &mut sinks {
@@ -179,14 +196,22 @@ impl Run {
 }
 
 /// Runs one scenario in one mode.
-pub async fn run(stack: &Stack, scenario: &str, mode: &'static str, p: Params) -> anyhow::Result<Cell> {
+pub async fn run(
+    stack: &Stack,
+    scenario: &str,
+    mode: &'static str,
+    p: Params,
+) -> anyhow::Result<Cell> {
     let n = p.records;
     match scenario {
         "resubmit-after-timeout/window-large" | "resubmit-after-timeout/window-small" => {
             let window = if scenario.ends_with("large") { 1000 } else { 2 };
             let r = Run::new(stack, mode, p, window, true).await?;
             r.produce(0, n).await?;
-            r.proxy.as_ref().context("proxy")?.arm(Fault::WithholdResponse);
+            r.proxy
+                .as_ref()
+                .context("proxy")?
+                .arm(Fault::WithholdResponse);
             let sink = r.spec.start()?;
             r.finish(scenario, vec![sink], n, Instant::now()).await
         }
@@ -198,7 +223,8 @@ pub async fn run(stack: &Stack, scenario: &str, mode: &'static str, p: Params) -
             r.spec.commit_interval = Duration::from_secs(60);
             let mut sink = r.spec.start()?;
             let batches = if scenario == "crash-replay" { 1 } else { 6 };
-            r.wait_rows(&mut sink, batches * r.spec.max_batch_rows as u64).await?;
+            r.wait_rows(&mut sink, batches * r.spec.max_batch_rows as u64)
+                .await?;
             sink.kill9();
             // More records arrive while the sink is down; the restart reads
             // with a different batch size.
@@ -239,6 +265,25 @@ pub async fn run(stack: &Stack, scenario: &str, mode: &'static str, p: Params) -
             proxy.set_down(false);
             r.finish(scenario, vec![sink], n, Instant::now()).await
         }
+        "broker-restart" => {
+            let mut broker = super::fixture::PrivateBroker::start().await?;
+            let own = Stack {
+                brokers: broker.brokers(),
+                clickhouse_url: stack.clickhouse_url.clone(),
+            };
+            let r = Run::new(&own, mode, p, 0, false).await?;
+            r.produce(0, n / 2).await?;
+            let mut sink = r.spec.start()?;
+            r.wait_rows(&mut sink, n / 8).await?;
+            broker.halt();
+            tokio::time::sleep(p.outage / 2).await;
+            broker.resume().await?;
+            let fault_end = Instant::now();
+            r.produce(n / 2, n - n / 2).await?;
+            let cell = r.finish(scenario, vec![sink], n, fault_end).await;
+            drop(r);
+            cell
+        }
         "rebalance" => {
             let r = Run::new(stack, mode, p, 0, false).await?;
             r.produce(0, n / 2).await?;
@@ -264,6 +309,9 @@ pub async fn run(stack: &Stack, scenario: &str, mode: &'static str, p: Params) -
             a.thaw();
             r.finish(scenario, vec![a, b], n, Instant::now()).await
         }
-        other => bail!("unknown scenario {other:?}; known: {}", SCENARIOS.join(", ")),
+        other => bail!(
+            "unknown scenario {other:?}; known: {}",
+            SCENARIOS.join(", ")
+        ),
     }
 }

@@ -10,3 +10,4 @@ mod harness;
 mod delivery;
 mod errors;
 mod faults;
+mod lab;
