@@ -23,6 +23,8 @@ pub struct RunSpec {
     pub insert_timeout: Duration,
     pub fence_wait: Duration,
     pub commit_interval: Duration,
+    pub max_batch_age: Duration,
+    pub max_buffered_bytes: usize,
 }
 
 /// A running `sluice run`.
@@ -32,7 +34,14 @@ pub struct SinkProcess {
 }
 
 impl RunSpec {
+    /// Starts this very binary as `sluice run`.
     pub fn start(&self) -> anyhow::Result<SinkProcess> {
+        let exe = std::env::current_exe().context("locating the sluice binary")?;
+        self.start_with(&exe)
+    }
+
+    /// Starts the `sluice` binary at `exe` as `sluice run`.
+    pub fn start_with(&self, exe: &std::path::Path) -> anyhow::Result<SinkProcess> {
         let dir = std::env::temp_dir().join(super::fixture::Stack::unique("sluice_lab"));
         std::fs::create_dir_all(&dir)?;
         let cfg = dir.join("sluice.toml");
@@ -52,7 +61,9 @@ insert_timeout = "{it}ms"
 [sink]
 delivery = "{delivery}"
 max_batch_rows = {rows}
-max_batch_age = "300ms"
+max_batch_age = "{age}ms"
+max_batch_bytes = 4194304
+max_buffered_bytes = {buf}
 commit_interval = "{ci}ms"
 fence_wait = "{fw}ms"
 
@@ -67,13 +78,14 @@ table = "{table}"
                 delivery = self.delivery,
                 rows = self.max_batch_rows,
                 ci = self.commit_interval.as_millis(),
+                age = self.max_batch_age.as_millis(),
+                buf = self.max_buffered_bytes,
                 fw = self.fence_wait.as_millis(),
                 topic = self.topic,
                 table = self.table,
             ),
         )?;
         let log = dir.join("sluice.log");
-        let exe = std::env::current_exe().context("locating the sluice binary")?;
         let child = Command::new(exe)
             .args(["run", "--config"])
             .arg(&cfg)
@@ -93,7 +105,40 @@ table = "{table}"
 }
 
 impl SinkProcess {
-    fn signal(&self, sig: &str) {
+    /// The process id (0 once it was reaped).
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map_or(0, |c| c.id())
+    }
+
+    /// The exit code, once the process has ended on its own.
+    pub fn exit_code(&mut self) -> Option<i32> {
+        self.child
+            .as_mut()
+            .and_then(|c| c.try_wait().ok().flatten())
+            .and_then(|s| s.code())
+    }
+
+    /// Resident memory in KiB, from /proc.
+    pub fn rss_kb(&self) -> u64 {
+        std::fs::read_to_string(format!("/proc/{}/status", self.pid()))
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find(|l| l.starts_with("VmRSS:"))
+                    .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+            })
+            .unwrap_or(0)
+    }
+
+    /// The last lines of the log, for error messages.
+    pub fn log_tail(&self) -> String {
+        let s = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = s.lines().collect();
+        lines[lines.len().saturating_sub(30)..].join("\n")
+    }
+
+    /// Sends a signal (`-TERM`, `-STOP`, …) with kill(1).
+    pub fn signal(&self, sig: &str) {
         if let Some(c) = &self.child {
             let _ = Command::new("kill")
                 .args([sig, &c.id().to_string()])
@@ -135,7 +180,7 @@ impl SinkProcess {
         false
     }
 
-    /// SIGTERM, then waits; false if it had to be killed or failed.
+    /// SIGTERM, then waits; true if it exited cleanly in time.
     pub fn stop(&mut self, timeout: Duration) -> bool {
         self.signal("-TERM");
         let Some(mut c) = self.child.take() else {

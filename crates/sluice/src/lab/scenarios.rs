@@ -122,6 +122,8 @@ impl Run {
             insert_timeout: params.insert_timeout,
             fence_wait: params.insert_timeout + Duration::from_secs(1),
             commit_interval: Duration::from_secs(1),
+            max_batch_age: Duration::from_millis(300),
+            max_buffered_bytes: 64 << 20,
         };
         Ok(Self {
             stack: stack.clone(),

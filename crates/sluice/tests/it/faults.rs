@@ -30,11 +30,7 @@ async fn behind_proxy(fault: Fault, hold: Duration) -> (Landed, u64, String) {
     // Give a late duplicate every chance to appear before counting.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let got = landed(&ch, &table).await;
-    assert!(
-        sink.stop(Duration::from_secs(60)).success(),
-        "{}",
-        sink.log_tail()
-    );
+    assert!(sink.stop(Duration::from_secs(60)), "{}", sink.log_tail());
     assert_eq!(proxy.fired(), 1, "the fault must have been injected");
     let log = std::fs::read_to_string(&sink.log).unwrap();
     (got, missing_ids(&ch, &table, n).await, log)
@@ -177,11 +173,7 @@ async fn clickhouse_down_for_a_minute() {
     let server = PrivateClickHouse::start(port, dir);
     let ch = ch_at(&server.url());
     let got = wait_for(&ch, &table, n, Duration::from_secs(300)).await;
-    assert!(
-        sink.stop(Duration::from_secs(60)).success(),
-        "{}",
-        sink.log_tail()
-    );
+    assert!(sink.stop(Duration::from_secs(60)), "{}", sink.log_tail());
     eprintln!(
         "outage: {got:?}, peak RSS during outage {} MiB",
         peak_rss / 1024
@@ -216,23 +208,11 @@ async fn instances_join_and_leave_during_ingest() {
     tokio::time::sleep(Duration::from_secs(6)).await;
     let mut c = spec.start();
     tokio::time::sleep(Duration::from_secs(6)).await;
-    assert!(
-        a.stop(Duration::from_secs(60)).success(),
-        "{}",
-        a.log_tail()
-    );
+    assert!(a.stop(Duration::from_secs(60)), "{}", a.log_tail());
     producer.await.unwrap();
     let got = wait_for(&ch, &table, n, Duration::from_secs(300)).await;
-    assert!(
-        b.stop(Duration::from_secs(60)).success(),
-        "{}",
-        b.log_tail()
-    );
-    assert!(
-        c.stop(Duration::from_secs(60)).success(),
-        "{}",
-        c.log_tail()
-    );
+    assert!(b.stop(Duration::from_secs(60)), "{}", b.log_tail());
+    assert!(c.stop(Duration::from_secs(60)), "{}", c.log_tail());
     assert_eq!(missing_ids(&ch, &table, n).await, 0, "{got:?}");
     assert_eq!(got.duplicates(), 0, "{got:?}");
 }
@@ -269,16 +249,8 @@ async fn frozen_instance_wakes_up_without_writing() {
     let got = wait_for(&ch, &table, n, Duration::from_secs(300)).await;
     tokio::time::sleep(Duration::from_secs(5)).await;
     let got = landed(&ch, &table).await.max_rows(got);
-    assert!(
-        a.stop(Duration::from_secs(60)).success(),
-        "{}",
-        a.log_tail()
-    );
-    assert!(
-        b.stop(Duration::from_secs(60)).success(),
-        "{}",
-        b.log_tail()
-    );
+    assert!(a.stop(Duration::from_secs(60)), "{}", a.log_tail());
+    assert!(b.stop(Duration::from_secs(60)), "{}", b.log_tail());
     let log = std::fs::read_to_string(&a.log).unwrap();
     assert!(
         log.contains("process was frozen"),
