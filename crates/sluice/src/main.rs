@@ -78,6 +78,9 @@ enum Command {
         /// Also write the matrix as Markdown.
         #[arg(long)]
         markdown: Option<PathBuf>,
+        /// Render a saved run's JSON (with --markdown, to a file) and exit.
+        #[arg(long, value_name = "JSON")]
+        render: Option<PathBuf>,
         /// Kafka bootstrap servers.
         #[arg(long, env = "KAFKA_BROKERS")]
         brokers: String,
@@ -134,6 +137,7 @@ fn run(command: Command) -> anyhow::Result<()> {
             modes,
             json,
             markdown,
+            render,
             brokers,
             clickhouse_url,
         } => {
@@ -151,6 +155,7 @@ fn run(command: Command) -> anyhow::Result<()> {
                 modes,
                 json,
                 markdown,
+                render,
             };
             rt.block_on(sluice::lab::run(opts)).map(|_| ())
         }

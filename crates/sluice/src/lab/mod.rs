@@ -26,6 +26,8 @@ pub struct LabOptions {
     pub modes: Vec<String>,
     pub json: Option<PathBuf>,
     pub markdown: Option<PathBuf>,
+    /// Render a saved run (its JSON) instead of running anything.
+    pub render: Option<PathBuf>,
 }
 
 /// Runs the matrix, prints it, writes the files; returns the cells.

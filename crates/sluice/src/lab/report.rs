@@ -13,6 +13,8 @@ fn cell_text(c: Option<&Cell>) -> String {
             let mut s = format!("{} dup / {} miss", c.duplicates, c.missing);
             if c.stalled {
                 s.push_str(" STALL");
+            } else if let Some(r) = c.recovery_s {
+                s.push_str(&format!(" · {r:.0} s"));
             }
             if !c.fault_injected {
                 s.push_str(" (no fault)");
@@ -60,7 +62,11 @@ pub fn markdown(cells: &[Cell], scenarios: &[String], modes: &[String]) -> Strin
     for row in grid(cells, scenarios, modes) {
         out.push_str(&format!("| {} |\n", row.join(" | ")));
     }
-    out.push_str("\nEach cell: duplicate rows / missing records, counted in ClickHouse; STALL = the sink stopped making progress without an operator.\n");
+    out.push_str(
+        "\nEach cell: duplicate rows / missing records, counted in ClickHouse, and the seconds from \
+         the end of the fault until every record had landed; STALL = the sink stopped making \
+         progress without an operator.\n",
+    );
     out
 }
 
@@ -94,7 +100,7 @@ mod tests {
         );
         let md = markdown(&cells, &s, &m);
         assert!(
-            md.contains("| crash | 0 dup / 0 miss | 5 dup / 0 miss STALL |"),
+            md.contains("| crash | 0 dup / 0 miss · 1 s | 5 dup / 0 miss STALL |"),
             "{md}"
         );
         let t = terminal(&cells, &s, &m);

@@ -65,7 +65,7 @@ impl Params {
 }
 
 /// One cell of the matrix.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct Cell {
     pub scenario: String,
     pub mode: String,
