@@ -54,6 +54,9 @@ pub async fn run(o: LabOptions) -> anyhow::Result<Vec<Cell>> {
             anyhow::bail!("unknown scenario {s:?}; known: {}", SCENARIOS.join(", "));
         }
     }
+    if let Some(saved) = &o.render {
+        return render(saved, o.markdown.as_deref());
+    }
     let params = if o.quick {
         Params::quick()
     } else {
@@ -83,6 +86,30 @@ pub async fn run(o: LabOptions) -> anyhow::Result<Vec<Cell>> {
     }
     if let Some(p) = &o.json {
         std::fs::write(p, serde_json::to_string_pretty(&cells)?)?;
+    }
+    Ok(cells)
+}
+
+/// Prints a saved run (its JSON) and, with `markdown`, writes it as Markdown.
+fn render(
+    saved: &std::path::Path,
+    markdown: Option<&std::path::Path>,
+) -> anyhow::Result<Vec<Cell>> {
+    let cells: Vec<Cell> = serde_json::from_slice(&std::fs::read(saved)?)
+        .map_err(|e| anyhow::anyhow!("{} is not a lab JSON file: {e}", saved.display()))?;
+    let scenarios: Vec<String> = SCENARIOS
+        .iter()
+        .filter(|s| cells.iter().any(|c| c.scenario == **s))
+        .map(|s| s.to_string())
+        .collect();
+    let modes: Vec<String> = MODES
+        .iter()
+        .filter(|m| cells.iter().any(|c| c.mode == **m))
+        .map(|m| m.to_string())
+        .collect();
+    println!("{}", report::terminal(&cells, &scenarios, &modes));
+    if let Some(p) = markdown {
+        std::fs::write(p, report::markdown(&cells, &scenarios, &modes))?;
     }
     Ok(cells)
 }
