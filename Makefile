@@ -21,6 +21,7 @@ demo:
 
 test:
 	@$(STACK) up >/dev/null
+	@$(ENV); "$$SLUICE_CHDB_PYTHON" stack/test_chdb_server.py
 	@$(ENV); cargo test --release --workspace --lib --bins --tests -- --test-threads=4
 
 lint:
