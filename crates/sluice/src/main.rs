@@ -131,10 +131,7 @@ fn run(command: Command) -> anyhow::Result<()> {
                 max_batch_rows,
             };
             let cfg = RawConfig::from_file(&config)?.validate(overrides)?;
-            let rt = tokio::runtime::Builder::new_multi_thread()
-                .enable_all()
-                .build()
-                .context("starting the async runtime")?;
+            let rt = runtime()?;
             rt.block_on(sluice::sink::run(cfg, shutdown_signal()))
         }
         Command::Lab {
@@ -147,10 +144,7 @@ fn run(command: Command) -> anyhow::Result<()> {
             brokers,
             clickhouse_url,
         } => {
-            let rt = tokio::runtime::Builder::new_multi_thread()
-                .enable_all()
-                .build()
-                .context("starting the async runtime")?;
+            let rt = runtime()?;
             let opts = sluice::lab::LabOptions {
                 stack: sluice::lab::fixture::Stack {
                     brokers,
@@ -166,6 +160,13 @@ fn run(command: Command) -> anyhow::Result<()> {
             rt.block_on(sluice::lab::run(opts)).map(|_| ())
         }
     }
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")
 }
 
 /// Resolves on SIGINT or SIGTERM.
