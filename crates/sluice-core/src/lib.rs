@@ -13,6 +13,7 @@
 //! - [`resume`]: committed offset + ClickHouse watermark → where to read from
 //!   and which offsets must be checked before they are inserted.
 //!   ([`batch::Batch::without`] drops the rows ClickHouse already holds.)
+//! - [`window`]: ClickHouse's block dedup window in seconds, and its size.
 
 pub mod acks;
 pub mod batch;
@@ -20,6 +21,7 @@ pub mod offset;
 pub mod resume;
 pub mod row;
 pub mod token;
+pub mod window;
 
 pub use acks::AckTracker;
 pub use batch::{Batch, BatchBuilder, BatchLimits, PartitionId};

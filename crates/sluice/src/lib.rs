@@ -3,6 +3,7 @@
 //! - [`config`]: the TOML file, environment and flags → a validated config.
 //! - [`ch`]: the ClickHouse service (inserts, watermarks, reconciliation reads).
 //! - [`sink`]: `sluice run`, the consumer thread, batches and insert tasks.
+//! - [`ops`]: `sluice window`, `audit`, `repair` and `schema`, the operator tools.
 //! - [`lab`]: `sluice lab`, the fault matrix against the real stack.
 //!
 //! The exactly-once rules themselves live in the I/O-free `sluice-core` crate.
@@ -10,4 +11,5 @@
 pub mod ch;
 pub mod config;
 pub mod lab;
+pub mod ops;
 pub mod sink;

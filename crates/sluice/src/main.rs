@@ -1,9 +1,12 @@
 //! The `sluice` binary: parses the command line, sets up logging and runs a
-//! subcommand. Errors end here as a message on stderr and exit code 2.
+//! subcommand. Exit status: 0 when done (or clean), 1 when an operator tool
+//! found something (duplicates, a window too short), 2 on error, with the
+//! message on stderr.
 
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
 use sluice::config::{Delivery, Overrides, RawConfig};
+use sluice::ops::{self, Outcome};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -88,6 +91,16 @@ enum Command {
         #[arg(long, env = "CLICKHOUSE_URL")]
         clickhouse_url: String,
     },
+    /// How long the table's block dedup window lasts, measured from
+    /// system.part_log, against the client's re-submit interval.
+    Window(ops::window::WindowArgs),
+    /// Count duplicate rows by entry point (sink replay, producer side).
+    Audit(ops::audit::AuditArgs),
+    /// Deduplicate one partition by key with REPLACE PARTITION (dry run by
+    /// default), keeping a backup.
+    Repair(ops::repair::RepairArgs),
+    /// Print the recommended DDL for a target table.
+    Schema(ops::schema::SchemaArgs),
 }
 
 fn main() -> ExitCode {
@@ -100,7 +113,8 @@ fn main() -> ExitCode {
     };
     init_logging(&filter, cli.log_format);
     match run(cli.command) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(Outcome::Clean) => ExitCode::SUCCESS,
+        Ok(Outcome::Found) => ExitCode::from(1),
         Err(e) => {
             tracing::error!("{e:#}");
             eprintln!("sluice: {e:#}");
@@ -109,7 +123,7 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(command: Command) -> anyhow::Result<()> {
+fn run(command: Command) -> anyhow::Result<Outcome> {
     match command {
         Command::Run {
             config,
@@ -132,7 +146,8 @@ fn run(command: Command) -> anyhow::Result<()> {
             };
             let cfg = RawConfig::from_file(&config)?.validate(overrides)?;
             let rt = runtime()?;
-            rt.block_on(sluice::sink::run(cfg, shutdown_signal()))
+            rt.block_on(sluice::sink::run(cfg, shutdown_signal()))?;
+            Ok(Outcome::Clean)
         }
         Command::Lab {
             quick,
@@ -157,8 +172,13 @@ fn run(command: Command) -> anyhow::Result<()> {
                 markdown,
                 render,
             };
-            rt.block_on(sluice::lab::run(opts)).map(|_| ())
+            rt.block_on(sluice::lab::run(opts))?;
+            Ok(Outcome::Clean)
         }
+        Command::Window(args) => Ok(runtime()?.block_on(ops::window::run(args))?),
+        Command::Audit(args) => Ok(runtime()?.block_on(ops::audit::run(args))?),
+        Command::Repair(args) => Ok(runtime()?.block_on(ops::repair::run(args))?),
+        Command::Schema(args) => Ok(runtime()?.block_on(ops::schema::run(args))?),
     }
 }
 

@@ -1,0 +1,318 @@
+//! The ClickHouse connection the operator tools share, and what they ask it
+//! about a table.
+//!
+//! In: `--clickhouse-url`, user and password, and `DB.TABLE` names. Out: a
+//! client, the table's engine, keys and columns, and SQL quoting. Every
+//! failure is a [`ChError`] that names the table or column involved.
+
+use crate::ch::ChError;
+use crate::config::quote_ident;
+use std::fmt;
+
+/// How to reach ClickHouse; shared by every operator command.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ChArgs {
+    /// ClickHouse HTTP URL.
+    #[arg(
+        long,
+        env = "CLICKHOUSE_URL",
+        default_value = "http://127.0.0.1:8123"
+    )]
+    pub clickhouse_url: String,
+    /// ClickHouse user.
+    #[arg(long, env = "CLICKHOUSE_USER", default_value = "default")]
+    pub user: String,
+    /// ClickHouse password (read it from the environment, not the command line).
+    #[arg(long, env = "CLICKHOUSE_PASSWORD", default_value = "", hide_env_values = true)]
+    pub password: String,
+}
+
+impl ChArgs {
+    pub fn client(&self) -> clickhouse::Client {
+        clickhouse::Client::default()
+            .with_url(&self.clickhouse_url)
+            .with_user(&self.user)
+            .with_password(&self.password)
+            .with_validation(false)
+    }
+}
+
+/// `DB.TABLE`, as given on the command line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TableName {
+    pub database: String,
+    pub table: String,
+}
+
+impl TableName {
+    pub fn parse(s: &str) -> Result<Self, String> {
+        match s.split_once('.') {
+            Some((d, t)) if !d.is_empty() && !t.is_empty() && !t.contains('.') => Ok(Self {
+                database: d.into(),
+                table: t.into(),
+            }),
+            _ => Err(format!("{s:?} is not DB.TABLE")),
+        }
+    }
+
+    /// `` `db`.`table` ``.
+    pub fn sql(&self) -> String {
+        format!("{}.{}", quote_ident(&self.database), quote_ident(&self.table))
+    }
+
+    /// Another table in the same database.
+    pub fn sibling(&self, table: String) -> Self {
+        Self {
+            database: self.database.clone(),
+            table,
+        }
+    }
+}
+
+impl fmt::Display for TableName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}", self.database, self.table)
+    }
+}
+
+/// A comma-separated column list (`--key order_id,region`).
+pub fn parse_columns(s: &str) -> Result<Vec<String>, String> {
+    let cols: Vec<String> = s
+        .split(',')
+        .map(|c| c.trim().to_string())
+        .filter(|c| !c.is_empty())
+        .collect();
+    if cols.is_empty() {
+        return Err("expected one or more column names, comma-separated".into());
+    }
+    Ok(cols)
+}
+
+/// A single-quoted SQL string literal.
+pub fn literal(s: &str) -> String {
+    format!("'{}'", s.replace('\\', "\\\\").replace('\'', "\\'"))
+}
+
+/// `` `a`, `b` ``.
+pub fn ident_list(cols: &[String]) -> String {
+    cols.iter()
+        .map(|c| quote_ident(c))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// What `system.tables` says about a table.
+#[derive(Debug, Clone, clickhouse::Row, serde::Deserialize)]
+pub struct TableInfo {
+    pub engine: String,
+    pub engine_full: String,
+    pub partition_key: String,
+    pub sorting_key: String,
+    pub primary_key: String,
+    pub sampling_key: String,
+    pub storage_policy: String,
+}
+
+impl TableInfo {
+    pub fn is_replicated(&self) -> bool {
+        self.engine.starts_with("Replicated")
+    }
+
+    /// `SETTINGS a = 1, b = 'x'` of the engine clause, as written.
+    pub fn settings_clause(&self) -> Option<&str> {
+        self.engine_full
+            .rfind(" SETTINGS ")
+            .map(|i| &self.engine_full[i + " SETTINGS ".len()..])
+    }
+
+    /// The table's own value of a MergeTree setting, if it overrides one.
+    pub fn setting(&self, name: &str) -> Option<String> {
+        split_settings(self.settings_clause()?)
+            .into_iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v)
+    }
+}
+
+/// `a = 1, b = 'x, y'` → `[(a, 1), (b, 'x, y')]`, respecting quotes.
+fn split_settings(clause: &str) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    let (mut cur, mut quoted, mut escaped) = (String::new(), false, false);
+    for ch in clause.chars().chain(std::iter::once(',')) {
+        match ch {
+            _ if escaped => escaped = false,
+            '\\' if quoted => escaped = true,
+            '\'' => quoted = !quoted,
+            ',' if !quoted => {
+                if let Some((k, v)) = cur.split_once('=') {
+                    out.push((k.trim().to_string(), v.trim().to_string()));
+                }
+                cur.clear();
+                continue;
+            }
+            _ => {}
+        }
+        cur.push(ch);
+    }
+    out
+}
+
+/// One column of a table.
+#[derive(Debug, Clone, clickhouse::Row, serde::Deserialize)]
+pub struct Column {
+    pub name: String,
+    #[serde(rename = "type")]
+    pub type_: String,
+    /// `''`, `DEFAULT`, `MATERIALIZED`, `ALIAS` or `EPHEMERAL`.
+    pub default_kind: String,
+}
+
+impl Column {
+    /// Stored in parts (so copied by `INSERT … SELECT`).
+    pub fn is_stored(&self) -> bool {
+        !matches!(self.default_kind.as_str(), "ALIAS" | "EPHEMERAL")
+    }
+
+    pub fn is_time(&self) -> bool {
+        let t = self
+            .type_
+            .trim_start_matches("Nullable(")
+            .trim_start_matches("LowCardinality(");
+        t.starts_with("Date")
+    }
+}
+
+/// A table that exists, with its columns.
+#[derive(Debug, Clone)]
+pub struct Table {
+    pub name: TableName,
+    pub info: TableInfo,
+    pub columns: Vec<Column>,
+}
+
+impl Table {
+    /// Reads a table's description; a clear error if it does not exist.
+    pub async fn describe(client: &clickhouse::Client, name: &TableName) -> Result<Self, ChError> {
+        let info: Option<TableInfo> = client
+            .query(
+                "SELECT engine, engine_full, partition_key, sorting_key, primary_key, \
+                 sampling_key, storage_policy FROM system.tables WHERE database = ? AND name = ?",
+            )
+            .bind(&name.database)
+            .bind(&name.table)
+            .fetch_optional()
+            .await?;
+        let Some(info) = info else {
+            return Err(ChError::client(format!("table {name} does not exist")));
+        };
+        let columns = client
+            .query(
+                "SELECT name, type, default_kind FROM system.columns \
+                 WHERE database = ? AND table = ? ORDER BY position",
+            )
+            .bind(&name.database)
+            .bind(&name.table)
+            .fetch_all()
+            .await?;
+        Ok(Self {
+            name: name.clone(),
+            info,
+            columns,
+        })
+    }
+
+    /// Whether a table exists.
+    pub async fn exists(client: &clickhouse::Client, name: &TableName) -> Result<bool, ChError> {
+        Ok(client
+            .query("SELECT count() FROM system.tables WHERE database = ? AND name = ?")
+            .bind(&name.database)
+            .bind(&name.table)
+            .fetch_one::<u64>()
+            .await?
+            > 0)
+    }
+
+    pub fn column(&self, name: &str) -> Option<&Column> {
+        self.columns.iter().find(|c| c.name == name)
+    }
+
+    /// Errors unless every named column exists, naming the first that does not.
+    pub fn require(&self, cols: &[String], what: &str) -> Result<(), ChError> {
+        for c in cols {
+            if self.column(c).is_none() {
+                let have: Vec<&str> = self.columns.iter().map(|c| c.name.as_str()).collect();
+                return Err(ChError::client(format!(
+                    "{what} column {c:?} is not a column of {} (it has: {})",
+                    self.name,
+                    have.join(", ")
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    pub fn is_merge_tree(&self) -> bool {
+        self.info.engine.ends_with("MergeTree")
+    }
+
+    /// The time column to group by day: the one asked for, else the first
+    /// `Date*` column.
+    pub fn time_column(&self, asked: Option<&str>) -> Result<Option<String>, ChError> {
+        match asked {
+            Some(c) => {
+                self.require(&[c.to_string()], "time")?;
+                Ok(Some(c.to_string()))
+            }
+            None => Ok(self
+                .columns
+                .iter()
+                .find(|c| c.is_time() && c.is_stored())
+                .map(|c| c.name.clone())),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_names() {
+        let t = TableName::parse("db.events").unwrap();
+        assert_eq!(t.sql(), "`db`.`events`");
+        assert!(TableName::parse("events").is_err());
+        assert!(TableName::parse("a.b.c").is_err());
+        assert!(TableName::parse(".b").is_err());
+    }
+
+    #[test]
+    fn settings_clause() {
+        let info = TableInfo {
+            engine: "ReplicatedReplacingMergeTree".into(),
+            engine_full: "ReplicatedReplacingMergeTree('/t/{shard}', '{replica}', _offset) \
+                          ORDER BY id SETTINGS replicated_deduplication_window = 20000, \
+                          deduplicate_merge_projection_mode = 'rebuild', x = 'a, b'"
+                .into(),
+            partition_key: String::new(),
+            sorting_key: "id".into(),
+            primary_key: "id".into(),
+            sampling_key: String::new(),
+            storage_policy: "default".into(),
+        };
+        assert!(info.is_replicated());
+        assert_eq!(
+            info.setting("replicated_deduplication_window").as_deref(),
+            Some("20000")
+        );
+        assert_eq!(info.setting("x").as_deref(), Some("'a, b'"));
+        assert_eq!(info.setting("index_granularity"), None);
+    }
+
+    #[test]
+    fn quoting() {
+        assert_eq!(literal("it's"), "'it\\'s'");
+        assert_eq!(ident_list(&["a".into(), "b`c".into()]), "`a`, `b\\`c`");
+        assert_eq!(parse_columns(" a, b ,").unwrap(), vec!["a", "b"]);
+        assert!(parse_columns(" , ").is_err());
+    }
+}

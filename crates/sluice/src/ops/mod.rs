@@ -1,0 +1,77 @@
+//! The operator tools: measure and repair duplicates in a table.
+//!
+//! - [`window`]: `sluice window`, the dedup window in seconds from
+//!   `system.part_log`, against the client's re-submit interval.
+//! - [`audit`]: `sluice audit`, duplicate rows counted by entry point.
+//! - [`repair`]: `sluice repair`, the `REPLACE PARTITION` runbook, made safe.
+//! - [`schema`]: `sluice schema`, the recommended DDL for a target table.
+//! - [`db`]: the connection and table introspection they share.
+//!
+//! Each tool reads ClickHouse only through SQL it builds in one place, prints
+//! an aligned report (or JSON) to stdout and progress to stderr, and ends in
+//! an [`Outcome`]: exit 0 when clean, 1 when it found something, 2 on error.
+
+pub mod audit;
+pub mod db;
+pub mod repair;
+pub mod schema;
+pub mod window;
+
+use comfy_table::{presets::UTF8_FULL_CONDENSED, Table};
+use indicatif::{ProgressBar, ProgressStyle};
+use std::time::Duration;
+
+/// What a tool found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Nothing to report: exit 0.
+    Clean,
+    /// Duplicates found, or a window too short: exit 1.
+    Found,
+}
+
+/// A spinner on stderr for a long step; hidden when `show` is false or
+/// stderr is not a terminal.
+pub fn progress(show: bool, msg: &'static str) -> ProgressBar {
+    if !show {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new_spinner().with_message(msg);
+    bar.set_style(
+        ProgressStyle::with_template("{spinner} {msg} ({elapsed})")
+            .unwrap_or_else(|_| ProgressStyle::default_spinner()),
+    );
+    bar.enable_steady_tick(Duration::from_millis(120));
+    bar
+}
+
+/// An aligned table with a header row.
+pub fn grid<const N: usize>(header: [&str; N]) -> Table {
+    let mut t = Table::new();
+    t.load_style(UTF8_FULL_CONDENSED).set_header(header);
+    t
+}
+
+/// 19282 → "19,282".
+pub fn thousands(n: u64) -> String {
+    let s = n.to_string();
+    let mut out = String::with_capacity(s.len() + s.len() / 3);
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn thousands() {
+        assert_eq!(super::thousands(0), "0");
+        assert_eq!(super::thousands(999), "999");
+        assert_eq!(super::thousands(19_282), "19,282");
+        assert_eq!(super::thousands(2_000_000), "2,000,000");
+    }
+}

@@ -1,0 +1,771 @@
+//! `sluice repair`: the `REPLACE PARTITION` runbook, made safe.
+//!
+//! In: a table, one of its partitions (by ID) and a business key. Out: the
+//! partition with one row per key (the one with the highest `_offset`), a
+//! backup table holding the partition as it was, and a summary.
+//!
+//! The steps, each verified before the next:
+//! 1. snapshot the partition: rows, distinct keys, highest offset;
+//! 2. create a staging and a backup table of identical structure (plain
+//!    `MergeTree`, same partition and sorting keys, so no merge folds rows
+//!    behind our back and no Keeper path is shared);
+//! 3. copy the partition into the backup (`REPLACE PARTITION … FROM`, hard
+//!    links) and check it matches the snapshot;
+//! 4. fill the staging table from the backup, one row per key, and check
+//!    rows = distinct keys = the snapshot's keys;
+//! 5. check the partition still matches the snapshot, then
+//!    `REPLACE PARTITION … FROM staging`;
+//! 6. check the partition matches staging, look in `system.part_log` for
+//!    any write that landed between the last check and the replace, drop
+//!    staging and keep the backup.
+//!
+//! A partition that changes between the snapshot and the replace is a
+//! partition still receiving writes: the repair rolls back and refuses.
+//! Without `--execute` nothing is changed; the plan and the counts are
+//! printed. Interrupted at any step and run again, it reads which sluice
+//! tables exist and what they hold, and either rolls back or finishes
+//! ([`decide`]).
+
+use super::db::{ident_list, literal, parse_columns, ChArgs, Table, TableName};
+use super::{grid, thousands, Outcome};
+use crate::ch::ChError;
+use crate::config::quote_ident as qi;
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::Serialize;
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct RepairArgs {
+    /// The table, as DB.TABLE.
+    #[arg(long, value_parser = TableName::parse)]
+    pub table: TableName,
+    /// The partition's ID (`system.parts.partition_id`; `sluice audit`
+    /// prints it).
+    #[arg(long)]
+    pub partition: String,
+    /// The business key, comma-separated columns; one row per key is kept.
+    #[arg(long, value_parser = parse_columns)]
+    pub key: Vec<String>,
+    /// Make the changes. Without it, only the plan and the counts are shown.
+    #[arg(long)]
+    pub execute: bool,
+    /// Print the summary as JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// Testing aid: stop with an error right after this step.
+    #[arg(long, hide = true, value_enum)]
+    pub interrupt_after: Option<Step>,
+    #[command(flatten)]
+    pub ch: ChArgs,
+}
+
+/// The steps that change something.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Step {
+    CreateTables,
+    Backup,
+    Stage,
+    Replace,
+    Cleanup,
+}
+
+/// What a partition (or a sluice table) holds, as far as the repair cares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize, clickhouse::Row)]
+pub struct Snapshot {
+    pub rows: u64,
+    pub keys: u64,
+    pub max_offset: i64,
+}
+
+impl Snapshot {
+    /// One row per key, and the same keys and highest offset as `source`.
+    pub fn is_deduplicated_copy_of(&self, source: &Snapshot) -> bool {
+        self.rows == self.keys && self.keys == source.keys && self.max_offset == source.max_offset
+    }
+}
+
+/// The sluice tables an earlier run left behind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Leftovers {
+    None,
+    StagingOnly,
+    /// A finished repair keeps only its backup.
+    BackupOnly,
+    Both {
+        original: Snapshot,
+        backup: Snapshot,
+        staging: Snapshot,
+    },
+}
+
+/// What to do about them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    /// Nothing left over: start.
+    Start,
+    /// The original was not replaced yet: drop the sluice tables, start over.
+    RollBack,
+    /// The original was replaced: verify and clean up.
+    Finish { backup: Snapshot, staging: Snapshot },
+    /// A finished repair's backup is still there.
+    AlreadyRepaired,
+    /// The partition matches neither the backup nor the staged copy.
+    Refuse,
+}
+
+/// Reads what an interrupted run left and decides how to go on.
+pub fn decide(left: Leftovers) -> Decision {
+    match left {
+        Leftovers::None => Decision::Start,
+        Leftovers::StagingOnly => Decision::RollBack,
+        Leftovers::BackupOnly => Decision::AlreadyRepaired,
+        Leftovers::Both {
+            original,
+            backup,
+            staging,
+        } => {
+            // The backup is filled by one atomic REPLACE: empty means the
+            // run stopped before it, and the original is untouched.
+            if backup.rows == 0 || original == backup {
+                Decision::RollBack
+            } else if original == staging && staging.is_deduplicated_copy_of(&backup) {
+                Decision::Finish { backup, staging }
+            } else {
+                Decision::Refuse
+            }
+        }
+    }
+}
+
+/// The names and statements of one repair.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub staging: TableName,
+    pub backup: TableName,
+    pub create_staging: String,
+    pub create_backup: String,
+    pub backup_partition: String,
+    pub fill_staging: String,
+    pub replace: String,
+}
+
+/// Builds the statements for repairing `partition` of `t` by `key`.
+pub fn plan(t: &Table, partition: &str, key: &[String]) -> Plan {
+    let suffix: String = partition
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect();
+    let staging = t
+        .name
+        .sibling(format!("{}__sluice_staging_{suffix}", t.name.table));
+    let backup = t
+        .name
+        .sibling(format!("{}__sluice_backup_{suffix}", t.name.table));
+    let pid = literal(partition);
+    let cols: Vec<String> = t
+        .columns
+        .iter()
+        .filter(|c| c.is_stored())
+        .map(|c| c.name.clone())
+        .collect();
+    let cols = ident_list(&cols);
+    let comment = |what: &str| {
+        literal(&format!(
+            "sluice repair {what} of {} partition {partition}, key ({})",
+            t.name,
+            key.join(", ")
+        ))
+    };
+    Plan {
+        create_staging: copy_ddl(t, &staging, &comment("staging")),
+        create_backup: copy_ddl(t, &backup, &comment("backup")),
+        backup_partition: format!(
+            "ALTER TABLE {} REPLACE PARTITION ID {pid} FROM {}",
+            backup.sql(),
+            t.name.sql()
+        ),
+        fill_staging: format!(
+            "INSERT INTO {} ({cols}) SELECT {cols} FROM {} WHERE _partition_id = {pid} \
+             ORDER BY {k}, `_offset` DESC LIMIT 1 BY {k}",
+            staging.sql(),
+            backup.sql(),
+            k = ident_list(key)
+        ),
+        replace: format!(
+            "ALTER TABLE {} REPLACE PARTITION ID {pid} FROM {}",
+            t.name.sql(),
+            staging.sql()
+        ),
+        staging,
+        backup,
+    }
+}
+
+/// `CREATE TABLE new AS t` with a plain `MergeTree` engine and `t`'s keys
+/// and settings: the structure `REPLACE PARTITION` requires, without
+/// `t`'s merging rules, TTL or Keeper path.
+pub fn copy_ddl(t: &Table, new: &TableName, comment: &str) -> String {
+    let i = &t.info;
+    let or_tuple = |k: &str| {
+        if k.is_empty() {
+            "tuple()".to_string()
+        } else {
+            k.to_string()
+        }
+    };
+    let mut ddl = format!(
+        "CREATE TABLE {} AS {} ENGINE = MergeTree PARTITION BY {}",
+        new.sql(),
+        t.name.sql(),
+        or_tuple(&i.partition_key)
+    );
+    if !i.primary_key.is_empty() && i.primary_key != i.sorting_key {
+        ddl += &format!(" PRIMARY KEY {}", i.primary_key);
+    }
+    ddl += &format!(" ORDER BY {}", or_tuple(&i.sorting_key));
+    if !i.sampling_key.is_empty() {
+        ddl += &format!(" SAMPLE BY {}", i.sampling_key);
+    }
+    if let Some(s) = i.settings_clause() {
+        ddl += &format!(" SETTINGS {s}");
+    }
+    ddl + &format!(" COMMENT {comment}")
+}
+
+#[derive(Debug, Serialize)]
+pub struct RepairReport {
+    pub table: String,
+    pub partition: String,
+    pub key: Vec<String>,
+    pub executed: bool,
+    pub before: Snapshot,
+    pub after: Option<Snapshot>,
+    pub removed_rows: u64,
+    pub backup_table: Option<String>,
+    pub notes: Vec<String>,
+}
+
+pub async fn run(args: RepairArgs) -> Result<Outcome, ChError> {
+    let report = repair(&args).await?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report).expect("serializable"));
+    } else {
+        print!("{}", render(&report));
+    }
+    Ok(Outcome::Clean)
+}
+
+/// One repair run, talking to ClickHouse.
+struct Run<'a> {
+    args: &'a RepairArgs,
+    client: clickhouse::Client,
+    table: Table,
+    plan: Plan,
+    bar: ProgressBar,
+    notes: Vec<String>,
+}
+
+pub async fn repair(args: &RepairArgs) -> Result<RepairReport, ChError> {
+    let client = args.ch.client();
+    let table = Table::describe(&client, &args.table).await?;
+    if !table.is_merge_tree() {
+        return Err(ChError::client(format!(
+            "{} is a {} table; REPLACE PARTITION needs a MergeTree-family table",
+            args.table, table.info.engine
+        )));
+    }
+    table.require(&args.key, "key")?;
+    table.require(&["_offset".to_string()], "metadata")?;
+    let parts: u64 = client
+        .query("SELECT count() FROM system.parts WHERE database = ? AND table = ? AND partition_id = ? AND active")
+        .bind(&args.table.database)
+        .bind(&args.table.table)
+        .bind(&args.partition)
+        .fetch_one()
+        .await?;
+    if parts == 0 {
+        return Err(ChError::client(format!(
+            "{} has no partition with ID {:?} (`sluice audit --table {}` lists them)",
+            args.table, args.partition, args.table
+        )));
+    }
+    let plan = plan(&table, &args.partition, &args.key);
+    let bar = if args.execute && !args.json {
+        let b = ProgressBar::new(6).with_message("inspecting");
+        b.set_style(
+            ProgressStyle::with_template("[{pos}/{len}] {msg} ({elapsed})")
+                .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        );
+        b
+    } else {
+        ProgressBar::hidden()
+    };
+    let mut run = Run {
+        args,
+        client,
+        table,
+        plan,
+        bar,
+        notes: Vec::new(),
+    };
+    let result = run.go().await;
+    run.bar.finish_and_clear();
+    result
+}
+
+impl Run<'_> {
+    async fn go(&mut self) -> Result<RepairReport, ChError> {
+        let (staging, backup) = (&self.plan.staging, &self.plan.backup);
+        let left = match (self.exists(staging).await?, self.exists(backup).await?) {
+            (false, false) => Leftovers::None,
+            (true, false) => Leftovers::StagingOnly,
+            (false, true) => Leftovers::BackupOnly,
+            (true, true) => Leftovers::Both {
+                original: self.snapshot(&self.table.name).await?,
+                backup: self.snapshot(backup).await?,
+                staging: self.snapshot(staging).await?,
+            },
+        };
+        let before = self.snapshot(&self.table.name).await?;
+        match decide(left) {
+            Decision::Start => {}
+            Decision::RollBack => {
+                self.note("an interrupted repair had not replaced the partition yet: rolled back");
+                if self.args.execute {
+                    self.drop_sluice_tables().await?;
+                }
+            }
+            Decision::Finish { backup, staging } => {
+                self.note("an interrupted repair had replaced the partition: finishing it");
+                if !self.args.execute {
+                    return Ok(self.report(backup, Some(staging)));
+                }
+                return self.finish(backup, staging, None).await;
+            }
+            Decision::AlreadyRepaired if before.rows == before.keys => {
+                self.note(&format!(
+                    "already repaired; the backup {} is still there (DROP it once checked)",
+                    self.plan.backup
+                ));
+                return Ok(self.report(before, Some(before)));
+            }
+            Decision::AlreadyRepaired => {
+                return Err(ChError::client(format!(
+                    "{} is left from an earlier repair of this partition; check it and \
+                     DROP TABLE it before repairing again",
+                    self.plan.backup
+                )));
+            }
+            Decision::Refuse => {
+                return Err(ChError::client(format!(
+                    "an interrupted repair left {} and {}, and partition {} of {} matches \
+                     neither: it was written to since. The backup holds the partition as it \
+                     was before the repair; inspect it, then drop both tables",
+                    self.plan.backup, self.plan.staging, self.args.partition, self.table.name
+                )));
+            }
+        }
+        if before.rows == before.keys {
+            self.note("no duplicate keys in this partition: nothing to do");
+            return Ok(self.report(before, Some(before)));
+        }
+        if !self.args.execute {
+            return Ok(self.report(before, None));
+        }
+        self.execute(before).await
+    }
+
+    async fn execute(&mut self, before: Snapshot) -> Result<RepairReport, ChError> {
+        self.step("creating the staging and backup tables");
+        let p = self.plan.clone();
+        self.exec(&p.create_staging).await?;
+        self.exec(&p.create_backup).await?;
+        self.checkpoint(Step::CreateTables)?;
+
+        self.step("backing the partition up");
+        self.exec(&p.backup_partition).await?;
+        let backup = self.snapshot(&p.backup).await?;
+        if backup != before {
+            return self.refuse("while it was being backed up").await;
+        }
+        self.checkpoint(Step::Backup)?;
+
+        self.step("building the deduplicated copy");
+        self.fill_staging().await?;
+        let staging = self.snapshot(&p.staging).await?;
+        if !staging.is_deduplicated_copy_of(&backup) {
+            self.drop_sluice_tables().await?;
+            return Err(ChError::client(format!(
+                "the staged copy has {} rows for {} keys (highest offset {}), expected one row \
+                 for each of the partition's {} keys (highest offset {}); rolled back",
+                staging.rows, staging.keys, staging.max_offset, backup.keys, backup.max_offset
+            )));
+        }
+        self.checkpoint(Step::Stage)?;
+
+        self.step("replacing the partition");
+        let (now, since): (Snapshot, String) = self.snapshot_at(&self.table.name).await?;
+        if now != before {
+            return self.refuse("while the copy was being built").await;
+        }
+        self.exec(&p.replace).await?;
+        self.checkpoint(Step::Replace)?;
+        self.finish(backup, staging, Some(since)).await
+    }
+
+    /// After the replace: verify, look for writes the replace dropped, drop
+    /// staging, keep the backup.
+    async fn finish(
+        &mut self,
+        backup: Snapshot,
+        staging: Snapshot,
+        replaced_since: Option<String>,
+    ) -> Result<RepairReport, ChError> {
+        self.step("verifying");
+        let after = self.snapshot(&self.table.name).await?;
+        if after != staging {
+            self.note(&format!(
+                "the partition now holds {} rows, not the {} staged: writes arrived after the \
+                 replace (they are kept); run `sluice audit` again",
+                after.rows, staging.rows
+            ));
+        }
+        if let Some(since) = replaced_since {
+            self.check_part_log(&since, staging.rows).await?;
+        }
+        self.checkpoint(Step::Cleanup)?;
+        self.step("dropping the staging table");
+        let staging_sql = self.plan.staging.sql();
+        self.exec(&format!("DROP TABLE IF EXISTS {staging_sql}"))
+            .await?;
+        let summary = format!(
+            "sluice repair backup of {} partition {}: {} rows before, {} after, key ({})",
+            self.table.name,
+            self.args.partition,
+            backup.rows,
+            after.rows,
+            self.args.key.join(", ")
+        );
+        let backup_sql = self.plan.backup.sql();
+        self.exec(&format!(
+            "ALTER TABLE {backup_sql} MODIFY COMMENT {}",
+            literal(&summary)
+        ))
+        .await?;
+        let mut r = self.report(backup, Some(after));
+        r.backup_table = Some(self.plan.backup.to_string());
+        Ok(r)
+    }
+
+    /// Any part written into the partition since `since`, other than the
+    /// replace's own, was dropped by the replace: say so loudly.
+    async fn check_part_log(&mut self, since: &str, staged_rows: u64) -> Result<(), ChError> {
+        let _ = self.client.query("SYSTEM FLUSH LOGS").execute().await;
+        let q = "SELECT toUInt64(sum(rows)) FROM system.part_log WHERE database = ? AND table = ? \
+                 AND partition_id = ? AND event_type = 'NewPart' AND error = 0 \
+                 AND event_time_microseconds >= toDateTime64(?, 6)";
+        let rows: Result<u64, _> = self
+            .client
+            .query(q)
+            .bind(&self.table.name.database)
+            .bind(&self.table.name.table)
+            .bind(&self.args.partition)
+            .bind(since)
+            .fetch_one()
+            .await;
+        match rows {
+            Ok(n) if n > staged_rows => Err(ChError::client(format!(
+                "system.part_log shows {} rows written into partition {} of {} since the last \
+                 check, besides the {} staged: some may have been dropped by the replace. \
+                 Compare with the backup {} and re-send what is missing",
+                n - staged_rows,
+                self.args.partition,
+                self.table.name,
+                staged_rows,
+                self.plan.backup
+            ))),
+            Ok(_) => Ok(()),
+            Err(e) => {
+                self.note(&format!(
+                    "system.part_log could not be read ({e}); writes in the instant before the \
+                     replace could not be ruled out"
+                ));
+                Ok(())
+            }
+        }
+    }
+
+    async fn fill_staging(&self) -> Result<(), ChError> {
+        let wanted = [
+            ("insert_allow_materialized_columns", "1"),
+            ("async_insert", "0"),
+            ("insert_deduplicate", "0"),
+            ("deduplicate_insert", "disable"),
+            ("optimize_on_insert", "0"),
+        ];
+        let names: Vec<&str> = wanted.iter().map(|w| w.0).collect();
+        let known: Vec<String> = self
+            .client
+            .query("SELECT name FROM system.settings WHERE name IN ?")
+            .bind(names)
+            .fetch_all()
+            .await?;
+        let mut q = self.client.query(&self.plan.fill_staging);
+        for (k, v) in wanted {
+            if known.iter().any(|n| n == k) {
+                q = q.with_setting(k, v);
+            }
+        }
+        Ok(q.execute().await?)
+    }
+
+    async fn refuse(&mut self, when: &str) -> Result<RepairReport, ChError> {
+        self.drop_sluice_tables().await?;
+        Err(ChError::client(format!(
+            "refused: partition {} of {} received writes {when} (its rows or highest offset \
+             changed). Nothing was changed and the sluice tables were dropped; repair a \
+             partition that no longer receives writes",
+            self.args.partition, self.table.name
+        )))
+    }
+
+    async fn drop_sluice_tables(&self) -> Result<(), ChError> {
+        for t in [&self.plan.staging, &self.plan.backup] {
+            self.exec(&format!("DROP TABLE IF EXISTS {}", t.sql()))
+                .await?;
+        }
+        Ok(())
+    }
+
+    fn snapshot_sql(&self, t: &TableName) -> String {
+        format!(
+            "SELECT count(), uniqExact({}), toInt64(max({})) FROM {} WHERE _partition_id = {}",
+            ident_list(&self.args.key),
+            qi("_offset"),
+            t.sql(),
+            literal(&self.args.partition)
+        )
+    }
+
+    async fn snapshot(&self, t: &TableName) -> Result<Snapshot, ChError> {
+        Ok(self.client.query(&self.snapshot_sql(t)).fetch_one().await?)
+    }
+
+    /// A snapshot and the server's clock when it was taken.
+    async fn snapshot_at(&self, t: &TableName) -> Result<(Snapshot, String), ChError> {
+        let sql = self.snapshot_sql(t).replacen(
+            "SELECT ",
+            "SELECT toString(now64(6)) AS at, ",
+            1,
+        );
+        let (at, rows, keys, max_offset): (String, u64, u64, i64) =
+            self.client.query(&sql).fetch_one().await?;
+        Ok((
+            Snapshot {
+                rows,
+                keys,
+                max_offset,
+            },
+            at,
+        ))
+    }
+
+    async fn exists(&self, t: &TableName) -> Result<bool, ChError> {
+        Table::exists(&self.client, t).await
+    }
+
+    async fn exec(&self, sql: &str) -> Result<(), ChError> {
+        tracing::debug!(%sql, "repair");
+        Ok(self.client.query(sql).execute().await?)
+    }
+
+    fn step(&self, msg: &'static str) {
+        self.bar.inc(1);
+        self.bar.set_message(msg);
+    }
+
+    fn checkpoint(&self, done: Step) -> Result<(), ChError> {
+        if self.args.interrupt_after == Some(done) {
+            return Err(ChError::client(format!(
+                "interrupted after step {done:?} (--interrupt-after)"
+            )));
+        }
+        Ok(())
+    }
+
+    fn note(&mut self, s: &str) {
+        self.notes.push(s.to_string());
+    }
+
+    fn report(&self, before: Snapshot, after: Option<Snapshot>) -> RepairReport {
+        RepairReport {
+            table: self.table.name.to_string(),
+            partition: self.args.partition.clone(),
+            key: self.args.key.clone(),
+            executed: self.args.execute,
+            before,
+            after,
+            removed_rows: before.rows - after.map_or(before.keys, |a| a.rows.min(before.rows)),
+            backup_table: None,
+            notes: self.notes.clone(),
+        }
+    }
+}
+
+pub fn render(r: &RepairReport) -> String {
+    let mut out = format!(
+        "sluice repair: {} partition {} by ({})\n\n",
+        r.table,
+        r.partition,
+        r.key.join(", ")
+    );
+    let mut g = grid(["", "before", "after"]);
+    let after = |f: fn(&Snapshot) -> String| r.after.as_ref().map(f).unwrap_or_else(|| "-".into());
+    g.add_row([
+        "rows".to_string(),
+        thousands(r.before.rows),
+        after(|s| thousands(s.rows)),
+    ]);
+    g.add_row([
+        "distinct keys".to_string(),
+        thousands(r.before.keys),
+        after(|s| thousands(s.keys)),
+    ]);
+    g.add_row([
+        "highest _offset".to_string(),
+        r.before.max_offset.to_string(),
+        after(|s| s.max_offset.to_string()),
+    ]);
+    out += &format!("{g}\n");
+    for n in &r.notes {
+        out += &format!("note: {n}\n");
+    }
+    if !r.executed {
+        out += &format!(
+            "\nDry run: {} duplicate rows would be removed. Run again with --execute to repair.\n",
+            thousands(r.removed_rows)
+        );
+    } else if let Some(b) = &r.backup_table {
+        out += &format!(
+            "\nRepaired: {} rows removed. The partition as it was is kept in {b}; \
+             DROP TABLE it once you have checked the result.\n",
+            thousands(r.removed_rows)
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::db::{Column, TableInfo};
+
+    fn snap(rows: u64, keys: u64, max_offset: i64) -> Snapshot {
+        Snapshot {
+            rows,
+            keys,
+            max_offset,
+        }
+    }
+
+    #[test]
+    fn decisions_after_an_interruption() {
+        let orig = snap(120, 100, 999);
+        let staged = snap(100, 100, 999);
+        let both = |original, backup, staging| Leftovers::Both {
+            original,
+            backup,
+            staging,
+        };
+        assert_eq!(decide(Leftovers::None), Decision::Start);
+        assert_eq!(decide(Leftovers::StagingOnly), Decision::RollBack);
+        assert_eq!(decide(Leftovers::BackupOnly), Decision::AlreadyRepaired);
+        // Stopped before the backup was filled.
+        assert_eq!(decide(both(orig, snap(0, 0, 0), snap(0, 0, 0))), Decision::RollBack);
+        // Stopped while staging (partly filled or not at all).
+        assert_eq!(decide(both(orig, orig, snap(40, 40, 500))), Decision::RollBack);
+        assert_eq!(decide(both(orig, orig, staged)), Decision::RollBack);
+        // Stopped after the replace.
+        assert_eq!(
+            decide(both(staged, orig, staged)),
+            Decision::Finish {
+                backup: orig,
+                staging: staged
+            }
+        );
+        // Written to since.
+        assert_eq!(decide(both(snap(130, 105, 1010), orig, staged)), Decision::Refuse);
+        // A staged copy that lost a key never counts as finished.
+        let short = snap(99, 99, 999);
+        assert_eq!(decide(both(short, orig, short)), Decision::Refuse);
+    }
+
+    fn table(engine: &str, engine_full: &str, partition: &str, order: &str) -> Table {
+        let col = |n: &str, t: &str, k: &str| Column {
+            name: n.into(),
+            type_: t.into(),
+            default_kind: k.into(),
+        };
+        Table {
+            name: TableName::parse("db.events").unwrap(),
+            info: TableInfo {
+                engine: engine.into(),
+                engine_full: engine_full.into(),
+                partition_key: partition.into(),
+                sorting_key: order.into(),
+                primary_key: order.into(),
+                sampling_key: String::new(),
+                storage_policy: "default".into(),
+            },
+            columns: vec![
+                col("id", "UInt64", ""),
+                col("doubled", "UInt64", "MATERIALIZED"),
+                col("alias", "UInt64", "ALIAS"),
+                col("_offset", "Int64", ""),
+            ],
+        }
+    }
+
+    #[test]
+    fn replicated_tables_get_plain_copies() {
+        let t = table(
+            "ReplicatedReplacingMergeTree",
+            "ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/events', '{replica}', _offset) \
+             PARTITION BY toYYYYMM(d) ORDER BY id SETTINGS index_granularity = 8192",
+            "toYYYYMM(d)",
+            "id",
+        );
+        let p = plan(&t, "202607", &["id".into()]);
+        assert_eq!(p.staging.to_string(), "db.events__sluice_staging_202607");
+        assert_eq!(
+            p.create_backup,
+            "CREATE TABLE `db`.`events__sluice_backup_202607` AS `db`.`events` ENGINE = MergeTree \
+             PARTITION BY toYYYYMM(d) ORDER BY id SETTINGS index_granularity = 8192 \
+             COMMENT 'sluice repair backup of db.events partition 202607, key (id)'"
+        );
+        assert!(!p.create_staging.contains("Replicated"));
+        assert_eq!(
+            p.fill_staging,
+            "INSERT INTO `db`.`events__sluice_staging_202607` (`id`, `doubled`, `_offset`) \
+             SELECT `id`, `doubled`, `_offset` FROM `db`.`events__sluice_backup_202607` \
+             WHERE _partition_id = '202607' ORDER BY `id`, `_offset` DESC LIMIT 1 BY `id`"
+        );
+        assert_eq!(
+            p.replace,
+            "ALTER TABLE `db`.`events` REPLACE PARTITION ID '202607' FROM \
+             `db`.`events__sluice_staging_202607`"
+        );
+    }
+
+    #[test]
+    fn unpartitioned_tables_and_odd_ids() {
+        let t = table("MergeTree", "MergeTree ORDER BY tuple()", "", "");
+        let p = plan(&t, "all", &["id".into()]);
+        assert!(p
+            .create_staging
+            .contains("ENGINE = MergeTree PARTITION BY tuple() ORDER BY tuple() COMMENT"));
+        let p = plan(&t, "a-b'c", &["id".into()]);
+        assert_eq!(p.backup.table, "events__sluice_backup_a_b_c");
+        assert!(p.replace.contains("PARTITION ID 'a-b\\'c'"));
+    }
+}

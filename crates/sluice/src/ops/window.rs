@@ -1,0 +1,456 @@
+//! `sluice window`: how long a table's block-level dedup window lasts.
+//!
+//! In: a table, optionally a cluster, a look-back period and the client's
+//! re-submit interval. The server's `system.merge_tree_settings` and the
+//! table's own `SETTINGS` give the effective window; `system.part_log`
+//! gives the table's block rate (`NewPart`, `error = 0`, summed over
+//! replicas) and the re-submits the window caught (`error = 389`). Out: a
+//! report, readable or JSON, with the window in seconds set against the
+//! re-submit interval, a recommended size and its Keeper cost. The
+//! arithmetic lives in [`sluice_core::window`].
+//!
+//! Exit status: 0 when the window covers the longest re-submit, 1 when it
+//! does not, 2 on error.
+
+use super::db::{literal, ChArgs, Table, TableName};
+use super::{progress, thousands, Outcome};
+use crate::ch::ChError;
+use comfy_table::Table as Grid;
+use serde::Serialize;
+use sluice_core::window::{self, Recommendation, RetryInterval, WindowSettings};
+use std::time::Duration;
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct WindowArgs {
+    /// The table, as DB.TABLE.
+    #[arg(long, value_parser = TableName::parse)]
+    pub table: TableName,
+    /// Sum the block rate over every replica of this cluster
+    /// (`clusterAllReplicas`).
+    #[arg(long)]
+    pub cluster: Option<String>,
+    /// How far back to measure the block rate.
+    #[arg(long, default_value = "24h", value_parser = humantime::parse_duration)]
+    pub since: Duration,
+    /// When a timed-out INSERT is re-submitted: `MIN..MAX` or one duration.
+    #[arg(long, default_value = "32s..124s", value_parser = RetryInterval::parse)]
+    pub retry_interval: RetryInterval,
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub ch: ChArgs,
+}
+
+const SETTINGS: [&str; 3] = [
+    "replicated_deduplication_window",
+    "replicated_deduplication_window_seconds",
+    "non_replicated_deduplication_window",
+];
+
+#[derive(Debug, Serialize)]
+pub struct WindowReport {
+    pub table: String,
+    pub engine: String,
+    pub replicated: bool,
+    pub settings: Vec<SettingRow>,
+    /// The window that applies to this table, in blocks (0: dedup is off).
+    pub window_blocks: u64,
+    /// Its seconds bound, for replicated tables.
+    pub window_seconds_bound: Option<u64>,
+    pub part_log: PartLogState,
+    pub hosts: Vec<HostRate>,
+    /// Summed over hosts.
+    pub blocks_per_sec: f64,
+    pub rows_per_block: f64,
+    /// `None`: nothing bounds the window (no blocks are being written).
+    pub window_secs: Option<f64>,
+    pub retry_min_secs: f64,
+    pub retry_max_secs: f64,
+    pub catches_min: bool,
+    pub catches_max: bool,
+    pub recommendation: RecommendationOut,
+    pub replicated_tables: u64,
+    pub caught_resubmits: u64,
+    pub caught_per_hour: Vec<HourCount>,
+    pub warnings: Vec<String>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct SettingRow {
+    pub name: String,
+    pub server_default: Option<String>,
+    pub table_override: Option<String>,
+    pub effective: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct PartLogState {
+    pub enabled: bool,
+    /// How much history it holds, seconds.
+    pub history_secs: u64,
+    /// The period the rate was measured over, seconds.
+    pub measured_secs: u64,
+}
+
+#[derive(Debug, Serialize, clickhouse::Row, serde::Deserialize)]
+pub struct HostRate {
+    pub host: String,
+    pub blocks: u64,
+    pub rows: u64,
+    #[serde(skip_deserializing)]
+    pub blocks_per_sec: f64,
+}
+
+#[derive(Debug, Serialize, clickhouse::Row, serde::Deserialize)]
+pub struct HourCount {
+    pub hour: String,
+    pub count: u64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct RecommendationOut {
+    pub setting: String,
+    pub minimum_blocks: u64,
+    pub recommended_blocks: u64,
+    pub minimum_seconds: Option<u64>,
+    pub znodes_this_table: Option<u64>,
+    pub znodes_as_server_default: Option<u64>,
+}
+
+/// The `part_log` queries, for one source (`system.part_log` or every
+/// replica's).
+#[derive(Debug, PartialEq)]
+pub struct PartLogSql {
+    pub rate: String,
+    pub history: String,
+    pub caught: String,
+}
+
+pub fn part_log_sql(cluster: Option<&str>, t: &TableName, since: Duration) -> PartLogSql {
+    let src = match cluster {
+        Some(c) => format!("clusterAllReplicas({}, system.part_log)", literal(c)),
+        None => "system.part_log".to_string(),
+    };
+    let table = format!(
+        "database = {} AND table = {} AND event_type = 'NewPart'",
+        literal(&t.database),
+        literal(&t.table)
+    );
+    let recent = format!("event_time >= now() - INTERVAL {} SECOND", since.as_secs());
+    PartLogSql {
+        rate: format!(
+            "SELECT hostName() AS host, count() AS blocks, sum(rows) AS rows FROM {src} \
+             WHERE {table} AND error = 0 AND {recent} GROUP BY host ORDER BY host"
+        ),
+        history: format!(
+            "SELECT toUInt64(ifNull(min(h), 0)) FROM (SELECT hostName() AS host, \
+             greatest(0, dateDiff('second', min(event_time), now())) AS h FROM {src} GROUP BY host)"
+        ),
+        caught: format!(
+            "SELECT toString(toStartOfHour(event_time)) AS hour, count() AS count FROM {src} \
+             WHERE {table} AND error = 389 AND {recent} GROUP BY hour ORDER BY hour"
+        ),
+    }
+}
+
+pub async fn run(args: WindowArgs) -> Result<Outcome, ChError> {
+    let report = measure(&args).await?;
+    let covered = report.window_blocks > 0 && report.catches_max;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report).expect("serializable"));
+    } else {
+        print!("{}", render(&report));
+    }
+    Ok(if covered {
+        Outcome::Clean
+    } else {
+        Outcome::Found
+    })
+}
+
+pub async fn measure(args: &WindowArgs) -> Result<WindowReport, ChError> {
+    let client = args.ch.client();
+    let bar = progress(!args.json, "reading the table's settings");
+    let table = Table::describe(&client, &args.table).await?;
+    if !table.is_merge_tree() {
+        return Err(ChError::client(format!(
+            "{} is a {} table; block-level dedup applies to MergeTree tables only",
+            args.table, table.info.engine
+        )));
+    }
+    let replicated = table.info.is_replicated();
+    let defaults: Vec<(String, String)> = client
+        .query("SELECT name, value FROM system.merge_tree_settings WHERE name IN ?")
+        .bind(SETTINGS)
+        .fetch_all()
+        .await?;
+    let settings: Vec<SettingRow> = SETTINGS
+        .iter()
+        .map(|name| {
+            let server_default = defaults.iter().find(|d| d.0 == *name).map(|d| d.1.clone());
+            let table_override = table.info.setting(name);
+            SettingRow {
+                name: name.to_string(),
+                effective: table_override.clone().or(server_default.clone()),
+                server_default,
+                table_override,
+            }
+        })
+        .collect();
+    let num = |name: &str| -> Option<u64> {
+        let s = settings.iter().find(|s| s.name == name)?;
+        s.effective.as_deref()?.trim_matches('\'').parse().ok()
+    };
+    let w = if replicated {
+        WindowSettings {
+            blocks: num(SETTINGS[0]).unwrap_or(0),
+            seconds: num(SETTINGS[1]),
+        }
+    } else {
+        WindowSettings {
+            blocks: num(SETTINGS[2]).unwrap_or(0),
+            seconds: None,
+        }
+    };
+
+    bar.set_message("reading system.part_log");
+    let mut warnings = Vec::new();
+    let enabled = client
+        .query("SELECT count() FROM system.tables WHERE database = 'system' AND name = 'part_log'")
+        .fetch_one::<u64>()
+        .await?
+        > 0;
+    let sql = part_log_sql(args.cluster.as_deref(), &args.table, args.since);
+    let (mut hosts, history, caught_per_hour) = if enabled {
+        let hosts: Vec<HostRate> = client.query(&sql.rate).fetch_all().await?;
+        let history: u64 = client.query(&sql.history).fetch_one().await?;
+        let caught: Vec<HourCount> = client.query(&sql.caught).fetch_all().await?;
+        (hosts, history, caught)
+    } else {
+        warnings.push(
+            "system.part_log does not exist: the server has no <part_log> section (or has not \
+             flushed it yet), so the block rate cannot be measured"
+                .into(),
+        );
+        (Vec::new(), 0, Vec::new())
+    };
+    let measured = args.since.as_secs().min(history).max(1);
+    if enabled && history < args.since.as_secs() {
+        warnings.push(format!(
+            "system.part_log holds only {} of history, less than --since {}: the rate is \
+             measured over what it has",
+            humantime::format_duration(Duration::from_secs(history)),
+            humantime::format_duration(args.since)
+        ));
+    }
+    for h in &mut hosts {
+        h.blocks_per_sec = h.blocks as f64 / measured as f64;
+    }
+    let blocks: u64 = hosts.iter().map(|h| h.blocks).sum();
+    let rows: u64 = hosts.iter().map(|h| h.rows).sum();
+    let rate = blocks as f64 / measured as f64;
+    let replicated_tables: u64 = client
+        .query("SELECT count() FROM system.tables WHERE engine LIKE 'Replicated%MergeTree'")
+        .fetch_one()
+        .await?;
+    bar.finish_and_clear();
+
+    if w.blocks == 0 {
+        warnings.push(format!(
+            "the dedup window of {} is 0 blocks: block-level dedup is off for it",
+            args.table
+        ));
+    }
+    let iv = args.retry_interval;
+    let rec: Recommendation = window::recommend(rate, iv, w, replicated_tables);
+    let caught: u64 = caught_per_hour.iter().map(|h| h.count).sum();
+    Ok(WindowReport {
+        table: args.table.to_string(),
+        engine: table.info.engine.clone(),
+        replicated,
+        settings,
+        window_blocks: w.blocks,
+        window_seconds_bound: w.seconds,
+        part_log: PartLogState {
+            enabled,
+            history_secs: history,
+            measured_secs: measured,
+        },
+        hosts,
+        blocks_per_sec: rate,
+        rows_per_block: if blocks > 0 {
+            rows as f64 / blocks as f64
+        } else {
+            0.0
+        },
+        window_secs: window::window_seconds(w, rate),
+        retry_min_secs: iv.min.as_secs_f64(),
+        retry_max_secs: iv.max.as_secs_f64(),
+        catches_min: window::catches(w, rate, iv.min),
+        catches_max: window::catches(w, rate, iv.max),
+        recommendation: RecommendationOut {
+            setting: if replicated { SETTINGS[0] } else { SETTINGS[2] }.to_string(),
+            minimum_blocks: rec.minimum_blocks,
+            recommended_blocks: rec.recommended_blocks,
+            minimum_seconds: replicated.then_some(rec.minimum_seconds),
+            znodes_this_table: replicated.then_some(rec.znodes_this_table),
+            znodes_as_server_default: replicated.then_some(rec.znodes_as_default),
+        },
+        replicated_tables,
+        caught_resubmits: caught,
+        caught_per_hour,
+        warnings,
+    })
+}
+
+/// The readable report.
+pub fn render(r: &WindowReport) -> String {
+    let mut out = format!("sluice window: {} ({})\n\n", r.table, r.engine);
+    let mut g = super::grid(["setting", "server default", "table", "effective"]);
+    for s in &r.settings {
+        let dash = |v: &Option<String>| v.clone().unwrap_or_else(|| "-".into());
+        g.add_row([
+            s.name.clone(),
+            dash(&s.server_default),
+            dash(&s.table_override),
+            dash(&s.effective),
+        ]);
+    }
+    out += &format!("{g}\n\n");
+
+    let span = humantime::format_duration(Duration::from_secs(r.part_log.measured_secs));
+    out += &format!("Block rate (system.part_log, NewPart with error = 0, last {span}):\n");
+    let mut g: Grid = super::grid(["host", "blocks", "blocks/s", "rows/block"]);
+    for h in &r.hosts {
+        g.add_row([
+            h.host.clone(),
+            thousands(h.blocks),
+            rate(h.blocks_per_sec),
+            format!("{:.1}", h.rows as f64 / h.blocks.max(1) as f64),
+        ]);
+    }
+    g.add_row([
+        "total".to_string(),
+        thousands(r.hosts.iter().map(|h| h.blocks).sum()),
+        rate(r.blocks_per_sec),
+        format!("{:.1}", r.rows_per_block),
+    ]);
+    out += &format!("{g}\n\n");
+
+    let secs = match r.window_secs {
+        Some(s) => format!("≈ {}", fmt_secs(s)),
+        None => "unbounded (no blocks written)".into(),
+    };
+    out += &format!(
+        "Window: {} blocks ÷ {} blocks/s {secs}",
+        thousands(r.window_blocks),
+        rate(r.blocks_per_sec)
+    );
+    if let Some(b) = r.window_seconds_bound {
+        out += &format!(" (capped at {})", fmt_secs(b as f64));
+    }
+    out += "\n";
+    for (after, caught) in [
+        (r.retry_min_secs, r.catches_min),
+        (r.retry_max_secs, r.catches_max),
+    ] {
+        let verdict = if caught { "caught" } else { "NOT caught" };
+        out += &format!(
+            "  a re-submit {} after the first attempt: {verdict}",
+            fmt_secs(after)
+        );
+        if let (false, Some(w)) = (caught, r.window_secs.filter(|w| *w > 0.0)) {
+            out += &format!(" ({:.1}× the window)", after / w);
+        }
+        out += "\n";
+    }
+    let rec = &r.recommendation;
+    out += &format!(
+        "\nRecommended: {} ≥ {} (rate × {}); with {}% margin, {}.\n",
+        rec.setting,
+        thousands(rec.minimum_blocks),
+        fmt_secs(r.retry_max_secs),
+        ((window::MARGIN - 1.0) * 100.0).round(),
+        thousands(rec.recommended_blocks)
+    );
+    if let (Some(s), Some(z1), Some(zn)) = (
+        rec.minimum_seconds,
+        rec.znodes_this_table,
+        rec.znodes_as_server_default,
+    ) {
+        out += &format!(
+            "  replicated_deduplication_window_seconds must stay ≥ {s}.\n  \
+             Keeper cost: +{} znodes for this table alone; as a server default, \
+             ≈ {} × {} replicated tables = {} znodes in blocks/.\n",
+            thousands(z1),
+            thousands(rec.recommended_blocks),
+            r.replicated_tables,
+            thousands(zn)
+        );
+    } else {
+        out += "  A non-replicated table keeps its dedup log on local disk: no Keeper cost.\n";
+    }
+    out += &format!(
+        "\nRe-submits the window caught (error = 389): {}\n",
+        thousands(r.caught_resubmits)
+    );
+    if !r.caught_per_hour.is_empty() {
+        let mut g = super::grid(["hour", "caught"]);
+        for h in &r.caught_per_hour {
+            g.add_row([h.hour.clone(), thousands(h.count)]);
+        }
+        out += &format!("{g}\n");
+    }
+    for w in &r.warnings {
+        out += &format!("warning: {w}\n");
+    }
+    out += "\nThe window is a best-effort first filter; sluice's exactly-once delivery does not rely on it.\n";
+    out
+}
+
+fn rate(r: f64) -> String {
+    if r > 0.0 && r < 1.0 {
+        format!("{r:.3}")
+    } else {
+        format!("{r:.1}")
+    }
+}
+
+fn fmt_secs(s: f64) -> String {
+    if s < 100.0 {
+        format!("{s:.1} s")
+    } else {
+        format!("{s:.0} s")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cluster_queries_sum_every_replica() {
+        let t = TableName::parse("default.events").unwrap();
+        let sql = part_log_sql(Some("default"), &t, Duration::from_secs(86_400));
+        assert_eq!(
+            sql.rate,
+            "SELECT hostName() AS host, count() AS blocks, sum(rows) AS rows FROM \
+             clusterAllReplicas('default', system.part_log) WHERE database = 'default' AND \
+             table = 'events' AND event_type = 'NewPart' AND error = 0 AND event_time >= now() \
+             - INTERVAL 86400 SECOND GROUP BY host ORDER BY host"
+        );
+        assert!(sql
+            .caught
+            .contains("FROM clusterAllReplicas('default', system.part_log)"));
+        assert!(sql.caught.contains("error = 389"));
+        assert!(sql
+            .history
+            .contains("FROM clusterAllReplicas('default', system.part_log) GROUP BY host"));
+        let local = part_log_sql(None, &t, Duration::from_secs(60));
+        assert!(local.rate.contains("FROM system.part_log WHERE"));
+        assert!(local.rate.contains("INTERVAL 60 SECOND"));
+        let odd = part_log_sql(Some("it's"), &t, Duration::from_secs(1));
+        assert!(odd.rate.contains("clusterAllReplicas('it\\'s', system.part_log)"));
+    }
+}
