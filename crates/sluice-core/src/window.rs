@@ -198,7 +198,10 @@ mod tests {
         let iv = RetryInterval::parse("32s..124s").unwrap();
         assert_eq!(iv.min, Duration::from_secs(32));
         assert_eq!(iv.max, Duration::from_secs(124));
-        assert_eq!(RetryInterval::parse("2m").unwrap().max, Duration::from_secs(120));
+        assert_eq!(
+            RetryInterval::parse("2m").unwrap().max,
+            Duration::from_secs(120)
+        );
         assert!(RetryInterval::parse("124s..32s").is_err());
         assert!(RetryInterval::parse("soon").is_err());
         assert!(RetryInterval::parse("5parsecs").is_err());

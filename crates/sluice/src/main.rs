@@ -175,11 +175,24 @@ fn run(command: Command) -> anyhow::Result<Outcome> {
             rt.block_on(sluice::lab::run(opts))?;
             Ok(Outcome::Clean)
         }
-        Command::Window(args) => Ok(runtime()?.block_on(ops::window::run(args))?),
-        Command::Audit(args) => Ok(runtime()?.block_on(ops::audit::run(args))?),
-        Command::Repair(args) => Ok(runtime()?.block_on(ops::repair::run(args))?),
-        Command::Schema(args) => Ok(runtime()?.block_on(ops::schema::run(args))?),
+        Command::Window(a) => tool(&a.ch.clone(), ops::window::run(a)),
+        Command::Audit(a) => tool(&a.ch.clone(), ops::audit::run(a)),
+        Command::Repair(a) => tool(&a.ch.clone(), ops::repair::run(a)),
+        Command::Schema(a) => tool(&a.ch.clone(), ops::schema::run(a)),
     }
+}
+
+/// Runs an operator tool; a failure to reach ClickHouse names the URL.
+fn tool(
+    ch: &ops::db::ChArgs,
+    work: impl std::future::Future<Output = Result<Outcome, ops::OpsError>>,
+) -> anyhow::Result<Outcome> {
+    runtime()?.block_on(work).map_err(|e| match e {
+        ops::OpsError::ClickHouse(c) if c.kind == sluice::ch::ChErrorKind::Connect => {
+            anyhow::anyhow!("{c} (at {})", ch.clickhouse_url)
+        }
+        e => e.into(),
+    })
 }
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {

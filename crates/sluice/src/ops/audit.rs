@@ -13,9 +13,8 @@
 //! The two classes add up: `rows − distinct keys = replay + producer`.
 //! Exit status: 0 when clean, 1 when duplicates were found, 2 on error.
 
-use super::db::{ident_list, literal, parse_columns, ChArgs, Table, TableName};
-use super::{grid, progress, thousands, Outcome};
-use crate::ch::ChError;
+use super::db::{ident_list, literal, parse_columns, ChArgs, Columns, Table, TableName};
+use super::{grid, progress, thousands, OpsError, Outcome};
 use crate::config::quote_ident as qi;
 use serde::Serialize;
 use std::time::Duration;
@@ -28,7 +27,7 @@ pub struct AuditArgs {
     /// The business key, comma-separated columns. Without it only the same
     /// offset stored twice is found.
     #[arg(long, value_parser = parse_columns)]
-    pub key: Option<Vec<String>>,
+    pub key: Option<Columns>,
     /// Only this table partition (its ID, as `system.parts.partition_id`).
     #[arg(long, conflicts_with = "since")]
     pub partition: Option<String>,
@@ -146,7 +145,7 @@ pub fn audit_sql(
             "SELECT count(), uniqExact({off}), uniqExact({}) FROM {tbl} WHERE {filter}",
             ident_list(k)
         ),
-        None => format!("SELECT count(), uniqExact({off}), 0 FROM {tbl} WHERE {filter}"),
+        None => format!("SELECT count(), uniqExact({off}), toUInt64(0) FROM {tbl} WHERE {filter}"),
     };
     let breakdown = |group: &str, n: &str| {
         format!(
@@ -155,12 +154,12 @@ pub fn audit_sql(
              WHERE {filter} GROUP BY {group} HAVING n > 1) GROUP BY pid, day ORDER BY pid, day"
         )
     };
-    let offsets_of_group = format!(
-        "arrayStringConcat(arraySlice(arraySort(groupUniqArray({at})), 1, 6), ', ')"
-    );
+    let offsets_of_group = "arrayStringConcat(arrayMap(x -> concat(x.1, '/', toString(x.2), '@', \
+         toString(x.3)), arraySlice(arraySort(groupUniqArray((`_topic`, `_partition`, `_offset`))), \
+         1, 6)), ', ')";
     let samples_replay = format!(
         "SELECT {} AS key, count() AS copies, {at} AS offsets FROM {tbl} WHERE {filter} \
-         GROUP BY {off} HAVING copies > 1 ORDER BY copies DESC, offsets LIMIT {samples}",
+         GROUP BY {off} HAVING copies > 1 ORDER BY copies DESC, {off} LIMIT {samples}",
         key.map(|k| format!("any({})", key_str(k)))
             .unwrap_or_else(|| "''".into())
     );
@@ -172,19 +171,22 @@ pub fn audit_sql(
         samples_producer: key.map(|k| {
             format!(
                 "SELECT {} AS key, uniqExact({off}) AS copies, {offsets_of_group} AS offsets \
-                 FROM {tbl} WHERE {filter} GROUP BY {} HAVING copies > 1 \
-                 ORDER BY copies DESC, key LIMIT {samples}",
+                 FROM {tbl} WHERE {filter} GROUP BY {k} HAVING copies > 1 \
+                 ORDER BY copies DESC, {k} LIMIT {samples}",
                 key_str(k),
-                ident_list(k)
+                k = ident_list(k)
             )
         }),
     }
 }
 
-pub async fn run(args: AuditArgs) -> Result<Outcome, ChError> {
+pub async fn run(args: AuditArgs) -> Result<Outcome, OpsError> {
     let report = audit(&args).await?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&report).expect("serializable"));
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&report).expect("serializable")
+        );
     } else {
         print!("{}", render(&report));
     }
@@ -195,7 +197,7 @@ pub async fn run(args: AuditArgs) -> Result<Outcome, ChError> {
     })
 }
 
-pub async fn audit(args: &AuditArgs) -> Result<AuditReport, ChError> {
+pub async fn audit(args: &AuditArgs) -> Result<AuditReport, OpsError> {
     let client = args.ch.client();
     let bar = progress(!args.json, "reading the table");
     let table = Table::describe(&client, &args.table).await?;
@@ -209,7 +211,7 @@ pub async fn audit(args: &AuditArgs) -> Result<AuditReport, ChError> {
         (Some(p), _) => format!("_partition_id = {}", literal(p)),
         (None, Some(since)) => {
             let Some(c) = &time_col else {
-                return Err(ChError::client(format!(
+                return Err(OpsError::Invalid(format!(
                     "--since needs a time column, and {} has no Date/DateTime column; name one with --time-column",
                     args.table
                 )));
@@ -252,7 +254,7 @@ pub async fn audit(args: &AuditArgs) -> Result<AuditReport, ChError> {
     by_partition_day.sort_by(|a, b| (&a.partition, &a.day).cmp(&(&b.partition, &b.day)));
     Ok(AuditReport {
         table: args.table.to_string(),
-        key: args.key.clone(),
+        key: args.key.clone().map(|k| k.0),
         filter,
         time_column: time_col,
         rows,
@@ -270,7 +272,10 @@ pub fn render(r: &AuditReport) -> String {
     let mut out = format!("sluice audit: {} (where {})\n\n", r.table, r.filter);
     let mut g = grid(["", "rows"]);
     g.add_row(["rows".to_string(), thousands(r.rows)]);
-    g.add_row(["distinct offsets".to_string(), thousands(r.distinct_offsets)]);
+    g.add_row([
+        "distinct offsets".to_string(),
+        thousands(r.distinct_offsets),
+    ]);
     if let (Some(k), Some(n)) = (&r.key, r.distinct_keys) {
         g.add_row([format!("distinct keys ({})", k.join(", ")), thousands(n)]);
     }
@@ -296,7 +301,11 @@ pub fn render(r: &AuditReport) -> String {
     for b in &r.by_partition_day {
         g.add_row([
             b.partition.clone(),
-            if b.day.is_empty() { "-".into() } else { b.day.clone() },
+            if b.day.is_empty() {
+                "-".into()
+            } else {
+                b.day.clone()
+            },
             kebab(b.entry_point),
             thousands(b.groups),
             thousands(b.extra_rows),

@@ -3,9 +3,9 @@
 //!
 //! In: `--clickhouse-url`, user and password, and `DB.TABLE` names. Out: a
 //! client, the table's engine, keys and columns, and SQL quoting. Every
-//! failure is a [`ChError`] that names the table or column involved.
+//! failure is an [`OpsError`](super::OpsError) that names the table or column involved.
 
-use crate::ch::ChError;
+use super::OpsError;
 use crate::config::quote_ident;
 use std::fmt;
 
@@ -13,17 +13,18 @@ use std::fmt;
 #[derive(Debug, Clone, clap::Args)]
 pub struct ChArgs {
     /// ClickHouse HTTP URL.
-    #[arg(
-        long,
-        env = "CLICKHOUSE_URL",
-        default_value = "http://127.0.0.1:8123"
-    )]
+    #[arg(long, env = "CLICKHOUSE_URL", default_value = "http://127.0.0.1:8123")]
     pub clickhouse_url: String,
     /// ClickHouse user.
     #[arg(long, env = "CLICKHOUSE_USER", default_value = "default")]
     pub user: String,
     /// ClickHouse password (read it from the environment, not the command line).
-    #[arg(long, env = "CLICKHOUSE_PASSWORD", default_value = "", hide_env_values = true)]
+    #[arg(
+        long,
+        env = "CLICKHOUSE_PASSWORD",
+        default_value = "",
+        hide_env_values = true
+    )]
     pub password: String,
 }
 
@@ -57,7 +58,11 @@ impl TableName {
 
     /// `` `db`.`table` ``.
     pub fn sql(&self) -> String {
-        format!("{}.{}", quote_ident(&self.database), quote_ident(&self.table))
+        format!(
+            "{}.{}",
+            quote_ident(&self.database),
+            quote_ident(&self.table)
+        )
     }
 
     /// Another table in the same database.
@@ -75,8 +80,19 @@ impl fmt::Display for TableName {
     }
 }
 
-/// A comma-separated column list (`--key order_id,region`).
-pub fn parse_columns(s: &str) -> Result<Vec<String>, String> {
+/// A comma-separated column list (`--key order_id,region`), as one flag value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Columns(pub Vec<String>);
+
+impl std::ops::Deref for Columns {
+    type Target = [String];
+    fn deref(&self) -> &[String] {
+        &self.0
+    }
+}
+
+/// Parses a [`Columns`] flag.
+pub fn parse_columns(s: &str) -> Result<Columns, String> {
     let cols: Vec<String> = s
         .split(',')
         .map(|c| c.trim().to_string())
@@ -85,7 +101,7 @@ pub fn parse_columns(s: &str) -> Result<Vec<String>, String> {
     if cols.is_empty() {
         return Err("expected one or more column names, comma-separated".into());
     }
-    Ok(cols)
+    Ok(Columns(cols))
 }
 
 /// A single-quoted SQL string literal.
@@ -192,7 +208,7 @@ pub struct Table {
 
 impl Table {
     /// Reads a table's description; a clear error if it does not exist.
-    pub async fn describe(client: &clickhouse::Client, name: &TableName) -> Result<Self, ChError> {
+    pub async fn describe(client: &clickhouse::Client, name: &TableName) -> Result<Self, OpsError> {
         let info: Option<TableInfo> = client
             .query(
                 "SELECT engine, engine_full, partition_key, sorting_key, primary_key, \
@@ -203,7 +219,7 @@ impl Table {
             .fetch_optional()
             .await?;
         let Some(info) = info else {
-            return Err(ChError::client(format!("table {name} does not exist")));
+            return Err(OpsError::Invalid(format!("table {name} does not exist")));
         };
         let columns = client
             .query(
@@ -222,7 +238,7 @@ impl Table {
     }
 
     /// Whether a table exists.
-    pub async fn exists(client: &clickhouse::Client, name: &TableName) -> Result<bool, ChError> {
+    pub async fn exists(client: &clickhouse::Client, name: &TableName) -> Result<bool, OpsError> {
         Ok(client
             .query("SELECT count() FROM system.tables WHERE database = ? AND name = ?")
             .bind(&name.database)
@@ -237,11 +253,11 @@ impl Table {
     }
 
     /// Errors unless every named column exists, naming the first that does not.
-    pub fn require(&self, cols: &[String], what: &str) -> Result<(), ChError> {
+    pub fn require(&self, cols: &[String], what: &str) -> Result<(), OpsError> {
         for c in cols {
             if self.column(c).is_none() {
                 let have: Vec<&str> = self.columns.iter().map(|c| c.name.as_str()).collect();
-                return Err(ChError::client(format!(
+                return Err(OpsError::Invalid(format!(
                     "{what} column {c:?} is not a column of {} (it has: {})",
                     self.name,
                     have.join(", ")
@@ -257,7 +273,7 @@ impl Table {
 
     /// The time column to group by day: the one asked for, else the first
     /// `Date*` column.
-    pub fn time_column(&self, asked: Option<&str>) -> Result<Option<String>, ChError> {
+    pub fn time_column(&self, asked: Option<&str>) -> Result<Option<String>, OpsError> {
         match asked {
             Some(c) => {
                 self.require(&[c.to_string()], "time")?;
@@ -312,7 +328,7 @@ mod tests {
     fn quoting() {
         assert_eq!(literal("it's"), "'it\\'s'");
         assert_eq!(ident_list(&["a".into(), "b`c".into()]), "`a`, `b\\`c`");
-        assert_eq!(parse_columns(" a, b ,").unwrap(), vec!["a", "b"]);
+        assert_eq!(parse_columns(" a, b ,").unwrap().0, vec!["a", "b"]);
         assert!(parse_columns(" , ").is_err());
     }
 }

@@ -21,6 +21,25 @@ use comfy_table::{presets::UTF8_FULL_CONDENSED, Table};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::time::Duration;
 
+/// Why a tool stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum OpsError {
+    #[error(transparent)]
+    ClickHouse(#[from] crate::ch::ChError),
+    /// Bad arguments, or a table the tool cannot work on.
+    #[error("{0}")]
+    Invalid(String),
+    /// `repair` found the partition still receiving writes.
+    #[error("refused: {0}")]
+    Refused(String),
+}
+
+impl From<clickhouse::error::Error> for OpsError {
+    fn from(e: clickhouse::error::Error) -> Self {
+        Self::ClickHouse(e.into())
+    }
+}
+
 /// What a tool found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
@@ -57,7 +76,7 @@ pub fn thousands(n: u64) -> String {
     let s = n.to_string();
     let mut out = String::with_capacity(s.len() + s.len() / 3);
     for (i, c) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i) % 3 == 0 {
+        if i > 0 && (s.len() - i).is_multiple_of(3) {
             out.push(',');
         }
         out.push(c);

@@ -26,9 +26,8 @@
 //! tables exist and what they hold, and either rolls back or finishes
 //! ([`decide`]).
 
-use super::db::{ident_list, literal, parse_columns, ChArgs, Table, TableName};
-use super::{grid, thousands, Outcome};
-use crate::ch::ChError;
+use super::db::{ident_list, literal, parse_columns, ChArgs, Columns, Table, TableName};
+use super::{grid, thousands, OpsError, Outcome};
 use crate::config::quote_ident as qi;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
@@ -44,7 +43,7 @@ pub struct RepairArgs {
     pub partition: String,
     /// The business key, comma-separated columns; one row per key is kept.
     #[arg(long, value_parser = parse_columns)]
-    pub key: Vec<String>,
+    pub key: Columns,
     /// Make the changes. Without it, only the plan and the counts are shown.
     #[arg(long)]
     pub execute: bool,
@@ -242,13 +241,18 @@ pub struct RepairReport {
     pub after: Option<Snapshot>,
     pub removed_rows: u64,
     pub backup_table: Option<String>,
+    /// The statements `--execute` runs, in order (dry runs only).
+    pub plan: Vec<String>,
     pub notes: Vec<String>,
 }
 
-pub async fn run(args: RepairArgs) -> Result<Outcome, ChError> {
+pub async fn run(args: RepairArgs) -> Result<Outcome, OpsError> {
     let report = repair(&args).await?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&report).expect("serializable"));
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&report).expect("serializable")
+        );
     } else {
         print!("{}", render(&report));
     }
@@ -265,11 +269,11 @@ struct Run<'a> {
     notes: Vec<String>,
 }
 
-pub async fn repair(args: &RepairArgs) -> Result<RepairReport, ChError> {
+pub async fn repair(args: &RepairArgs) -> Result<RepairReport, OpsError> {
     let client = args.ch.client();
     let table = Table::describe(&client, &args.table).await?;
     if !table.is_merge_tree() {
-        return Err(ChError::client(format!(
+        return Err(OpsError::Invalid(format!(
             "{} is a {} table; REPLACE PARTITION needs a MergeTree-family table",
             args.table, table.info.engine
         )));
@@ -284,7 +288,7 @@ pub async fn repair(args: &RepairArgs) -> Result<RepairReport, ChError> {
         .fetch_one()
         .await?;
     if parts == 0 {
-        return Err(ChError::client(format!(
+        return Err(OpsError::Invalid(format!(
             "{} has no partition with ID {:?} (`sluice audit --table {}` lists them)",
             args.table, args.partition, args.table
         )));
@@ -314,7 +318,7 @@ pub async fn repair(args: &RepairArgs) -> Result<RepairReport, ChError> {
 }
 
 impl Run<'_> {
-    async fn go(&mut self) -> Result<RepairReport, ChError> {
+    async fn go(&mut self) -> Result<RepairReport, OpsError> {
         let (staging, backup) = (&self.plan.staging, &self.plan.backup);
         let left = match (self.exists(staging).await?, self.exists(backup).await?) {
             (false, false) => Leftovers::None,
@@ -350,14 +354,14 @@ impl Run<'_> {
                 return Ok(self.report(before, Some(before)));
             }
             Decision::AlreadyRepaired => {
-                return Err(ChError::client(format!(
+                return Err(OpsError::Invalid(format!(
                     "{} is left from an earlier repair of this partition; check it and \
                      DROP TABLE it before repairing again",
                     self.plan.backup
                 )));
             }
             Decision::Refuse => {
-                return Err(ChError::client(format!(
+                return Err(OpsError::Invalid(format!(
                     "an interrupted repair left {} and {}, and partition {} of {} matches \
                      neither: it was written to since. The backup holds the partition as it \
                      was before the repair; inspect it, then drop both tables",
@@ -375,7 +379,7 @@ impl Run<'_> {
         self.execute(before).await
     }
 
-    async fn execute(&mut self, before: Snapshot) -> Result<RepairReport, ChError> {
+    async fn execute(&mut self, before: Snapshot) -> Result<RepairReport, OpsError> {
         self.step("creating the staging and backup tables");
         let p = self.plan.clone();
         self.exec(&p.create_staging).await?;
@@ -395,7 +399,7 @@ impl Run<'_> {
         let staging = self.snapshot(&p.staging).await?;
         if !staging.is_deduplicated_copy_of(&backup) {
             self.drop_sluice_tables().await?;
-            return Err(ChError::client(format!(
+            return Err(OpsError::Invalid(format!(
                 "the staged copy has {} rows for {} keys (highest offset {}), expected one row \
                  for each of the partition's {} keys (highest offset {}); rolled back",
                 staging.rows, staging.keys, staging.max_offset, backup.keys, backup.max_offset
@@ -420,7 +424,7 @@ impl Run<'_> {
         backup: Snapshot,
         staging: Snapshot,
         replaced_since: Option<String>,
-    ) -> Result<RepairReport, ChError> {
+    ) -> Result<RepairReport, OpsError> {
         self.step("verifying");
         let after = self.snapshot(&self.table.name).await?;
         if after != staging {
@@ -459,7 +463,7 @@ impl Run<'_> {
 
     /// Any part written into the partition since `since`, other than the
     /// replace's own, was dropped by the replace: say so loudly.
-    async fn check_part_log(&mut self, since: &str, staged_rows: u64) -> Result<(), ChError> {
+    async fn check_part_log(&mut self, since: &str, staged_rows: u64) -> Result<(), OpsError> {
         let _ = self.client.query("SYSTEM FLUSH LOGS").execute().await;
         let q = "SELECT toUInt64(sum(rows)) FROM system.part_log WHERE database = ? AND table = ? \
                  AND partition_id = ? AND event_type = 'NewPart' AND error = 0 \
@@ -474,7 +478,7 @@ impl Run<'_> {
             .fetch_one()
             .await;
         match rows {
-            Ok(n) if n > staged_rows => Err(ChError::client(format!(
+            Ok(n) if n > staged_rows => Err(OpsError::Invalid(format!(
                 "system.part_log shows {} rows written into partition {} of {} since the last \
                  check, besides the {} staged: some may have been dropped by the replace. \
                  Compare with the backup {} and re-send what is missing",
@@ -495,7 +499,7 @@ impl Run<'_> {
         }
     }
 
-    async fn fill_staging(&self) -> Result<(), ChError> {
+    async fn fill_staging(&self) -> Result<(), OpsError> {
         let wanted = [
             ("insert_allow_materialized_columns", "1"),
             ("async_insert", "0"),
@@ -519,17 +523,17 @@ impl Run<'_> {
         Ok(q.execute().await?)
     }
 
-    async fn refuse(&mut self, when: &str) -> Result<RepairReport, ChError> {
+    async fn refuse(&mut self, when: &str) -> Result<RepairReport, OpsError> {
         self.drop_sluice_tables().await?;
-        Err(ChError::client(format!(
-            "refused: partition {} of {} received writes {when} (its rows or highest offset \
+        Err(OpsError::Refused(format!(
+            "partition {} of {} received writes {when} (its rows or highest offset \
              changed). Nothing was changed and the sluice tables were dropped; repair a \
              partition that no longer receives writes",
             self.args.partition, self.table.name
         )))
     }
 
-    async fn drop_sluice_tables(&self) -> Result<(), ChError> {
+    async fn drop_sluice_tables(&self) -> Result<(), OpsError> {
         for t in [&self.plan.staging, &self.plan.backup] {
             self.exec(&format!("DROP TABLE IF EXISTS {}", t.sql()))
                 .await?;
@@ -547,17 +551,15 @@ impl Run<'_> {
         )
     }
 
-    async fn snapshot(&self, t: &TableName) -> Result<Snapshot, ChError> {
+    async fn snapshot(&self, t: &TableName) -> Result<Snapshot, OpsError> {
         Ok(self.client.query(&self.snapshot_sql(t)).fetch_one().await?)
     }
 
     /// A snapshot and the server's clock when it was taken.
-    async fn snapshot_at(&self, t: &TableName) -> Result<(Snapshot, String), ChError> {
-        let sql = self.snapshot_sql(t).replacen(
-            "SELECT ",
-            "SELECT toString(now64(6)) AS at, ",
-            1,
-        );
+    async fn snapshot_at(&self, t: &TableName) -> Result<(Snapshot, String), OpsError> {
+        let sql = self
+            .snapshot_sql(t)
+            .replacen("SELECT ", "SELECT toString(now64(6)) AS at, ", 1);
         let (at, rows, keys, max_offset): (String, u64, u64, i64) =
             self.client.query(&sql).fetch_one().await?;
         Ok((
@@ -570,11 +572,11 @@ impl Run<'_> {
         ))
     }
 
-    async fn exists(&self, t: &TableName) -> Result<bool, ChError> {
+    async fn exists(&self, t: &TableName) -> Result<bool, OpsError> {
         Table::exists(&self.client, t).await
     }
 
-    async fn exec(&self, sql: &str) -> Result<(), ChError> {
+    async fn exec(&self, sql: &str) -> Result<(), OpsError> {
         tracing::debug!(%sql, "repair");
         Ok(self.client.query(sql).execute().await?)
     }
@@ -584,9 +586,9 @@ impl Run<'_> {
         self.bar.set_message(msg);
     }
 
-    fn checkpoint(&self, done: Step) -> Result<(), ChError> {
+    fn checkpoint(&self, done: Step) -> Result<(), OpsError> {
         if self.args.interrupt_after == Some(done) {
-            return Err(ChError::client(format!(
+            return Err(OpsError::Invalid(format!(
                 "interrupted after step {done:?} (--interrupt-after)"
             )));
         }
@@ -601,12 +603,25 @@ impl Run<'_> {
         RepairReport {
             table: self.table.name.to_string(),
             partition: self.args.partition.clone(),
-            key: self.args.key.clone(),
+            key: self.args.key.0.clone(),
             executed: self.args.execute,
             before,
             after,
             removed_rows: before.rows - after.map_or(before.keys, |a| a.rows.min(before.rows)),
             backup_table: None,
+            plan: if self.args.execute || after.is_some() {
+                Vec::new()
+            } else {
+                let p = &self.plan;
+                vec![
+                    p.create_staging.clone(),
+                    p.create_backup.clone(),
+                    p.backup_partition.clone(),
+                    p.fill_staging.clone(),
+                    p.replace.clone(),
+                    format!("DROP TABLE {}", p.staging.sql()),
+                ]
+            },
             notes: self.notes.clone(),
         }
     }
@@ -639,6 +654,13 @@ pub fn render(r: &RepairReport) -> String {
     out += &format!("{g}\n");
     for n in &r.notes {
         out += &format!("note: {n}\n");
+    }
+    if !r.plan.is_empty() {
+        out += "\nPlan (each step is checked before the next; the partition must not change \
+                until the replace):\n";
+        for (i, sql) in r.plan.iter().enumerate() {
+            out += &format!("  {}. {sql};\n", i + 1);
+        }
     }
     if !r.executed {
         out += &format!(
@@ -681,9 +703,15 @@ mod tests {
         assert_eq!(decide(Leftovers::StagingOnly), Decision::RollBack);
         assert_eq!(decide(Leftovers::BackupOnly), Decision::AlreadyRepaired);
         // Stopped before the backup was filled.
-        assert_eq!(decide(both(orig, snap(0, 0, 0), snap(0, 0, 0))), Decision::RollBack);
+        assert_eq!(
+            decide(both(orig, snap(0, 0, 0), snap(0, 0, 0))),
+            Decision::RollBack
+        );
         // Stopped while staging (partly filled or not at all).
-        assert_eq!(decide(both(orig, orig, snap(40, 40, 500))), Decision::RollBack);
+        assert_eq!(
+            decide(both(orig, orig, snap(40, 40, 500))),
+            Decision::RollBack
+        );
         assert_eq!(decide(both(orig, orig, staged)), Decision::RollBack);
         // Stopped after the replace.
         assert_eq!(
@@ -694,7 +722,10 @@ mod tests {
             }
         );
         // Written to since.
-        assert_eq!(decide(both(snap(130, 105, 1010), orig, staged)), Decision::Refuse);
+        assert_eq!(
+            decide(both(snap(130, 105, 1010), orig, staged)),
+            Decision::Refuse
+        );
         // A staged copy that lost a key never counts as finished.
         let short = snap(99, 99, 999);
         assert_eq!(decide(both(short, orig, short)), Decision::Refuse);

@@ -10,9 +10,8 @@
 //! - `ReplacingMergeTree(_offset)` ordered by the key, so copies of a key
 //!   fold into the one with the highest offset, and a note on `FINAL`.
 
-use super::db::{ident_list, parse_columns, ChArgs, Table, TableName};
-use super::Outcome;
-use crate::ch::ChError;
+use super::db::{ident_list, parse_columns, ChArgs, Columns, Table, TableName};
+use super::{OpsError, Outcome};
 use crate::config::quote_ident as qi;
 
 #[derive(Debug, Clone, clap::Args)]
@@ -22,7 +21,7 @@ pub struct SchemaArgs {
     pub table: TableName,
     /// The business key, comma-separated columns (becomes ORDER BY).
     #[arg(long, value_parser = parse_columns)]
-    pub key: Vec<String>,
+    pub key: Columns,
     /// The data columns, e.g. "order_id UInt64, amount Decimal(12, 2)".
     /// Default: read them from the existing table.
     #[arg(long)]
@@ -66,9 +65,9 @@ pub fn parse_column_defs(s: &str) -> Result<Vec<(String, String)>, String> {
             ',' if depth == 0 => {
                 let def = cur.trim();
                 if !def.is_empty() {
-                    let (n, t) = def
-                        .split_once(char::is_whitespace)
-                        .ok_or_else(|| format!("column {def:?} has no type (expected \"name Type\")"))?;
+                    let (n, t) = def.split_once(char::is_whitespace).ok_or_else(|| {
+                        format!("column {def:?} has no type (expected \"name Type\")")
+                    })?;
                     out.push((n.trim_matches('`').to_string(), t.trim().to_string()));
                 }
                 cur.clear();
@@ -133,27 +132,32 @@ pub fn ddl(s: &Spec) -> Result<String, String> {
     if let Some(p) = &s.partition_by {
         out += &format!("PARTITION BY {p}\n");
     }
+    let order = match s.key.len() {
+        1 => ident_list(&s.key),
+        _ => format!("({})", ident_list(&s.key)),
+    };
     out += &format!(
-        "ORDER BY ({})\n\
+        "ORDER BY {order}\n\
          -- Merges that fold rows rebuild the projection instead of refusing.\n\
          SETTINGS deduplicate_merge_projection_mode = 'rebuild';\n\
          \n\
          -- Merges run in the background at no fixed time: until a key's copies have\n\
          -- merged, read with FINAL to see one row per key, e.g.\n\
          --   SELECT count() FROM {} FINAL;\n",
-        ident_list(&s.key),
         s.table.sql()
     );
     Ok(out)
 }
 
-pub async fn run(args: SchemaArgs) -> Result<Outcome, ChError> {
+pub async fn run(args: SchemaArgs) -> Result<Outcome, OpsError> {
     let columns = match &args.columns {
-        Some(c) => parse_column_defs(c).map_err(|e| ChError::client(format!("--columns: {e}")))?,
+        Some(c) => {
+            parse_column_defs(c).map_err(|e| OpsError::Invalid(format!("--columns: {e}")))?
+        }
         None => {
             let client = args.ch.client();
             if !Table::exists(&client, &args.table).await? {
-                return Err(ChError::client(format!(
+                return Err(OpsError::Invalid(format!(
                     "table {} does not exist: give its columns with --columns \"name Type, …\"",
                     args.table
                 )));
@@ -169,12 +173,12 @@ pub async fn run(args: SchemaArgs) -> Result<Outcome, ChError> {
     };
     let spec = Spec {
         table: args.table.clone(),
-        key: args.key.clone(),
+        key: args.key.0.clone(),
         columns,
         partition_by: args.partition_by.clone(),
         cluster: args.cluster.clone(),
     };
-    let sql = ddl(&spec).map_err(|e| ChError::client(format!("--key: {e}")))?;
+    let sql = ddl(&spec).map_err(|e| OpsError::Invalid(format!("--key: {e}")))?;
     print!("{sql}");
     Ok(Outcome::Clean)
 }
@@ -217,7 +221,7 @@ mod tests {
         assert!(d.contains("    `amount` Decimal(12, 2),"));
         assert_eq!(d.matches("_offset UInt64").count(), 1, "{d}");
         assert!(d.contains("PROJECTION watermark"));
-        assert!(d.contains("ENGINE = ReplacingMergeTree(_offset)\nPARTITION BY toYYYYMM(created_at)\nORDER BY (`order_id`)"));
+        assert!(d.contains("ENGINE = ReplacingMergeTree(_offset)\nPARTITION BY toYYYYMM(created_at)\nORDER BY `order_id`\n"));
         assert!(d.contains("FINAL"));
         let r = ddl(&spec(Some("main"))).unwrap();
         assert!(r.contains("CREATE TABLE `shop`.`orders` ON CLUSTER `main`"));

@@ -13,8 +13,7 @@
 //! does not, 2 on error.
 
 use super::db::{literal, ChArgs, Table, TableName};
-use super::{progress, thousands, Outcome};
-use crate::ch::ChError;
+use super::{progress, thousands, OpsError, Outcome};
 use comfy_table::Table as Grid;
 use serde::Serialize;
 use sluice_core::window::{self, Recommendation, RetryInterval, WindowSettings};
@@ -154,11 +153,14 @@ pub fn part_log_sql(cluster: Option<&str>, t: &TableName, since: Duration) -> Pa
     }
 }
 
-pub async fn run(args: WindowArgs) -> Result<Outcome, ChError> {
+pub async fn run(args: WindowArgs) -> Result<Outcome, OpsError> {
     let report = measure(&args).await?;
     let covered = report.window_blocks > 0 && report.catches_max;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&report).expect("serializable"));
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&report).expect("serializable")
+        );
     } else {
         print!("{}", render(&report));
     }
@@ -169,12 +171,12 @@ pub async fn run(args: WindowArgs) -> Result<Outcome, ChError> {
     })
 }
 
-pub async fn measure(args: &WindowArgs) -> Result<WindowReport, ChError> {
+pub async fn measure(args: &WindowArgs) -> Result<WindowReport, OpsError> {
     let client = args.ch.client();
     let bar = progress(!args.json, "reading the table's settings");
     let table = Table::describe(&client, &args.table).await?;
     if !table.is_merge_tree() {
-        return Err(ChError::client(format!(
+        return Err(OpsError::Invalid(format!(
             "{} is a {} table; block-level dedup applies to MergeTree tables only",
             args.table, table.info.engine
         )));
@@ -451,6 +453,8 @@ mod tests {
         assert!(local.rate.contains("FROM system.part_log WHERE"));
         assert!(local.rate.contains("INTERVAL 60 SECOND"));
         let odd = part_log_sql(Some("it's"), &t, Duration::from_secs(1));
-        assert!(odd.rate.contains("clusterAllReplicas('it\\'s', system.part_log)"));
+        assert!(odd
+            .rate
+            .contains("clusterAllReplicas('it\\'s', system.part_log)"));
     }
 }

@@ -11,3 +11,4 @@ mod delivery;
 mod errors;
 mod faults;
 mod lab;
+mod ops;
