@@ -171,6 +171,23 @@ pub async fn run(args: WindowArgs) -> Result<Outcome, OpsError> {
     })
 }
 
+/// What the server said, before any arithmetic.
+#[derive(Debug)]
+pub struct Measured {
+    pub table: String,
+    pub engine: String,
+    pub replicated: bool,
+    /// `(name, server default)` from `system.merge_tree_settings`.
+    pub defaults: Vec<(String, String)>,
+    /// `(name, value)` from the table's own `SETTINGS`.
+    pub overrides: Vec<(String, String)>,
+    /// `None`: `system.part_log` does not exist.
+    pub part_log_history_secs: Option<u64>,
+    pub hosts: Vec<HostRate>,
+    pub caught_per_hour: Vec<HourCount>,
+    pub replicated_tables: u64,
+}
+
 pub async fn measure(args: &WindowArgs) -> Result<WindowReport, OpsError> {
     let client = args.ch.client();
     let bar = progress(!args.json, "reading the table's settings");
@@ -181,17 +198,61 @@ pub async fn measure(args: &WindowArgs) -> Result<WindowReport, OpsError> {
             args.table, table.info.engine
         )));
     }
-    let replicated = table.info.is_replicated();
     let defaults: Vec<(String, String)> = client
         .query("SELECT name, value FROM system.merge_tree_settings WHERE name IN ?")
         .bind(SETTINGS)
         .fetch_all()
         .await?;
+    bar.set_message("reading system.part_log");
+    let enabled = client
+        .query("SELECT count() FROM system.tables WHERE database = 'system' AND name = 'part_log'")
+        .fetch_one::<u64>()
+        .await?
+        > 0;
+    let sql = part_log_sql(args.cluster.as_deref(), &args.table, args.since);
+    let (hosts, history, caught_per_hour) = if enabled {
+        let hosts: Vec<HostRate> = client.query(&sql.rate).fetch_all().await?;
+        let history: u64 = client.query(&sql.history).fetch_one().await?;
+        let caught: Vec<HourCount> = client.query(&sql.caught).fetch_all().await?;
+        (hosts, Some(history), caught)
+    } else {
+        (Vec::new(), None, Vec::new())
+    };
+    let replicated_tables: u64 = client
+        .query("SELECT count() FROM system.tables WHERE engine LIKE 'Replicated%MergeTree'")
+        .fetch_one()
+        .await?;
+    bar.finish_and_clear();
+    let overrides = SETTINGS
+        .iter()
+        .filter_map(|n| table.info.setting(n).map(|v| (n.to_string(), v)))
+        .collect();
+    Ok(assemble(
+        Measured {
+            table: args.table.to_string(),
+            engine: table.info.engine.clone(),
+            replicated: table.info.is_replicated(),
+            defaults,
+            overrides,
+            part_log_history_secs: history,
+            hosts,
+            caught_per_hour,
+            replicated_tables,
+        },
+        args.since,
+        args.retry_interval,
+    ))
+}
+
+/// The report's arithmetic: effective settings, rates, the window in
+/// seconds against the re-submit interval, and the recommendation.
+pub fn assemble(m: Measured, since: Duration, iv: RetryInterval) -> WindowReport {
     let settings: Vec<SettingRow> = SETTINGS
         .iter()
         .map(|name| {
-            let server_default = defaults.iter().find(|d| d.0 == *name).map(|d| d.1.clone());
-            let table_override = table.info.setting(name);
+            let find =
+                |v: &[(String, String)]| v.iter().find(|d| d.0 == *name).map(|d| d.1.clone());
+            let (server_default, table_override) = (find(&m.defaults), find(&m.overrides));
             SettingRow {
                 name: name.to_string(),
                 effective: table_override.clone().or(server_default.clone()),
@@ -204,7 +265,7 @@ pub async fn measure(args: &WindowArgs) -> Result<WindowReport, OpsError> {
         let s = settings.iter().find(|s| s.name == name)?;
         s.effective.as_deref()?.trim_matches('\'').parse().ok()
     };
-    let w = if replicated {
+    let w = if m.replicated {
         WindowSettings {
             blocks: num(SETTINGS[0]).unwrap_or(0),
             seconds: num(SETTINGS[1]),
@@ -215,67 +276,47 @@ pub async fn measure(args: &WindowArgs) -> Result<WindowReport, OpsError> {
             seconds: None,
         }
     };
-
-    bar.set_message("reading system.part_log");
     let mut warnings = Vec::new();
-    let enabled = client
-        .query("SELECT count() FROM system.tables WHERE database = 'system' AND name = 'part_log'")
-        .fetch_one::<u64>()
-        .await?
-        > 0;
-    let sql = part_log_sql(args.cluster.as_deref(), &args.table, args.since);
-    let (mut hosts, history, caught_per_hour) = if enabled {
-        let hosts: Vec<HostRate> = client.query(&sql.rate).fetch_all().await?;
-        let history: u64 = client.query(&sql.history).fetch_one().await?;
-        let caught: Vec<HourCount> = client.query(&sql.caught).fetch_all().await?;
-        (hosts, history, caught)
-    } else {
-        warnings.push(
+    let history = m.part_log_history_secs.unwrap_or(0);
+    match m.part_log_history_secs {
+        None => warnings.push(
             "system.part_log does not exist: the server has no <part_log> section (or has not \
              flushed it yet), so the block rate cannot be measured"
                 .into(),
-        );
-        (Vec::new(), 0, Vec::new())
-    };
-    let measured = args.since.as_secs().min(history).max(1);
-    if enabled && history < args.since.as_secs() {
-        warnings.push(format!(
+        ),
+        Some(h) if h < since.as_secs() => warnings.push(format!(
             "system.part_log holds only {} of history, less than --since {}: the rate is \
              measured over what it has",
-            humantime::format_duration(Duration::from_secs(history)),
-            humantime::format_duration(args.since)
+            humantime::format_duration(Duration::from_secs(h)),
+            humantime::format_duration(since)
+        )),
+        Some(_) => {}
+    }
+    if w.blocks == 0 {
+        warnings.push(format!(
+            "the dedup window of {} is 0 blocks: block-level dedup is off for it",
+            m.table
         ));
     }
+    let measured = since.as_secs().min(history).max(1);
+    let mut hosts = m.hosts;
     for h in &mut hosts {
         h.blocks_per_sec = h.blocks as f64 / measured as f64;
     }
     let blocks: u64 = hosts.iter().map(|h| h.blocks).sum();
     let rows: u64 = hosts.iter().map(|h| h.rows).sum();
     let rate = blocks as f64 / measured as f64;
-    let replicated_tables: u64 = client
-        .query("SELECT count() FROM system.tables WHERE engine LIKE 'Replicated%MergeTree'")
-        .fetch_one()
-        .await?;
-    bar.finish_and_clear();
-
-    if w.blocks == 0 {
-        warnings.push(format!(
-            "the dedup window of {} is 0 blocks: block-level dedup is off for it",
-            args.table
-        ));
-    }
-    let iv = args.retry_interval;
-    let rec: Recommendation = window::recommend(rate, iv, w, replicated_tables);
-    let caught: u64 = caught_per_hour.iter().map(|h| h.count).sum();
-    Ok(WindowReport {
-        table: args.table.to_string(),
-        engine: table.info.engine.clone(),
+    let rec: Recommendation = window::recommend(rate, iv, w, m.replicated_tables);
+    let replicated = m.replicated;
+    WindowReport {
+        table: m.table,
+        engine: m.engine,
         replicated,
         settings,
         window_blocks: w.blocks,
         window_seconds_bound: w.seconds,
         part_log: PartLogState {
-            enabled,
+            enabled: m.part_log_history_secs.is_some(),
             history_secs: history,
             measured_secs: measured,
         },
@@ -299,11 +340,11 @@ pub async fn measure(args: &WindowArgs) -> Result<WindowReport, OpsError> {
             znodes_this_table: replicated.then_some(rec.znodes_this_table),
             znodes_as_server_default: replicated.then_some(rec.znodes_as_default),
         },
-        replicated_tables,
-        caught_resubmits: caught,
-        caught_per_hour,
+        replicated_tables: m.replicated_tables,
+        caught_resubmits: m.caught_per_hour.iter().map(|h| h.count).sum(),
+        caught_per_hour: m.caught_per_hour,
         warnings,
-    })
+    }
 }
 
 /// The readable report.
@@ -430,6 +471,92 @@ fn fmt_secs(s: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The documents' table: 25.3 defaults, three replicas at 36.0, 42.3
+    /// and 46.1 blocks/s over 24 h, about 19 rows a block.
+    fn documents(window: Option<&str>) -> WindowReport {
+        let day = 86_400;
+        let host = |name: &str, per_sec: f64, rows_per: f64| {
+            let blocks = (per_sec * day as f64).round() as u64;
+            HostRate {
+                host: name.into(),
+                blocks,
+                rows: (blocks as f64 * rows_per) as u64,
+                blocks_per_sec: 0.0,
+            }
+        };
+        let s = |n: &str, v: &str| (n.to_string(), v.to_string());
+        assemble(
+            Measured {
+                table: "default.events".into(),
+                engine: "ReplicatedMergeTree".into(),
+                replicated: true,
+                defaults: vec![
+                    s("replicated_deduplication_window", "1000"),
+                    s("replicated_deduplication_window_seconds", "604800"),
+                    s("non_replicated_deduplication_window", "0"),
+                ],
+                overrides: window
+                    .map(|w| vec![s("replicated_deduplication_window", w)])
+                    .unwrap_or_default(),
+                part_log_history_secs: Some(4 * day),
+                hosts: vec![
+                    host("A", 36.0, 21.4),
+                    host("B", 42.3, 19.2),
+                    host("C", 46.1, 17.5),
+                ],
+                caught_per_hour: vec![HourCount {
+                    hour: "2025-07-30 10:00:00".into(),
+                    count: 12,
+                }],
+                replicated_tables: 100,
+            },
+            Duration::from_secs(day),
+            RetryInterval::parse("32s..124s").unwrap(),
+        )
+    }
+
+    #[test]
+    fn reproduces_the_documents_conclusions() {
+        let r = documents(None);
+        assert!(
+            (r.blocks_per_sec - 124.4).abs() < 0.01,
+            "{}",
+            r.blocks_per_sec
+        );
+        assert!(
+            (r.rows_per_block - 19.0).abs() < 0.5,
+            "{}",
+            r.rows_per_block
+        );
+        assert!((r.window_secs.unwrap() - 8.04).abs() < 0.01);
+        assert!(!r.catches_min && !r.catches_max);
+        assert_eq!(r.recommendation.minimum_blocks, 15_426);
+        assert_eq!(r.recommendation.recommended_blocks, 20_000);
+        assert_eq!(r.recommendation.znodes_as_server_default, Some(2_000_000));
+        let text = render(&r);
+        assert!(
+            text.contains("1,000 blocks ÷ 124.4 blocks/s ≈ 8.0 s"),
+            "{text}"
+        );
+        assert!(
+            text.contains("32.0 s after the first attempt: NOT caught (4.0× the window)"),
+            "{text}"
+        );
+        assert!(text.contains("≥ 15,426"), "{text}");
+        assert!(text.contains("with 25% margin, 20,000"), "{text}");
+        assert!(
+            text.contains("Re-submits the window caught (error = 389): 12"),
+            "{text}"
+        );
+        // The 26.3 default, 10,000 blocks: about 80 s; 32 s is caught, 124 s is not.
+        let r = documents(Some("10000"));
+        assert!((r.window_secs.unwrap() - 80.4).abs() < 0.1);
+        assert!(r.catches_min && !r.catches_max);
+        assert!(render(&r).contains("≈ 80.4 s"));
+        // 20,000 covers 124 s.
+        assert!(documents(Some("20000")).catches_max);
+    }
 
     #[test]
     fn cluster_queries_sum_every_replica() {
