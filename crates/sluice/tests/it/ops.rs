@@ -159,6 +159,12 @@ async fn window_reports_settings_rate_and_caught_resubmits() {
         (rate - 20.0 / measured).abs() < 1e-9,
         "{rate} vs 20/{measured}"
     );
+    let window = r["window_secs"].as_f64().unwrap();
+    assert!((window - 100.0 / rate).abs() < 1e-6, "{window}");
+    assert_eq!(
+        u(&r, "/recommendation/minimum_blocks"),
+        (rate * 124.0).ceil() as u64
+    );
     assert_eq!(u(&r, "/caught_resubmits"), 3);
     let hours: u64 = r["caught_per_hour"]
         .as_array()
@@ -208,8 +214,10 @@ async fn window_rejects_bad_input() {
 }
 
 /// Keys 0..1000 through the sink, ids 0..100 produced a second time (a
-/// producer retry: same key, new offset), then 30 rows copied with their
-/// offsets (a sink re-submit).
+/// producer retry: same key, new offset); then a second consumer group in
+/// exactly-once mode (adds nothing: it resumes from the table) and one in
+/// at-least-once mode (replays all 1100 offsets); then 30 rows copied with
+/// their offsets by a direct insert (a re-submit).
 async fn table_with_both_kinds() -> (clickhouse::Client, String) {
     let ch = ch();
     let table = dated_table(&ch, 0).await;
@@ -230,6 +238,30 @@ async fn table_with_both_kinds() -> (clickhouse::Client, String) {
         (1100, 1100, 1000),
         "{}",
         sink.log_tail()
+    );
+    let mut again = SinkSpec::new(&topic, &table).start();
+    let mut replay = SinkSpec::new(&topic, &table);
+    replay.delivery = "at-least-once";
+    let mut replay = replay.start();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while landed(&ch, &table).await.rows < 2200 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    // Give the exactly-once group time to (not) write anything.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(again.stop(Duration::from_secs(30)), "{}", again.log_tail());
+    assert!(
+        replay.stop(Duration::from_secs(30)),
+        "{}",
+        replay.log_tail()
+    );
+    let got = landed(&ch, &table).await;
+    assert_eq!(
+        (got.rows, got.distinct_offsets),
+        (2200, 1100),
+        "{}\n{}",
+        again.log_tail(),
+        replay.log_tail()
     );
     exec(
         &ch,
@@ -255,15 +287,15 @@ async fn audit_classifies_and_repair_folds_each_partition() {
         .await
         .unwrap();
     let replays: u64 = replays_per_day.iter().map(|r| r.1).sum();
-    assert_eq!(replays, 30);
+    assert_eq!(replays, 1130);
 
     let r = report(&["audit", "--table", &table, "--key", "id"], 1);
-    assert_eq!(u(&r, "/rows"), 1130);
+    assert_eq!(u(&r, "/rows"), 2230);
     assert_eq!(u(&r, "/distinct_offsets"), 1100);
     assert_eq!(u(&r, "/distinct_keys"), 1000);
-    assert_eq!(u(&r, "/sink_replay_rows"), 30);
+    assert_eq!(u(&r, "/sink_replay_rows"), 1130);
     assert_eq!(u(&r, "/producer_side_rows"), 100);
-    assert_eq!(u(&r, "/duplicate_rows"), 130);
+    assert_eq!(u(&r, "/duplicate_rows"), 1230);
     assert_eq!(r["time_column"], "day");
     let breakdown = r["by_partition_day"].as_array().unwrap();
     let extra = |ep: &str, day: &str| -> u64 {
@@ -291,7 +323,7 @@ async fn audit_classifies_and_repair_folds_each_partition() {
         && s["offsets"].as_str().unwrap().contains(", ")));
     // By offset alone, only the sink's copies show.
     let r = report(&["audit", "--table", &table], 1);
-    assert_eq!(u(&r, "/duplicate_rows"), 30);
+    assert_eq!(u(&r, "/duplicate_rows"), 1130);
     // One partition only.
     let r = report(
         &[
@@ -378,7 +410,7 @@ async fn audit_classifies_and_repair_folds_each_partition() {
         )
         .await;
     }
-    assert_eq!(backed_up, 1130);
+    assert_eq!(backed_up, 2230);
     assert_eq!(count(&ch, &sluice_tables).await, 2);
     // Clean now; running the repair again is a no-op.
     report(&["audit", "--table", &table, "--key", "id"], 0);
