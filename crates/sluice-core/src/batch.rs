@@ -150,6 +150,35 @@ impl BatchBuilder {
         Ok(())
     }
 
+    /// Like [`push`](Self::push), but `encode` may decide after writing that
+    /// the record yields no row (returns `Ok(false)`): its bytes are taken
+    /// back and it is accounted for as [`skip`](Self::skip)ped.
+    pub fn push_or_skip<E>(
+        &mut self,
+        offset: Offset,
+        now: Instant,
+        encode: impl FnOnce(&mut Vec<u8>) -> Result<bool, E>,
+    ) -> Result<bool, E> {
+        let start = self.body.len();
+        match encode(&mut self.body) {
+            Ok(true) => {
+                self.rows.push((offset, self.body.len()));
+                self.end = Some(offset.next());
+                self.opened.get_or_insert(now);
+                Ok(true)
+            }
+            Ok(false) => {
+                self.body.truncate(start);
+                self.skip(offset, now);
+                Ok(false)
+            }
+            Err(e) => {
+                self.body.truncate(start);
+                Err(e)
+            }
+        }
+    }
+
     /// Accounts for a record that yields no row (it is already handled
     /// elsewhere), so the batch's end position moves past it.
     pub fn skip(&mut self, offset: Offset, now: Instant) {

@@ -13,10 +13,12 @@
 //! - [`resume`]: committed offset + ClickHouse watermark → where to read from
 //!   and which offsets must be checked before they are inserted.
 //!   ([`batch::Batch::without`] drops the rows ClickHouse already holds.)
+//! - [`dedup`]: business keys written within a window → drop the repeats.
 //! - [`window`]: ClickHouse's block dedup window in seconds, and its size.
 
 pub mod acks;
 pub mod batch;
+pub mod dedup;
 pub mod offset;
 pub mod resume;
 pub mod row;

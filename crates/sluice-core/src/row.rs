@@ -7,6 +7,7 @@
 //! collide with the metadata columns; anything else is a [`RowError`], so a
 //! bad record never reaches ClickHouse inside a batch of good ones.
 
+use crate::dedup::{key_hash, KeyHash};
 use serde::de::{self, Deserializer, IgnoredAny, MapAccess, Visitor};
 use std::fmt;
 
@@ -45,6 +46,8 @@ pub enum RowError {
 #[derive(Debug, Clone)]
 pub struct RowEncoder {
     columns: MetadataColumns,
+    /// The business key's fields, for key-level dedup (empty: none).
+    key_fields: Vec<String>,
     /// `"_topic":"<topic>","_partition":` with the topic already escaped.
     head: Vec<u8>,
     /// `,"_offset":`
@@ -63,9 +66,16 @@ impl RowEncoder {
         let mid = format!(",{}:", q(&columns.offset));
         Self {
             columns,
+            key_fields: Vec::new(),
             head: head.into_bytes(),
             mid: mid.into_bytes(),
         }
+    }
+
+    /// Also reads these top-level fields as the record's business key.
+    pub fn with_key(mut self, fields: Vec<String>) -> Self {
+        self.key_fields = fields;
+        self
     }
 
     /// Appends the row for `value` to `out`. On error `out` is unchanged.
@@ -76,8 +86,25 @@ impl RowEncoder {
         offset: i64,
         out: &mut Vec<u8>,
     ) -> Result<(), RowError> {
+        self.encode_keyed(value, partition, offset, out).map(|_| ())
+    }
+
+    /// Like [`encode`](Self::encode), and returns the hash of the business
+    /// key when key fields are set and every one of them holds a string, a
+    /// number or a boolean (`None` otherwise: the record cannot be deduped
+    /// by key and is kept). A key field's text is a string's contents or a
+    /// number as ClickHouse's `toString` prints it, so keys read back from
+    /// the table hash the same.
+    pub fn encode_keyed(
+        &self,
+        value: Option<&[u8]>,
+        partition: i32,
+        offset: i64,
+        out: &mut Vec<u8>,
+    ) -> Result<Option<KeyHash>, RowError> {
         let value = value.ok_or(RowError::Tombstone)?;
-        let (body, empty) = self.validate(value)?;
+        let mut parts: Vec<Option<String>> = vec![None; self.key_fields.len()];
+        let (body, empty) = self.validate(value, &mut parts)?;
         out.reserve(body.len() + self.head.len() + self.mid.len() + 24);
         out.extend_from_slice(body);
         if !empty {
@@ -89,12 +116,19 @@ impl RowEncoder {
         out.extend_from_slice(&self.mid);
         out.extend_from_slice(num.format(offset).as_bytes());
         out.extend_from_slice(b"}\n");
-        Ok(())
+        if self.key_fields.is_empty() || parts.iter().any(Option::is_none) {
+            return Ok(None);
+        }
+        Ok(Some(key_hash(parts.iter().flatten().map(|p| p.as_bytes()))))
     }
 
     /// Checks `value` and returns it without its closing brace, plus whether
     /// the object is empty.
-    fn validate<'v>(&self, value: &'v [u8]) -> Result<(&'v [u8], bool), RowError> {
+    fn validate<'v>(
+        &self,
+        value: &'v [u8],
+        parts: &mut [Option<String>],
+    ) -> Result<(&'v [u8], bool), RowError> {
         let start = value.iter().position(|b| !b.is_ascii_whitespace());
         let end = value.iter().rposition(|b| !b.is_ascii_whitespace());
         let (Some(start), Some(end)) = (start, end) else {
@@ -109,7 +143,11 @@ impl RowEncoder {
         }
         let mut de = serde_json::Deserializer::from_slice(value);
         let fields = de
-            .deserialize_map(KeyCheck(&self.columns))
+            .deserialize_map(KeyCheck {
+                columns: &self.columns,
+                key_fields: &self.key_fields,
+                parts,
+            })
             .and_then(|n| de.end().map(|_| n))
             .map_err(|e| match e.classify() {
                 serde_json::error::Category::Data => {
@@ -129,9 +167,14 @@ impl RowEncoder {
 
 const RESERVED: &str = "reserved:";
 
-/// Walks the top-level keys of an object, skipping values, and fails on a
-/// metadata column name. Returns the number of fields.
-struct KeyCheck<'c>(&'c MetadataColumns);
+/// Walks the top-level keys of an object, skipping values except the key
+/// fields', and fails on a metadata column name. Returns the number of
+/// fields.
+struct KeyCheck<'c> {
+    columns: &'c MetadataColumns,
+    key_fields: &'c [String],
+    parts: &'c mut [Option<String>],
+}
 
 impl<'de> Visitor<'de> for KeyCheck<'_> {
     type Value = usize;
@@ -143,14 +186,63 @@ impl<'de> Visitor<'de> for KeyCheck<'_> {
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<usize, A::Error> {
         let mut n = 0;
         while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
-            let c = self.0;
+            let c = self.columns;
             if *key == *c.topic || *key == *c.partition || *key == *c.offset {
                 return Err(de::Error::custom(format!("{RESERVED}{key}")));
             }
-            map.next_value::<IgnoredAny>()?;
+            match self.key_fields.iter().position(|f| *f == *key) {
+                Some(i) => self.parts[i] = map.next_value::<KeyText>()?.0,
+                None => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
             n += 1;
         }
         Ok(n)
+    }
+}
+
+/// A key field's canonical text: a string's contents, a number or a
+/// boolean as ClickHouse's `toString` prints it; `None` for null, objects
+/// and arrays.
+struct KeyText(Option<String>);
+
+impl<'de> de::Deserialize<'de> for KeyText {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = KeyText;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a key value")
+            }
+            fn visit_str<E>(self, v: &str) -> Result<KeyText, E> {
+                Ok(KeyText(Some(v.to_string())))
+            }
+            fn visit_u64<E>(self, v: u64) -> Result<KeyText, E> {
+                Ok(KeyText(Some(v.to_string())))
+            }
+            fn visit_i64<E>(self, v: i64) -> Result<KeyText, E> {
+                Ok(KeyText(Some(v.to_string())))
+            }
+            fn visit_f64<E>(self, v: f64) -> Result<KeyText, E> {
+                Ok(KeyText(Some(v.to_string())))
+            }
+            fn visit_bool<E>(self, v: bool) -> Result<KeyText, E> {
+                Ok(KeyText(Some(v.to_string())))
+            }
+            fn visit_unit<E>(self) -> Result<KeyText, E> {
+                Ok(KeyText(None))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut m: A) -> Result<KeyText, A::Error> {
+                while m.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+                Ok(KeyText(None))
+            }
+            fn visit_seq<A: de::SeqAccess<'de>>(self, mut s: A) -> Result<KeyText, A::Error> {
+                while s.next_element::<IgnoredAny>()?.is_some() {}
+                Ok(KeyText(None))
+            }
+        }
+        d.deserialize_any(V)
     }
 }
 
@@ -163,6 +255,33 @@ mod tests {
         let mut out = b"prefix|".to_vec();
         e.encode(Some(v.as_bytes()), 3, 42, &mut out)?;
         Ok(String::from_utf8(out).unwrap())
+    }
+
+    #[test]
+    fn reads_the_business_key() {
+        let e = RowEncoder::new("orders", MetadataColumns::default())
+            .with_key(vec!["region".into(), "order_id".into()]);
+        let key = |v: &str| {
+            let mut out = Vec::new();
+            e.encode_keyed(Some(v.as_bytes()), 0, 1, &mut out).unwrap()
+        };
+        let k = key(r#"{"order_id": 1001, "region": "eu", "x": {"order_id": 5}}"#);
+        assert_eq!(k, Some(key_hash([b"eu".as_slice(), b"1001".as_slice()])));
+        // Field order in the record does not matter; other fields do not count.
+        assert_eq!(k, key(r#"{"region":"eu","amount":3,"order_id":1001}"#));
+        assert_ne!(k, key(r#"{"region":"us","order_id":1001}"#));
+        // A string "1001" and a number 1001 are the same key, as in ClickHouse.
+        assert_eq!(k, key(r#"{"region":"eu","order_id":"1001"}"#));
+        // Missing, null or structured: no key.
+        assert_eq!(key(r#"{"region":"eu"}"#), None);
+        assert_eq!(key(r#"{"region":"eu","order_id":null}"#), None);
+        assert_eq!(key(r#"{"region":"eu","order_id":[1]}"#), None);
+        // Without key fields there is never a key.
+        let plain = RowEncoder::new("orders", MetadataColumns::default());
+        assert_eq!(
+            plain.encode_keyed(Some(b"{\"a\":1}"), 0, 1, &mut Vec::new()),
+            Ok(None)
+        );
     }
 
     #[test]

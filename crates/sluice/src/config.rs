@@ -149,6 +149,17 @@ pub struct RawRoute {
     pub topic: String,
     /// Target table, `table` or `database.table`.
     pub table: String,
+    /// Key-level dedup: the top-level JSON fields that make a record's
+    /// business key. A record whose key was written within `dedup_window`
+    /// is dropped. Empty (default): off.
+    #[serde(default)]
+    pub dedup_key: Vec<String>,
+    /// How long a written key is remembered, in record time. Default 1h.
+    #[serde(default, with = "humantime_serde")]
+    pub dedup_window: Option<Duration>,
+    /// Keys remembered per partition at most; past it the oldest are
+    /// forgotten early. Default 10,000,000 (about 600 MB per partition).
+    pub dedup_max_keys: Option<usize>,
 }
 
 /// A validated configuration.
@@ -198,6 +209,15 @@ pub struct Route {
     pub topic: String,
     pub database: String,
     pub table: String,
+    pub dedup: Option<KeyDedup>,
+}
+
+/// Key-level dedup settings of a route.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyDedup {
+    pub fields: Vec<String>,
+    pub window: Duration,
+    pub max_keys: usize,
 }
 
 impl Route {
@@ -414,10 +434,12 @@ impl RawConfig {
             if routes.iter().any(|x| x.topic == r.topic) {
                 return Err(ConfigError::DuplicateTopic(r.topic));
             }
+            let dedup = key_dedup(i, &r, &columns)?;
             routes.push(Route {
                 topic: r.topic,
                 database: db,
                 table,
+                dedup,
             });
         }
 
@@ -460,6 +482,52 @@ impl RawConfig {
             routes,
         })
     }
+}
+
+/// A route's key dedup: its fields must be named, distinct and not metadata
+/// columns; a window or cap without fields is a mistake.
+fn key_dedup(
+    i: usize,
+    r: &RawRoute,
+    columns: &MetadataColumns,
+) -> Result<Option<KeyDedup>, ConfigError> {
+    if r.dedup_key.is_empty() {
+        if r.dedup_window.is_some() || r.dedup_max_keys.is_some() {
+            return Err(invalid(
+                &format!("route[{i}].dedup_key"),
+                "the key fields, since dedup_window or dedup_max_keys is set",
+                "nothing",
+            ));
+        }
+        return Ok(None);
+    }
+    for (j, f) in r.dedup_key.iter().enumerate() {
+        let meta = [&columns.topic, &columns.partition, &columns.offset];
+        if f.is_empty() || meta.contains(&f) || r.dedup_key[..j].contains(f) {
+            return Err(invalid(
+                &format!("route[{i}].dedup_key[{j}]"),
+                "a distinct top-level field of the records, not a metadata column",
+                f,
+            ));
+        }
+    }
+    let window = r.dedup_window.unwrap_or(Duration::from_secs(3600));
+    if window.is_zero() {
+        return Err(invalid(
+            &format!("route[{i}].dedup_window"),
+            "a positive duration such as 1h",
+            "0s",
+        ));
+    }
+    Ok(Some(KeyDedup {
+        fields: r.dedup_key.clone(),
+        window,
+        max_keys: positive(
+            &format!("route[{i}].dedup_max_keys"),
+            r.dedup_max_keys,
+            10_000_000,
+        )?,
+    }))
 }
 
 fn invalid(field: &str, expected: &'static str, found: &str) -> ConfigError {

@@ -4,6 +4,7 @@
 //! - [`ch`]: the ClickHouse service (inserts, watermarks, reconciliation reads).
 //! - [`sink`]: `sluice run`, the consumer thread, batches and insert tasks.
 //! - [`ops`]: `sluice window`, `audit`, `repair` and `schema`, the operator tools.
+//! - [`send`]: `sluice send` and `resend`, producing without losing a record.
 //! - [`lab`]: `sluice lab`, the fault matrix against the real stack.
 //!
 //! The exactly-once rules themselves live in the I/O-free `sluice-core` crate.
@@ -12,4 +13,5 @@ pub mod ch;
 pub mod config;
 pub mod lab;
 pub mod ops;
+pub mod send;
 pub mod sink;

@@ -101,6 +101,29 @@ enum Command {
     Repair(ops::repair::RepairArgs),
     /// Print the recommended DDL for a target table.
     Schema(ops::schema::SchemaArgs),
+    /// Produce JSON lines (files or stdin) with an idempotent producer;
+    /// records not confirmed go to a retry file.
+    Send {
+        #[command(flatten)]
+        producer: sluice::send::ProducerArgs,
+        /// Input files of JSON lines (default: stdin).
+        files: Vec<PathBuf>,
+    },
+    /// Re-send records whose key the table does not hold yet.
+    Resend {
+        /// The table the records should be in, as DB.TABLE.
+        #[arg(long, value_parser = ops::db::TableName::parse)]
+        table: ops::db::TableName,
+        /// Only list what would be sent and skipped.
+        #[arg(long)]
+        dry_run: bool,
+        #[command(flatten)]
+        producer: sluice::send::ProducerArgs,
+        #[command(flatten)]
+        ch: ops::db::ChArgs,
+        /// Input files of JSON lines (or a retry file).
+        files: Vec<PathBuf>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -175,11 +198,95 @@ fn run(command: Command) -> anyhow::Result<Outcome> {
             rt.block_on(sluice::lab::run(opts))?;
             Ok(Outcome::Clean)
         }
+        Command::Send { producer, files } => send(producer, files),
+        Command::Resend {
+            table,
+            dry_run,
+            producer,
+            ch,
+            files,
+        } => resend(table, dry_run, producer, ch, files),
         Command::Window(a) => tool(&a.ch.clone(), ops::window::run(a)),
         Command::Audit(a) => tool(&a.ch.clone(), ops::audit::run(a)),
         Command::Repair(a) => tool(&a.ch.clone(), ops::repair::run(a)),
         Command::Schema(a) => tool(&a.ch.clone(), ops::schema::run(a)),
     }
+}
+
+fn send(producer: sluice::send::ProducerArgs, files: Vec<PathBuf>) -> anyhow::Result<Outcome> {
+    let lines = sluice::send::input::read_all(&files)?;
+    let opts = producer.options();
+    let report = sluice::send::send(&opts, &lines)?;
+    eprintln!(
+        "sluice send: {} read, {} confirmed, {} in the retry file{}{}",
+        report.read,
+        report.sent,
+        report.failed,
+        if report.failed > 0 {
+            format!(" ({})", opts.retry_file.display())
+        } else {
+            String::new()
+        },
+        report
+            .stopped
+            .as_ref()
+            .map(|s| format!("; {s}"))
+            .unwrap_or_default()
+    );
+    Ok(if report.failed == 0 {
+        Outcome::Clean
+    } else {
+        Outcome::Found
+    })
+}
+
+fn resend(
+    table: ops::db::TableName,
+    dry_run: bool,
+    producer: sluice::send::ProducerArgs,
+    ch: ops::db::ChArgs,
+    files: Vec<PathBuf>,
+) -> anyhow::Result<Outcome> {
+    let key = producer
+        .key_field
+        .clone()
+        .context("--key-field is required: resend looks records up by their key")?;
+    let lines = sluice::send::input::read_all(&files)?;
+    let opts = producer.options();
+    let r = runtime()?.block_on(sluice::send::resend::resend(
+        &ch.client(),
+        &table,
+        &key,
+        &opts,
+        lines,
+        dry_run,
+    ))?;
+    if dry_run {
+        for s in &r.missing {
+            println!("send {s}");
+        }
+    }
+    let failed = r.send.as_ref().map_or(0, |s| s.failed);
+    eprintln!(
+        "sluice resend: {} read, {} already in {table} (skipped), {} {}{}",
+        r.read,
+        r.skipped,
+        r.missing.len(),
+        if dry_run { "to send (dry run)" } else { "sent" },
+        if failed > 0 {
+            format!(
+                ", {failed} of them in the retry file ({})",
+                opts.retry_file.display()
+            )
+        } else {
+            String::new()
+        }
+    );
+    Ok(if failed == 0 {
+        Outcome::Clean
+    } else {
+        Outcome::Found
+    })
 }
 
 /// Runs an operator tool; a failure to reach ClickHouse names the URL.

@@ -11,6 +11,7 @@
 use super::error::{ChError, ChErrorKind};
 use crate::config::{ClickHouseConfig, Delivery, Route};
 use bytes::Bytes;
+use sluice_core::dedup::{key_hash, KeyHash};
 use sluice_core::{MetadataColumns, Offset};
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -215,6 +216,41 @@ impl ClickHouse {
             )
             .fetch_one()
             .await?)
+    }
+
+    /// The business keys of the rows of one partition in `first..=last`,
+    /// hashed as [`sluice_core::RowEncoder::encode_keyed`] hashes a record's:
+    /// each field's `toString`, joined by `0x1f`. Rows with a NULL key field
+    /// are left out (such records are never deduped).
+    pub async fn keys_between(
+        &self,
+        route: &Route,
+        fields: &[String],
+        partition: i32,
+        first: Offset,
+        last: Offset,
+    ) -> Result<Vec<KeyHash>, ChError> {
+        let parts: Vec<String> = fields
+            .iter()
+            .map(|f| format!("toString({})", q(f)))
+            .collect();
+        let not_null: String = fields
+            .iter()
+            .map(|f| format!(" AND isNotNull({})", q(f)))
+            .collect();
+        let mut cursor = self
+            .range_query(
+                route,
+                &format!("arrayStringConcat([{}], '\\x1f')", parts.join(", ")),
+                &not_null,
+                (partition, first, last),
+            )
+            .fetch::<String>()?;
+        let mut keys = Vec::new();
+        while let Some(k) = cursor.next().await? {
+            keys.push(key_hash([k.as_bytes()]));
+        }
+        Ok(keys)
     }
 
     /// `SELECT {select} … {tail}` over the rows of one partition whose offsets

@@ -25,6 +25,8 @@ pub struct RunSpec {
     pub commit_interval: Duration,
     pub max_batch_age: Duration,
     pub max_buffered_bytes: usize,
+    /// Key-level dedup on this field (`dedup_key`), with a one-hour window.
+    pub dedup_key: Option<String>,
 }
 
 /// A running `sluice run`.
@@ -70,7 +72,7 @@ fence_wait = "{fw}ms"
 [[route]]
 topic = "{topic}"
 table = "{table}"
-"#,
+{dedup}"#,
                 brokers = self.brokers,
                 group = self.group,
                 url = self.clickhouse_url,
@@ -83,6 +85,11 @@ table = "{table}"
                 fw = self.fence_wait.as_millis(),
                 topic = self.topic,
                 table = self.table,
+                dedup = self
+                    .dedup_key
+                    .as_ref()
+                    .map(|k| format!("dedup_key = [\"{k}\"]\ndedup_window = \"1h\"\n"))
+                    .unwrap_or_default(),
             ),
         )?;
         let log = dir.join("sluice.log");

@@ -124,6 +124,7 @@ impl Run {
             commit_interval: Duration::from_secs(1),
             max_batch_age: Duration::from_millis(300),
             max_buffered_bytes: 64 << 20,
+            dedup_key: None,
         };
         Ok(Self {
             stack: stack.clone(),

@@ -76,7 +76,13 @@ pub async fn run(
         encoders: cfg
             .routes
             .iter()
-            .map(|r| RowEncoder::new(&r.topic, cfg.sink.columns.clone()))
+            .map(|r| {
+                let e = RowEncoder::new(&r.topic, cfg.sink.columns.clone());
+                match &r.dedup {
+                    Some(d) => e.with_key(d.fields.clone()),
+                    None => e,
+                }
+            })
             .collect(),
         cfg: cfg.clone(),
         parts: HashMap::new(),
@@ -205,7 +211,14 @@ fn poll_loop(consumer: BaseConsumer<SinkContext>) -> anyhow::Result<()> {
         let now = Instant::now();
         let mut s = lock(&consumer);
         match msg {
-            Some(Ok(m)) => s.on_record(m.topic(), m.partition(), m.offset(), m.payload(), now),
+            Some(Ok(m)) => s.on_record(
+                m.topic(),
+                m.partition(),
+                m.offset(),
+                m.timestamp().to_millis(),
+                m.payload(),
+                now,
+            ),
             Some(Err(e)) => tracing::warn!(error = %e, "Kafka consumer error"),
             None => {}
         }

@@ -13,6 +13,7 @@
 //! commit their frontier with a `clean` marker. If the assignment was lost
 //! instead, abandon their work at once: the group has already moved on.
 
+use super::dedup::{rebuild, Seeds};
 use super::state::{Event, Key, Phase, Sink, MARK_CLEAN, MARK_OPEN};
 use super::SinkContext;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
@@ -28,6 +29,8 @@ pub(super) struct Prepared {
     pub key: Key,
     pub generation: u64,
     pub plan: ResumePlan,
+    /// Keys for the partition's dedup window, when its route has one.
+    pub seeds: Option<Seeds>,
 }
 
 impl Sink {
@@ -53,7 +56,9 @@ impl Sink {
             return Ok(());
         }
         tracing::info!(partitions = ?keys.iter().map(|k| self.name(*k)).collect::<Vec<_>>(), "assigned");
-        if !self.cfg.sink.delivery.is_exactly_once() {
+        let exactly_once = self.cfg.sink.delivery.is_exactly_once();
+        let dedup = keys.iter().any(|k| self.routes[k.0].dedup.is_some());
+        if !exactly_once && !dedup {
             for &(ri, p) in &keys {
                 let part = self.new_part(ri, p, Phase::Active);
                 self.parts.insert((ri, p), part);
@@ -74,7 +79,7 @@ impl Sink {
                 .get(&(self.routes[ri].topic.clone(), p))
                 .is_some_and(|(_, m)| m == MARK_CLEAN)
         });
-        let fence = if clean {
+        let fence = if clean || !exactly_once {
             Duration::ZERO
         } else {
             self.cfg.sink.fence_wait
@@ -86,6 +91,7 @@ impl Sink {
             );
         }
         let ch = self.ctx.ch.clone();
+        let kafka = self.cfg.kafka.clone();
         let routes = self.routes.clone();
         let tx = self.tx.clone();
         let stopping = self.stopping.clone();
@@ -121,6 +127,24 @@ impl Sink {
                 for (key, generation) in parts {
                     let c = committed.get(&(route.topic.clone(), key.1)).and_then(|(c, _)| *c);
                     let w = marks.get(&key.1).copied();
+                    let seeds = loop {
+                        match rebuild(&kafka, &ch, route, key.1, w).await {
+                            Ok(s) => break s,
+                            Err(e) => {
+                                tracing::warn!(error = %format!("{e:#}"), "cannot rebuild the key dedup window yet; retrying");
+                                tokio::select! {
+                                    _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                                    _ = stopping.cancelled() => return,
+                                }
+                            }
+                        }
+                    };
+                    if !exactly_once {
+                        // Only the dedup window was needed: resume where committed.
+                        let plan = resume_plan(c, None);
+                        let _ = tx.send(Event::Prepared(Prepared { key, generation, plan, seeds }));
+                        continue;
+                    }
                     let mut plan = resume_plan(c, w);
                     // If ClickHouse holds every offset between the commit and
                     // the watermark, nothing there needs reading again.
@@ -138,7 +162,7 @@ impl Sink {
                         check_through = ?plan.check_through.map(|o| o.0),
                         "resume plan"
                     );
-                    let _ = tx.send(Event::Prepared(Prepared { key, generation, plan }));
+                    let _ = tx.send(Event::Prepared(Prepared { key, generation, plan, seeds }));
                 }
             }
         });

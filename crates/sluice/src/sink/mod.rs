@@ -4,8 +4,10 @@
 //! builders ([`state`]) → insert tasks ([`writer`]) → completions back to the
 //! consumer thread → the in-order durable frontier → offset commits.
 //! [`handoff`] moves partitions between owners without overlap; [`lease`]
-//! decides whether this process may start an insert at all.
+//! decides whether this process may start an insert at all; [`dedup`]
+//! rebuilds a partition's key dedup window when it changes hands.
 
+mod dedup;
 mod driver;
 mod handoff;
 mod lease;

@@ -17,6 +17,7 @@ use crate::config::{Config, Route};
 use anyhow::anyhow;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::{Offset as KOffset, TopicPartitionList};
+use sluice_core::dedup::{KeyWindow, Seen};
 use sluice_core::resume::StartAt;
 use sluice_core::{AckTracker, BatchBuilder, NextOffset, Offset, PartitionId, RowEncoder};
 use std::collections::HashMap;
@@ -57,6 +58,8 @@ pub(super) struct Part {
     pub abandon: CancellationToken,
     /// Paused by backpressure (preparing partitions are always paused).
     pub paused: bool,
+    /// Business keys written within the route's dedup window, if it has one.
+    pub keys: Option<KeyWindow>,
 }
 
 #[derive(Default, Debug, Clone, Copy)]
@@ -64,6 +67,10 @@ pub(super) struct Stats {
     pub records: u64,
     pub rows_inserted: u64,
     pub batches: u64,
+    /// Records dropped because their key was written within the window.
+    pub dedup_dropped: u64,
+    /// Records of a dedup route without a usable key (kept).
+    pub dedup_keyless: u64,
 }
 
 /// All state of the sink; lives in the consumer context so rebalance
@@ -109,6 +116,7 @@ impl Sink {
             generation: self.next_generation,
             abandon: CancellationToken::new(),
             paused: false,
+            keys: None,
         }
     }
 
@@ -117,6 +125,7 @@ impl Sink {
         topic: &str,
         partition: i32,
         offset: i64,
+        timestamp: Option<i64>,
         payload: Option<&[u8]>,
         now: Instant,
     ) {
@@ -138,9 +147,34 @@ impl Sink {
         if part.check_through.is_some_and(|c| offset <= c) {
             part.builder_uncertain = true;
         }
-        let pushed = part.builder.push(offset, now, |buf| {
-            encoder.encode(payload, partition, offset.0, buf)
-        });
+        let mut keyless = false;
+        let pushed = match part.keys.as_mut() {
+            None => part
+                .builder
+                .push(offset, now, |buf| {
+                    encoder.encode(payload, partition, offset.0, buf)
+                })
+                .map(|_| true),
+            Some(window) => part.builder.push_or_skip(offset, now, |buf| {
+                Ok(
+                    match encoder.encode_keyed(payload, partition, offset.0, buf)? {
+                        Some(key) => window.check(key, timestamp) == Seen::New,
+                        None => {
+                            keyless = true;
+                            true
+                        }
+                    },
+                )
+            }),
+        };
+        self.stats.dedup_keyless += u64::from(keyless);
+        if let Ok(false) = pushed {
+            self.stats.dedup_dropped += 1;
+            tracing::debug!(
+                record = %format!("{topic}[{partition}]@{}", offset.0),
+                "dropped: its key was written within the dedup window"
+            );
+        }
         if let Err(e) = pushed {
             self.fatal = Some(anyhow!(
                 "record {topic}[{partition}]@{} cannot become a row: {e}. \
@@ -386,6 +420,9 @@ impl Sink {
             return;
         }
         part.check_through = p.plan.check_through;
+        if let Some(d) = &self.routes[p.key.0].dedup {
+            part.keys = Some(super::dedup::window(d, p.seeds.as_ref()));
+        }
         if let StartAt::At(n) = p.plan.start {
             part.acks = Some(AckTracker::new(n));
             part.committed = Some(n);

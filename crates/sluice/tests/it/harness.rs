@@ -186,6 +186,8 @@ pub struct SinkSpec {
     pub fence_wait_ms: u64,
     pub commit_interval_ms: u64,
     pub max_buffered_mb: usize,
+    /// Key-level dedup on this field.
+    pub dedup_key: Option<&'static str>,
 }
 
 impl SinkSpec {
@@ -202,6 +204,7 @@ impl SinkSpec {
             fence_wait_ms: 6_000,
             commit_interval_ms: 1_000,
             max_buffered_mb: 64,
+            dedup_key: None,
         }
     }
 
@@ -219,6 +222,7 @@ impl SinkSpec {
             commit_interval: Duration::from_millis(self.commit_interval_ms),
             max_batch_age: Duration::from_millis(200),
             max_buffered_bytes: self.max_buffered_mb << 20,
+            dedup_key: self.dedup_key.map(String::from),
         }
         .start_with(env!("CARGO_BIN_EXE_sluice").as_ref())
         .expect("starting sluice")

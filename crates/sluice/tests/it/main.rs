@@ -7,6 +7,7 @@
 
 mod harness;
 
+mod dedup;
 mod delivery;
 mod errors;
 mod faults;
