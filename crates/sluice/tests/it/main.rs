@@ -13,3 +13,4 @@ mod errors;
 mod faults;
 mod lab;
 mod ops;
+mod send;
