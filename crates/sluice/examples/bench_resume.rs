@@ -97,6 +97,7 @@ async fn main() -> anyhow::Result<()> {
         topic: "orders".into(),
         database: "bench_resume".into(),
         table: table.clone(),
+        dedup: None,
     };
     let mut with = Vec::new();
     for _ in 0..20 {

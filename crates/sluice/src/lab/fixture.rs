@@ -216,11 +216,19 @@ pub struct PrivateBroker {
     bin: std::path::PathBuf,
     dir: std::path::PathBuf,
     port: u16,
+    /// The address clients are told to use (a proxy's), if not its own.
+    advertised: Option<String>,
     child: Option<std::process::Child>,
 }
 
 impl PrivateBroker {
     pub async fn start() -> anyhow::Result<Self> {
+        Self::start_advertising(None).await
+    }
+
+    /// Starts a broker that tells clients to connect to `advertised`
+    /// (`host:port`, a proxy in front of it) instead of its own port.
+    pub async fn start_advertising(advertised: Option<String>) -> anyhow::Result<Self> {
         let bin = std::env::var_os("SLUICE_TANSU_BIN")
             .context("SLUICE_TANSU_BIN is not set: the broker-restart scenario runs its own broker (make stack prints it)")?;
         let dir = std::env::temp_dir().join(Stack::unique("lab_broker"));
@@ -232,6 +240,7 @@ impl PrivateBroker {
             bin: bin.into(),
             dir,
             port,
+            advertised,
             child: None,
         };
         b.resume().await?;
@@ -245,6 +254,10 @@ impl PrivateBroker {
     /// Starts the broker process and waits until it accepts connections.
     pub async fn resume(&mut self) -> anyhow::Result<()> {
         let url = format!("tcp://127.0.0.1:{}", self.port);
+        let advertised = self
+            .advertised
+            .as_ref()
+            .map_or(url.clone(), |a| format!("tcp://{a}"));
         let child = std::process::Command::new(&self.bin)
             .args([
                 "broker",
@@ -255,7 +268,7 @@ impl PrivateBroker {
             ])
             .args([
                 "--advertised-listener-url",
-                &url,
+                &advertised,
                 "--storage-engine",
                 "sqlite://data/tansu.db",
             ])

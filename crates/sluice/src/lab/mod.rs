@@ -8,6 +8,7 @@
 //! side by side; each has its own topic, table and group.
 
 pub mod fixture;
+pub mod kafka_proxy;
 pub mod process;
 pub mod proxy;
 pub mod report;

@@ -25,10 +25,30 @@ pub const SCENARIOS: &[&str] = &[
     "broker-restart",
     "rebalance",
     "zombie",
+    "producer-retry",
+    "manual-resend",
 ];
 
-/// Every delivery mode, in the order of the matrix.
-pub const MODES: &[&str] = &["exactly-once", "at-least-once", "token-only"];
+/// Scenarios whose copies are made before Kafka (same key, new offset):
+/// their duplicates are counted by key.
+pub const PRODUCER_SIDE: &[&str] = &["producer-retry", "manual-resend"];
+
+/// Every mode, in the order of the matrix: the delivery modes, and
+/// exactly-once with key dedup on `id`.
+pub const MODES: &[&str] = &[
+    "exactly-once",
+    "exactly-once+dedup",
+    "at-least-once",
+    "token-only",
+];
+
+/// A mode's delivery setting and key dedup field.
+fn mode_settings(mode: &'static str) -> (&'static str, Option<String>) {
+    match mode.strip_suffix("+dedup") {
+        Some(delivery) => (delivery, Some("id".to_string())),
+        None => (mode, None),
+    }
+}
 
 const PARTITIONS: i32 = 4;
 
@@ -83,6 +103,7 @@ pub struct Cell {
 
 struct Run {
     stack: Stack,
+    mode: &'static str,
     table: String,
     spec: RunSpec,
     proxy: Option<Proxy>,
@@ -109,6 +130,7 @@ impl Run {
         };
         let group = Stack::unique("lab");
         let keepalive = Keepalive::start(stack, &group).await?;
+        let (delivery, dedup_key) = mode_settings(mode);
         let spec = RunSpec {
             brokers: stack.brokers.clone(),
             clickhouse_url: proxy
@@ -117,17 +139,18 @@ impl Run {
             topic,
             table: table.clone(),
             group,
-            delivery: mode,
+            delivery,
             max_batch_rows: 1_000,
             insert_timeout: params.insert_timeout,
             fence_wait: params.insert_timeout + Duration::from_secs(1),
             commit_interval: Duration::from_secs(1),
             max_batch_age: Duration::from_millis(300),
             max_buffered_bytes: 64 << 20,
-            dedup_key: None,
+            dedup_key,
         };
         Ok(Self {
             stack: stack.clone(),
+            mode,
             table,
             spec,
             proxy,
@@ -139,6 +162,43 @@ impl Run {
     async fn produce(&self, start: u64, n: u64) -> anyhow::Result<()> {
         let (stack, topic) = (self.stack.clone(), self.spec.topic.clone());
         tokio::task::spawn_blocking(move || stack.produce(&topic, PARTITIONS, start, n)).await?
+    }
+
+    /// Sends records `start..start + n` (or the retry file `again`) as the
+    /// application does, with `sluice send`: keyed by `id`, so the key
+    /// decides the partition. Returns the report and the retry file.
+    async fn send(
+        &self,
+        start: u64,
+        n: u64,
+        again: Option<&std::path::Path>,
+        delivery_timeout: Duration,
+    ) -> anyhow::Result<(crate::send::SendReport, std::path::PathBuf)> {
+        let pad = "x".repeat(60);
+        let lines = match again {
+            Some(f) => crate::send::input::read_all(&[f.to_path_buf()])?,
+            None => (start..start + n)
+                .map(|i| crate::send::input::Line {
+                    source: format!("lab:{i}"),
+                    text: format!(r#"{{"id":{i},"payload":"{pad}"}}"#),
+                })
+                .collect(),
+        };
+        let retry_file = std::env::temp_dir().join(format!("{}.jsonl", Stack::unique("lab_retry")));
+        let opts = crate::send::SendOptions {
+            brokers: self.stack.brokers.clone(),
+            topic: self.spec.topic.clone(),
+            key_field: Some("id".into()),
+            transactional_id: None,
+            transaction_size: 1000,
+            retry_file: retry_file.clone(),
+            delivery_timeout,
+            transaction_timeout: delivery_timeout.max(Duration::from_secs(60)),
+            properties: Vec::new(),
+        };
+        let report =
+            tokio::task::spawn_blocking(move || crate::send::send(&opts, &lines)).await??;
+        Ok((report, retry_file))
     }
 
     async fn rows(&self) -> anyhow::Result<u64> {
@@ -184,12 +244,17 @@ impl Run {
         for s in &mut sinks {
             s.stop(Duration::from_secs(60));
         }
+        let distinct = if PRODUCER_SIDE.contains(&scenario) {
+            got.distinct_ids
+        } else {
+            got.distinct_offsets
+        };
         Ok(Cell {
             scenario: scenario.into(),
-            mode: self.spec.delivery.into(),
+            mode: self.mode.into(),
             produced,
             rows: got.rows,
-            duplicates: got.rows - got.distinct_offsets,
+            duplicates: got.rows.saturating_sub(distinct),
             missing: produced.saturating_sub(got.distinct_ids),
             stalled: complete_at.is_none() || exited,
             recovery_s: complete_at.map(|t| t.saturating_duration_since(fault_end).as_secs_f64()),
@@ -311,6 +376,56 @@ pub async fn run(
             tokio::time::sleep(Duration::from_secs(14)).await;
             a.thaw();
             r.finish(scenario, vec![a, b], n, Instant::now()).await
+        }
+        "producer-retry" => {
+            // A broker of our own behind a proxy that can lose produce acks.
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+            let front = listener.local_addr()?.to_string();
+            let broker = super::fixture::PrivateBroker::start_advertising(Some(front)).await?;
+            let proxy = super::kafka_proxy::KafkaProxy::start(listener, broker.brokers())?;
+            let own = Stack {
+                brokers: proxy.addr.clone(),
+                clickhouse_url: stack.clickhouse_url.clone(),
+            };
+            let r = Run::new(&own, mode, p, 0, false).await?;
+            r.send(0, n / 2, None, Duration::from_secs(60)).await?;
+            let mut sink = r.spec.start()?;
+            r.wait_rows(&mut sink, n / 8).await?;
+            // The acks are lost: the broker stores the records, the
+            // application's deliveries time out and go to its retry table...
+            proxy.drop_acks(true);
+            let (lost, retry) = r.send(n / 2, n / 4, None, Duration::from_secs(3)).await?;
+            proxy.drop_acks(false);
+            // ...which a retry job sends again.
+            let (again, _) = r.send(0, 0, Some(&retry), Duration::from_secs(60)).await?;
+            r.send(
+                n / 2 + n / 4,
+                n - n / 2 - n / 4,
+                None,
+                Duration::from_secs(60),
+            )
+            .await?;
+            let fault_end = Instant::now();
+            let mut cell = r.finish(scenario, vec![sink], n, fault_end).await?;
+            cell.fault_injected = proxy.dropped() > 0 && lost.failed > 0 && again.sent > 0;
+            drop(r);
+            drop(broker);
+            Ok(cell)
+        }
+        "manual-resend" => {
+            let r = Run::new(stack, mode, p, 0, false).await?;
+            let landed = n * 3 / 4;
+            r.send(0, landed, None, Duration::from_secs(60)).await?;
+            let mut sink = r.spec.start()?;
+            r.wait_rows(&mut sink, landed).await?;
+            // The retry table holds n/2..n; the first half of it had landed
+            // after all. An operator re-sends all of it.
+            let (again, _) = r
+                .send(n / 2, n - n / 2, None, Duration::from_secs(60))
+                .await?;
+            let mut cell = r.finish(scenario, vec![sink], n, Instant::now()).await?;
+            cell.fault_injected = again.sent == n - n / 2;
+            Ok(cell)
         }
         other => bail!(
             "unknown scenario {other:?}; known: {}",

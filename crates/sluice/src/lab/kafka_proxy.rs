@@ -1,0 +1,117 @@
+//! A loopback TCP proxy in front of a Kafka broker that loses produce
+//! acknowledgements, for the `producer-retry` scenario.
+//!
+//! Bytes flow client → proxy → broker and back as Kafka frames (a 4-byte
+//! big-endian length, then the message). The proxy notes the correlation id
+//! of every Produce request (API key 0); while [`KafkaProxy::drop_acks`] is
+//! on, the broker's answers to them are swallowed. The broker has stored the
+//! records, the client never hears so: its delivery times out and the
+//! application puts the records in its retry table — which is how the
+//! documents' pipeline got a second copy of a record at a new offset.
+//!
+//! The broker must advertise the proxy's address, so that clients come back
+//! through it after the metadata request.
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::{TcpListener, TcpStream};
+
+#[derive(Default)]
+struct State {
+    dropping: AtomicBool,
+    dropped: AtomicU32,
+}
+
+pub struct KafkaProxy {
+    /// `127.0.0.1:port`, to advertise and to bootstrap from.
+    pub addr: String,
+    state: Arc<State>,
+}
+
+impl KafkaProxy {
+    /// Listens on `listener` and forwards to `upstream` (`host:port`).
+    pub fn start(listener: TcpListener, upstream: String) -> std::io::Result<Self> {
+        let addr = listener.local_addr()?.to_string();
+        let state = Arc::new(State::default());
+        let st = state.clone();
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let (st, up) = (st.clone(), upstream.clone());
+                tokio::spawn(async move {
+                    if let Ok(server) = TcpStream::connect(&up).await {
+                        pipe(client, server, st).await;
+                    }
+                });
+            }
+        });
+        Ok(Self { addr, state })
+    }
+
+    /// While on, answers to Produce requests are lost.
+    pub fn drop_acks(&self, on: bool) {
+        self.state.dropping.store(on, Ordering::SeqCst);
+    }
+
+    /// How many Produce answers were lost.
+    pub fn dropped(&self) -> u32 {
+        self.state.dropped.load(Ordering::SeqCst)
+    }
+}
+
+async fn pipe(client: TcpStream, server: TcpStream, st: Arc<State>) {
+    let (mut cr, mut cw) = client.into_split();
+    let (mut sr, mut sw) = server.into_split();
+    let produce: Arc<Mutex<HashSet<i32>>> = Arc::default();
+    let p = produce.clone();
+    let upstream = tokio::spawn(async move {
+        while let Some(frame) = read_frame(&mut cr).await {
+            // Request header: api_key i16, api_version i16, correlation_id i32.
+            if frame.len() >= 12 && i16::from_be_bytes([frame[4], frame[5]]) == 0 {
+                let id = i32::from_be_bytes([frame[8], frame[9], frame[10], frame[11]]);
+                p.lock().unwrap_or_else(|x| x.into_inner()).insert(id);
+            }
+            if write_frame(&mut sw, &frame).await.is_err() {
+                break;
+            }
+        }
+        let _ = sw.shutdown().await;
+    });
+    while let Some(frame) = read_frame(&mut sr).await {
+        // Response header: correlation_id i32.
+        let id = i32::from_be_bytes([frame[4], frame[5], frame[6], frame[7]]);
+        let was_produce = produce
+            .lock()
+            .unwrap_or_else(|x| x.into_inner())
+            .remove(&id);
+        if was_produce && st.dropping.load(Ordering::SeqCst) {
+            st.dropped.fetch_add(1, Ordering::SeqCst);
+            continue;
+        }
+        if write_frame(&mut cw, &frame).await.is_err() {
+            break;
+        }
+    }
+    upstream.abort();
+    let _ = cw.shutdown().await;
+}
+
+/// One frame, length prefix included; `None` at the end of the stream.
+async fn read_frame(r: &mut OwnedReadHalf) -> Option<Vec<u8>> {
+    let mut len = [0u8; 4];
+    r.read_exact(&mut len).await.ok()?;
+    let n = u32::from_be_bytes(len) as usize;
+    if !(4..=256 << 20).contains(&n) {
+        return None;
+    }
+    let mut frame = vec![0u8; 4 + n];
+    frame[..4].copy_from_slice(&len);
+    r.read_exact(&mut frame[4..]).await.ok()?;
+    Some(frame)
+}
+
+async fn write_frame(w: &mut OwnedWriteHalf, frame: &[u8]) -> std::io::Result<()> {
+    w.write_all(frame).await
+}
