@@ -5,7 +5,7 @@
 STACK := scripts/stack.sh
 ENV := set -a; eval "$$($(STACK) env)"; set +a
 
-.PHONY: build stack stack-down demo test lint bench-resume clean-stack
+.PHONY: build stack stack-down demo test lint bench-resume bench-dedup clean-stack
 
 build:
 	cargo build --release --bin sluice
@@ -27,6 +27,9 @@ test:
 lint:
 	cargo fmt --all -- --check
 	cargo clippy --all-targets -- -D warnings
+
+bench-dedup:
+	scripts/bench-dedup.sh
 
 bench-resume:
 	@$(STACK) up >/dev/null

@@ -7,7 +7,12 @@
 //! collide with the metadata columns; anything else is a [`RowError`], so a
 //! bad record never reaches ClickHouse inside a batch of good ones.
 
-use crate::dedup::{key_hash, KeyHash};
+use crate::dedup::KeyHash;
+use std::borrow::Cow;
+use xxhash_rust::xxh3::Xxh3;
+
+/// The most fields a business key may have.
+pub const MAX_KEY_FIELDS: usize = 8;
 use serde::de::{self, Deserializer, IgnoredAny, MapAccess, Visitor};
 use std::fmt;
 
@@ -72,8 +77,10 @@ impl RowEncoder {
         }
     }
 
-    /// Also reads these top-level fields as the record's business key.
-    pub fn with_key(mut self, fields: Vec<String>) -> Self {
+    /// Also reads these top-level fields (at most [`MAX_KEY_FIELDS`]; the
+    /// rest are ignored) as the record's business key.
+    pub fn with_key(mut self, mut fields: Vec<String>) -> Self {
+        fields.truncate(MAX_KEY_FIELDS);
         self.key_fields = fields;
         self
     }
@@ -103,8 +110,9 @@ impl RowEncoder {
         out: &mut Vec<u8>,
     ) -> Result<Option<KeyHash>, RowError> {
         let value = value.ok_or(RowError::Tombstone)?;
-        let mut parts: Vec<Option<String>> = vec![None; self.key_fields.len()];
-        let (body, empty) = self.validate(value, &mut parts)?;
+        let mut parts: [Option<KeyPart>; MAX_KEY_FIELDS] = Default::default();
+        let parts = &mut parts[..self.key_fields.len()];
+        let (body, empty) = self.validate(value, parts)?;
         out.reserve(body.len() + self.head.len() + self.mid.len() + 24);
         out.extend_from_slice(body);
         if !empty {
@@ -119,7 +127,7 @@ impl RowEncoder {
         if self.key_fields.is_empty() || parts.iter().any(Option::is_none) {
             return Ok(None);
         }
-        Ok(Some(key_hash(parts.iter().flatten().map(|p| p.as_bytes()))))
+        Ok(Some(hash_parts(parts)))
     }
 
     /// Checks `value` and returns it without its closing brace, plus whether
@@ -127,7 +135,7 @@ impl RowEncoder {
     fn validate<'v>(
         &self,
         value: &'v [u8],
-        parts: &mut [Option<String>],
+        parts: &mut [Option<KeyPart<'v>>],
     ) -> Result<(&'v [u8], bool), RowError> {
         let start = value.iter().position(|b| !b.is_ascii_whitespace());
         let end = value.iter().rposition(|b| !b.is_ascii_whitespace());
@@ -170,13 +178,13 @@ const RESERVED: &str = "reserved:";
 /// Walks the top-level keys of an object, skipping values except the key
 /// fields', and fails on a metadata column name. Returns the number of
 /// fields.
-struct KeyCheck<'c> {
+struct KeyCheck<'c, 'v> {
     columns: &'c MetadataColumns,
     key_fields: &'c [String],
-    parts: &'c mut [Option<String>],
+    parts: &'c mut [Option<KeyPart<'v>>],
 }
 
-impl<'de> Visitor<'de> for KeyCheck<'_> {
+impl<'de> Visitor<'de> for KeyCheck<'_, 'de> {
     type Value = usize;
 
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
@@ -191,7 +199,7 @@ impl<'de> Visitor<'de> for KeyCheck<'_> {
                 return Err(de::Error::custom(format!("{RESERVED}{key}")));
             }
             match self.key_fields.iter().position(|f| *f == *key) {
-                Some(i) => self.parts[i] = map.next_value::<KeyText>()?.0,
+                Some(i) => self.parts[i] = map.next_value::<KeyText<'de>>()?.0,
                 None => {
                     map.next_value::<IgnoredAny>()?;
                 }
@@ -202,42 +210,75 @@ impl<'de> Visitor<'de> for KeyCheck<'_> {
     }
 }
 
-/// A key field's canonical text: a string's contents, a number or a
-/// boolean as ClickHouse's `toString` prints it; `None` for null, objects
-/// and arrays.
-struct KeyText(Option<String>);
+/// One key field's value, borrowed from the record where possible.
+#[derive(Debug)]
+enum KeyPart<'v> {
+    Str(Cow<'v, str>),
+    U64(u64),
+    I64(i64),
+    F64(f64),
+    Bool(bool),
+}
 
-impl<'de> de::Deserialize<'de> for KeyText {
+/// Hashes key parts as [`crate::dedup::key_hash`] hashes their canonical
+/// text: a string's contents, a number or a boolean as ClickHouse's
+/// `toString` prints it, `0x1f` between fields.
+fn hash_parts(parts: &[Option<KeyPart>]) -> KeyHash {
+    let mut h = Xxh3::new();
+    let mut num = itoa::Buffer::new();
+    for (i, p) in parts.iter().flatten().enumerate() {
+        if i > 0 {
+            h.update(&[0x1f]);
+        }
+        match p {
+            KeyPart::Str(s) => h.update(s.as_bytes()),
+            KeyPart::U64(v) => h.update(num.format(*v).as_bytes()),
+            KeyPart::I64(v) => h.update(num.format(*v).as_bytes()),
+            KeyPart::F64(v) => h.update(v.to_string().as_bytes()),
+            KeyPart::Bool(v) => h.update(if *v { b"true" } else { b"false" }),
+        }
+    }
+    h.digest128()
+}
+
+/// A key field's value; `None` for null, objects and arrays (such a record
+/// has no usable key).
+struct KeyText<'v>(Option<KeyPart<'v>>);
+
+impl<'de> de::Deserialize<'de> for KeyText<'de> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         struct V;
         impl<'de> Visitor<'de> for V {
-            type Value = KeyText;
+            type Value = KeyText<'de>;
             fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
                 f.write_str("a key value")
             }
-            fn visit_str<E>(self, v: &str) -> Result<KeyText, E> {
-                Ok(KeyText(Some(v.to_string())))
+            fn visit_borrowed_str<E>(self, v: &'de str) -> Result<KeyText<'de>, E> {
+                Ok(KeyText(Some(KeyPart::Str(Cow::Borrowed(v)))))
             }
-            fn visit_u64<E>(self, v: u64) -> Result<KeyText, E> {
-                Ok(KeyText(Some(v.to_string())))
+            fn visit_str<E>(self, v: &str) -> Result<KeyText<'de>, E> {
+                Ok(KeyText(Some(KeyPart::Str(Cow::Owned(v.to_string())))))
             }
-            fn visit_i64<E>(self, v: i64) -> Result<KeyText, E> {
-                Ok(KeyText(Some(v.to_string())))
+            fn visit_u64<E>(self, v: u64) -> Result<KeyText<'de>, E> {
+                Ok(KeyText(Some(KeyPart::U64(v))))
             }
-            fn visit_f64<E>(self, v: f64) -> Result<KeyText, E> {
-                Ok(KeyText(Some(v.to_string())))
+            fn visit_i64<E>(self, v: i64) -> Result<KeyText<'de>, E> {
+                Ok(KeyText(Some(KeyPart::I64(v))))
             }
-            fn visit_bool<E>(self, v: bool) -> Result<KeyText, E> {
-                Ok(KeyText(Some(v.to_string())))
+            fn visit_f64<E>(self, v: f64) -> Result<KeyText<'de>, E> {
+                Ok(KeyText(Some(KeyPart::F64(v))))
             }
-            fn visit_unit<E>(self) -> Result<KeyText, E> {
+            fn visit_bool<E>(self, v: bool) -> Result<KeyText<'de>, E> {
+                Ok(KeyText(Some(KeyPart::Bool(v))))
+            }
+            fn visit_unit<E>(self) -> Result<KeyText<'de>, E> {
                 Ok(KeyText(None))
             }
-            fn visit_map<A: MapAccess<'de>>(self, mut m: A) -> Result<KeyText, A::Error> {
+            fn visit_map<A: MapAccess<'de>>(self, mut m: A) -> Result<KeyText<'de>, A::Error> {
                 while m.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
                 Ok(KeyText(None))
             }
-            fn visit_seq<A: de::SeqAccess<'de>>(self, mut s: A) -> Result<KeyText, A::Error> {
+            fn visit_seq<A: de::SeqAccess<'de>>(self, mut s: A) -> Result<KeyText<'de>, A::Error> {
                 while s.next_element::<IgnoredAny>()?.is_some() {}
                 Ok(KeyText(None))
             }
@@ -266,12 +307,29 @@ mod tests {
             e.encode_keyed(Some(v.as_bytes()), 0, 1, &mut out).unwrap()
         };
         let k = key(r#"{"order_id": 1001, "region": "eu", "x": {"order_id": 5}}"#);
-        assert_eq!(k, Some(key_hash([b"eu".as_slice(), b"1001".as_slice()])));
+        assert_eq!(
+            k,
+            Some(crate::dedup::key_hash([
+                b"eu".as_slice(),
+                b"1001".as_slice()
+            ]))
+        );
         // Field order in the record does not matter; other fields do not count.
         assert_eq!(k, key(r#"{"region":"eu","amount":3,"order_id":1001}"#));
         assert_ne!(k, key(r#"{"region":"us","order_id":1001}"#));
         // A string "1001" and a number 1001 are the same key, as in ClickHouse.
         assert_eq!(k, key(r#"{"region":"eu","order_id":"1001"}"#));
+        // Escaped strings, negative and float numbers, booleans.
+        let one = RowEncoder::new("t", MetadataColumns::default()).with_key(vec!["k".into()]);
+        let k1 = |v: &str| {
+            one.encode_keyed(Some(v.as_bytes()), 0, 1, &mut Vec::new())
+                .unwrap()
+        };
+        let h = |s: &str| Some(crate::dedup::key_hash([s.as_bytes()]));
+        assert_eq!(k1(r#"{"k":"a\"b"}"#), h("a\"b"));
+        assert_eq!(k1(r#"{"k":-7}"#), h("-7"));
+        assert_eq!(k1(r#"{"k":1.5}"#), h("1.5"));
+        assert_eq!(k1(r#"{"k":true}"#), h("true"));
         // Missing, null or structured: no key.
         assert_eq!(key(r#"{"region":"eu"}"#), None);
         assert_eq!(key(r#"{"region":"eu","order_id":null}"#), None);

@@ -574,6 +574,30 @@ mod tests {
     }
 
     #[test]
+    fn key_dedup() {
+        let route = |extra: &str| format!("{MIN}\n{extra}");
+        let c = load(&route("dedup_key = ['order_id', 'region']")).unwrap();
+        let d = c.routes[0].dedup.clone().unwrap();
+        assert_eq!(d.fields, ["order_id", "region"]);
+        assert_eq!(d.window, Duration::from_secs(3600));
+        assert_eq!(d.max_keys, 10_000_000);
+        let c = load(&route(
+            "dedup_key = ['id']\ndedup_window = '10m'\ndedup_max_keys = 5",
+        ))
+        .unwrap();
+        let d = c.routes[0].dedup.clone().unwrap();
+        assert_eq!((d.window, d.max_keys), (Duration::from_secs(600), 5));
+        assert!(load(MIN).unwrap().routes[0].dedup.is_none());
+        let err = |t: &str| load(&route(t)).unwrap_err().to_string();
+        assert!(err("dedup_window = '1h'").contains("route[0].dedup_key"));
+        assert!(err("dedup_key = ['_offset']").contains("route[0].dedup_key[0]"));
+        assert!(err("dedup_key = ['a', 'a']").contains("route[0].dedup_key[1]"));
+        assert!(err("dedup_key = ['']").contains("route[0].dedup_key[0]"));
+        assert!(err("dedup_key = ['a']\ndedup_window = '0s'").contains("route[0].dedup_window"));
+        assert!(err("dedup_key = ['a']\ndedup_max_keys = 0").contains("route[0].dedup_max_keys"));
+    }
+
+    #[test]
     fn overrides_win() {
         let c = RawConfig::from_toml(MIN)
             .unwrap()
