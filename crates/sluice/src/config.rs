@@ -501,6 +501,13 @@ fn key_dedup(
         }
         return Ok(None);
     }
+    if r.dedup_key.len() > sluice_core::row::MAX_KEY_FIELDS {
+        return Err(invalid(
+            &format!("route[{i}].dedup_key"),
+            "at most 8 fields",
+            &r.dedup_key.join(", "),
+        ));
+    }
     for (j, f) in r.dedup_key.iter().enumerate() {
         let meta = [&columns.topic, &columns.partition, &columns.offset];
         if f.is_empty() || meta.contains(&f) || r.dedup_key[..j].contains(f) {
@@ -595,6 +602,7 @@ mod tests {
         assert!(err("dedup_key = ['']").contains("route[0].dedup_key[0]"));
         assert!(err("dedup_key = ['a']\ndedup_window = '0s'").contains("route[0].dedup_window"));
         assert!(err("dedup_key = ['a']\ndedup_max_keys = 0").contains("route[0].dedup_max_keys"));
+        assert!(err("dedup_key = ['a','b','c','d','e','f','g','h','i']").contains("at most 8"));
     }
 
     #[test]

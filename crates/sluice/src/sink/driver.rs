@@ -237,6 +237,8 @@ fn poll_loop(consumer: BaseConsumer<SinkContext>) -> anyhow::Result<()> {
                 records = st.records,
                 rows_inserted = st.rows_inserted,
                 batches = st.batches,
+                dedup_dropped = st.dedup_dropped,
+                dedup_keyless = st.dedup_keyless,
                 in_flight = s.in_flight,
                 partitions = s
                     .parts
