@@ -214,9 +214,8 @@ fn run(command: Command) -> anyhow::Result<Outcome> {
 }
 
 fn send(producer: sluice::send::ProducerArgs, files: Vec<PathBuf>) -> anyhow::Result<Outcome> {
-    let lines = sluice::send::input::read_all(&files)?;
     let opts = producer.options();
-    let report = sluice::send::send(&opts, &lines)?;
+    let report = sluice::send::send_stream(&opts, sluice::send::input::lines(&files))?;
     eprintln!(
         "sluice send: {} read, {} confirmed, {} in the retry file{}{}",
         report.read,

@@ -20,32 +20,52 @@ pub struct Line {
 
 /// Reads every line of `paths` in order.
 pub fn read_all(paths: &[PathBuf]) -> std::io::Result<Vec<Line>> {
-    let mut out = Vec::new();
-    let stdin = [PathBuf::from("-")];
-    let paths = if paths.is_empty() { &stdin[..] } else { paths };
-    for p in paths {
-        let (name, reader): (String, Box<dyn BufRead>) = if p.as_os_str() == "-" {
-            ("stdin".into(), Box::new(BufReader::new(std::io::stdin())))
+    lines(paths).collect()
+}
+
+/// The lines of `paths` in order, as they are read.
+pub fn lines(paths: &[PathBuf]) -> impl Iterator<Item = std::io::Result<Line>> + use<> {
+    let paths: Vec<PathBuf> = if paths.is_empty() {
+        vec![PathBuf::from("-")]
+    } else {
+        paths.to_vec()
+    };
+    paths.into_iter().flat_map(|p| {
+        let opened: std::io::Result<(String, Box<dyn BufRead>)> = if p.as_os_str() == "-" {
+            Ok(("stdin".into(), Box::new(BufReader::new(std::io::stdin()))))
         } else {
-            let f = std::fs::File::open(p).map_err(|e| {
-                std::io::Error::new(e.kind(), format!("cannot open {}: {e}", p.display()))
-            })?;
-            (p.display().to_string(), Box::new(BufReader::new(f)))
+            std::fs::File::open(&p)
+                .map(|f| {
+                    (
+                        p.display().to_string(),
+                        Box::new(BufReader::new(f)) as Box<dyn BufRead>,
+                    )
+                })
+                .map_err(|e| {
+                    std::io::Error::new(e.kind(), format!("cannot open {}: {e}", p.display()))
+                })
         };
-        for (i, line) in reader.lines().enumerate() {
-            let line = line.map_err(|e| {
-                std::io::Error::new(e.kind(), format!("reading {name}:{}: {e}", i + 1))
-            })?;
-            if line.trim().is_empty() {
-                continue;
-            }
-            out.push(Line {
-                source: format!("{name}:{}", i + 1),
-                text: unwrap_retry(line),
-            });
-        }
-    }
-    Ok(out)
+        let (name, reader, err) = match opened {
+            Ok((n, r)) => (n, Some(r), None),
+            Err(e) => (String::new(), None, Some(e)),
+        };
+        err.map(Err).into_iter().chain(
+            reader
+                .into_iter()
+                .flat_map(|r| r.lines().enumerate())
+                .filter_map(move |(i, line)| match line {
+                    Err(e) => Some(Err(std::io::Error::new(
+                        e.kind(),
+                        format!("reading {name}:{}: {e}", i + 1),
+                    ))),
+                    Ok(l) if l.trim().is_empty() => None,
+                    Ok(l) => Some(Ok(Line {
+                        source: format!("{name}:{}", i + 1),
+                        text: unwrap_retry(l),
+                    })),
+                }),
+        )
+    })
 }
 
 /// The record inside a retry-file line; other lines as they are.

@@ -188,39 +188,108 @@ impl SendOptions {
     }
 }
 
+/// Records handled per round: read, sent, settled. Bounds memory whatever
+/// the input's size.
+pub const CHUNK: usize = 50_000;
+
 /// Sends `lines`; blocks until every record is confirmed or in the retry
 /// file.
 pub fn send(opts: &SendOptions, lines: &[Line]) -> Result<SendReport, SendError> {
-    let producer = opts.producer()?;
-    let mut retry = RetryFile::new(&opts.retry_file);
-    let mut report = SendReport {
-        read: lines.len() as u64,
-        ..SendReport::default()
-    };
-    // Records that cannot be sent at all go straight to the retry file.
-    let mut ok: Vec<usize> = Vec::with_capacity(lines.len());
-    let mut keys: Vec<Option<String>> = vec![None; lines.len()];
-    for (i, l) in lines.iter().enumerate() {
-        let checked = match &opts.key_field {
-            Some(f) => input::key_of(&l.text, f).map(|k| keys[i] = Some(k)),
-            None => input::check_object(&l.text),
-        };
-        match checked {
-            Ok(()) => ok.push(i),
-            Err(e) => retry.add(&l.source, &l.text, &e)?,
+    let mut s = Sender::new(opts)?;
+    for chunk in lines.chunks(CHUNK) {
+        s.feed(chunk)?;
+    }
+    s.finish()
+}
+
+/// Sends lines as they are read, [`CHUNK`] at a time.
+pub fn send_stream(
+    opts: &SendOptions,
+    lines: impl Iterator<Item = std::io::Result<Line>>,
+) -> Result<SendReport, SendError> {
+    let mut s = Sender::new(opts)?;
+    let mut chunk = Vec::with_capacity(CHUNK);
+    for l in lines {
+        chunk.push(l?);
+        if chunk.len() == CHUNK {
+            s.feed(&chunk)?;
+            chunk.clear();
         }
     }
-    let timeout = opts.delivery_timeout + Duration::from_secs(10);
-    if opts.transactional_id.is_some() {
-        transactional(opts, &producer, lines, &keys, &ok, &mut retry, &mut report)?;
-    } else {
-        enqueue(opts, &producer, lines, &keys, &ok);
-        let _ = producer.flush(timeout);
-        settle(&producer, lines, &ok, &mut retry, &mut report)?;
+    s.feed(&chunk)?;
+    s.finish()
+}
+
+/// One producer, its retry file and the running report.
+pub struct Sender<'o> {
+    opts: &'o SendOptions,
+    producer: ThreadedProducer<Ctx>,
+    retry: RetryFile,
+    report: SendReport,
+}
+
+impl<'o> Sender<'o> {
+    pub fn new(opts: &'o SendOptions) -> Result<Self, SendError> {
+        let producer = opts.producer()?;
+        if opts.transactional_id.is_some() {
+            let t = opts.transaction_timeout + Duration::from_secs(10);
+            producer.init_transactions(t).map_err(|e| opts.kafka(e))?;
+        }
+        Ok(Self {
+            opts,
+            producer,
+            retry: RetryFile::new(&opts.retry_file),
+            report: SendReport::default(),
+        })
     }
-    report.failed = retry.written;
-    retry.finish()?;
-    Ok(report)
+
+    /// Sends one chunk and settles it: every line is confirmed or in the
+    /// retry file when this returns.
+    pub fn feed(&mut self, lines: &[Line]) -> Result<(), SendError> {
+        self.report.read += lines.len() as u64;
+        if let Some(why) = self.report.stopped.clone() {
+            for l in lines {
+                self.retry
+                    .add(&l.source, &l.text, &format!("not sent: {why}"))?;
+            }
+            return Ok(());
+        }
+        // Records that cannot be sent at all go straight to the retry file.
+        let mut ok: Vec<usize> = Vec::with_capacity(lines.len());
+        let mut keys: Vec<Option<String>> = vec![None; lines.len()];
+        for (i, l) in lines.iter().enumerate() {
+            let checked = match &self.opts.key_field {
+                Some(f) => input::key_of(&l.text, f).map(|k| keys[i] = Some(k)),
+                None => input::check_object(&l.text),
+            };
+            match checked {
+                Ok(()) => ok.push(i),
+                Err(e) => self.retry.add(&l.source, &l.text, &e)?,
+            }
+        }
+        let (opts, p) = (self.opts, &self.producer);
+        if opts.transactional_id.is_some() {
+            transactional(
+                opts,
+                p,
+                lines,
+                &keys,
+                &ok,
+                &mut self.retry,
+                &mut self.report,
+            )
+        } else {
+            enqueue(opts, p, lines, &keys, &ok);
+            let _ = p.flush(opts.delivery_timeout + Duration::from_secs(10));
+            settle(p, lines, &ok, &mut self.retry, &mut self.report)
+        }
+    }
+
+    pub fn finish(mut self) -> Result<SendReport, SendError> {
+        self.report.failed = self.retry.written;
+        self.retry.finish()?;
+        Ok(self.report)
+    }
 }
 
 /// Hands records to the producer, waiting while its queue is full.
@@ -303,7 +372,6 @@ fn transactional(
     report: &mut SendReport,
 ) -> Result<(), SendError> {
     let t = opts.transaction_timeout + Duration::from_secs(10);
-    p.init_transactions(t).map_err(|e| opts.kafka(e))?;
     let chunks: Vec<&[usize]> = ok.chunks(opts.transaction_size.max(1)).collect();
     for (n, chunk) in chunks.iter().enumerate() {
         let failed = |retry: &mut RetryFile, why: &str, from: usize| -> Result<(), SendError> {

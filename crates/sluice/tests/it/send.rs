@@ -223,3 +223,51 @@ fn transaction_timeout_must_cover_the_delivery_timeout() {
         other => panic!("{other:?}"),
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_command_reads_stdin_and_exits_1_when_records_are_left_over() {
+    use std::io::Write;
+    let topic = unique("send_cli");
+    create_topic(&topic, 2).await;
+    let retry = std::env::temp_dir().join(format!("{}.jsonl", unique("retry")));
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args([
+            "send",
+            "--topic",
+            &topic,
+            "--key-field",
+            "id",
+            "--retry-file",
+        ])
+        .arg(&retry)
+        .env("KAFKA_BROKERS", brokers())
+        .stdin(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut input: String = (0..200).map(|i| format!("{{\"id\":{i}}}\n")).collect();
+    input.push_str("\n{\"id\": \"broken\"\nnot json\n");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("202 read, 200 confirmed, 2 in the retry file"),
+        "{err}"
+    );
+    let r = retried(&retry);
+    assert_eq!(
+        r.iter().map(|x| x.0.as_str()).collect::<Vec<_>>(),
+        ["stdin:202", "stdin:203"]
+    );
+    let b = brokers();
+    let ids = tokio::task::spawn_blocking(move || consume_ids(&b, &topic, 200))
+        .await
+        .unwrap();
+    assert_eq!(ids.len(), 200);
+}
