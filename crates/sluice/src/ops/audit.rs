@@ -182,14 +182,7 @@ pub fn audit_sql(
 
 pub async fn run(args: AuditArgs) -> Result<Outcome, OpsError> {
     let report = audit(&args).await?;
-    if args.json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&report).expect("serializable")
-        );
-    } else {
-        print!("{}", render(&report));
-    }
+    super::emit(args.json, &report, render)?;
     Ok(if report.duplicate_rows == 0 {
         Outcome::Clean
     } else {

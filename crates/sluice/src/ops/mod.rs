@@ -49,6 +49,22 @@ pub enum Outcome {
     Found,
 }
 
+/// Prints a report: JSON with `json`, else `render`ed for people.
+pub fn emit<R: serde::Serialize>(
+    json: bool,
+    report: &R,
+    render: fn(&R) -> String,
+) -> Result<(), OpsError> {
+    if json {
+        let text = serde_json::to_string_pretty(report)
+            .map_err(|e| OpsError::Invalid(format!("cannot write the report as JSON: {e}")))?;
+        println!("{text}");
+    } else {
+        print!("{}", render(report));
+    }
+    Ok(())
+}
+
 /// A spinner on stderr for a long step; hidden when `show` is false or
 /// stderr is not a terminal.
 pub fn progress(show: bool, msg: &'static str) -> ProgressBar {

@@ -156,14 +156,7 @@ pub fn part_log_sql(cluster: Option<&str>, t: &TableName, since: Duration) -> Pa
 pub async fn run(args: WindowArgs) -> Result<Outcome, OpsError> {
     let report = measure(&args).await?;
     let covered = report.window_blocks > 0 && report.catches_max;
-    if args.json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&report).expect("serializable")
-        );
-    } else {
-        print!("{}", render(&report));
-    }
+    super::emit(args.json, &report, render)?;
     Ok(if covered {
         Outcome::Clean
     } else {
