@@ -239,6 +239,7 @@ fn poll_loop(consumer: BaseConsumer<SinkContext>) -> anyhow::Result<()> {
                 batches = st.batches,
                 dedup_dropped = st.dedup_dropped,
                 dedup_keyless = st.dedup_keyless,
+                redelivered = st.redelivered,
                 in_flight = s.in_flight,
                 partitions = s
                     .parts

@@ -60,6 +60,9 @@ pub(super) struct Part {
     pub paused: bool,
     /// Business keys written within the route's dedup window, if it has one.
     pub keys: Option<KeyWindow>,
+    /// The offset after the last record taken: a record below it was
+    /// delivered twice by the client and is ignored.
+    pub position: Option<NextOffset>,
 }
 
 #[derive(Default, Debug, Clone, Copy)]
@@ -71,6 +74,8 @@ pub(super) struct Stats {
     pub dedup_dropped: u64,
     /// Records of a dedup route without a usable key (kept).
     pub dedup_keyless: u64,
+    /// Records the client delivered a second time (ignored).
+    pub redelivered: u64,
 }
 
 /// All state of the sink; lives in the consumer context so rebalance
@@ -117,6 +122,7 @@ impl Sink {
             abandon: CancellationToken::new(),
             paused: false,
             keys: None,
+            position: None,
         }
     }
 
@@ -139,9 +145,21 @@ impl Sink {
             // Fetched before the pause took hold; it is read again after the seek.
             return;
         }
+        let offset = Offset(offset);
+        if part.position.is_some_and(|p| p.covers(offset)) {
+            // Offsets only move forward within one activation: this one was
+            // taken already. Taking it again would insert it twice.
+            self.stats.redelivered += 1;
+            tracing::warn!(
+                record = %format!("{topic}[{partition}]@{}", offset.0),
+                expected = part.position.map(|p| p.0),
+                "ignored a record the client delivered a second time"
+            );
+            return;
+        }
+        part.position = Some(offset.next());
         self.stats.records += 1;
         let encoder = &self.encoders[ri];
-        let offset = Offset(offset);
         part.acks
             .get_or_insert_with(|| AckTracker::new(NextOffset(offset.0)));
         if part.check_through.is_some_and(|c| offset <= c) {
@@ -392,13 +410,26 @@ impl Sink {
     }
 
     /// Positions a prepared partition and lets its records flow.
-    pub fn activate(&mut self, consumer: &BaseConsumer<SinkContext>, p: Prepared) {
-        let reset_to = if self.cfg.kafka.auto_offset_reset == "latest" {
+    pub fn activate(&mut self, consumer: &BaseConsumer<SinkContext>, mut p: Prepared) {
+        let latest = self.cfg.kafka.auto_offset_reset == "latest";
+        let reset_to = if latest {
             KOffset::End
         } else {
             KOffset::Beginning
         };
         let topic = self.routes[p.key.0].topic.clone();
+        if p.plan.start == StartAt::Reset {
+            // Start at a concrete offset, so the frontier begins there and
+            // not at whichever record happens to come first.
+            match consumer.fetch_watermarks(&topic, p.key.1, Duration::from_secs(10)) {
+                Ok((low, high)) => {
+                    p.plan.start = StartAt::At(NextOffset(if latest { high } else { low }));
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot read the partition's watermarks; starting at the reset policy")
+                }
+            }
+        }
         let Some(part) = self
             .parts
             .get_mut(&p.key)
@@ -424,6 +455,7 @@ impl Sink {
             part.keys = Some(super::dedup::window(d, p.seeds.as_ref()));
         }
         if let StartAt::At(n) = p.plan.start {
+            part.position = Some(n);
             part.acks = Some(AckTracker::new(n));
             part.committed = Some(n);
             // Ownership marker before any insert: a later owner that finds
