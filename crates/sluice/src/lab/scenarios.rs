@@ -353,7 +353,12 @@ pub async fn run(
             cell
         }
         "rebalance" => {
-            let r = Run::new(stack, mode, p, 0, false).await?;
+            let mut r = Run::new(stack, mode, p, 0, false).await?;
+            // tansu assigns a partition to a joining member before the old
+            // owner has revoked it (no rebalance barrier); the old owner
+            // learns of it up to ~10 s later. A real coordinator revokes
+            // first. The new owner's fence must outlast tansu's overlap.
+            r.spec.fence_wait = r.spec.fence_wait.max(Duration::from_secs(15));
             r.produce(0, n / 2).await?;
             let mut a = r.spec.start()?;
             let b = r.spec.start()?;
