@@ -55,6 +55,17 @@ pub struct RawConfig {
     /// One entry per topic: which table its records go to.
     #[serde(default, rename = "route")]
     pub routes: Vec<RawRoute>,
+    /// Where `/metrics`, `/health` and `/ready` are served.
+    #[serde(default)]
+    pub metrics: RawMetrics,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct RawMetrics {
+    /// `host:port` to serve `/metrics`, `/health` and `/ready` on
+    /// (e.g. `127.0.0.1:9464`). Default: not served.
+    pub listen: Option<String>,
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -169,6 +180,8 @@ pub struct Config {
     pub clickhouse: ClickHouseConfig,
     pub sink: SinkConfig,
     pub routes: Vec<Route>,
+    /// Where to serve `/metrics`, `/health` and `/ready`.
+    pub metrics_listen: Option<std::net::SocketAddr>,
 }
 
 #[derive(Debug, Clone)]
@@ -281,6 +294,7 @@ pub struct Overrides {
     pub group_id: Option<String>,
     pub delivery: Option<Delivery>,
     pub max_batch_rows: Option<usize>,
+    pub metrics_listen: Option<String>,
 }
 
 impl RawConfig {
@@ -443,7 +457,15 @@ impl RawConfig {
             });
         }
 
+        let metrics_listen =
+            match o.metrics_listen.or(self.metrics.listen) {
+                None => None,
+                Some(a) => Some(a.parse().map_err(|_| {
+                    invalid("metrics.listen", "host:port, such as 127.0.0.1:9464", &a)
+                })?),
+            };
         Ok(Config {
+            metrics_listen,
             kafka: KafkaConfig {
                 brokers,
                 group_id: o
@@ -631,6 +653,7 @@ mod tests {
         assert!(err(&format!("{MIN}\n[sink]\ndelivery = 'twice'")).contains("unknown variant"));
         let dup = format!("{MIN}\n[[route]]\ntopic='orders'\ntable='x'");
         assert!(err(&dup).contains("routed twice"));
+        assert!(err(&format!("[metrics]\nlisten = 'nowhere'\n{MIN}")).contains("metrics.listen"));
         let buf = format!("{MIN}\n[sink]\nmax_batch_bytes = 1000\nmax_buffered_bytes = 1500");
         assert!(err(&buf).contains("at least twice"));
         let cols = format!("{MIN}\n[sink.columns]\ntopic = '_offset'");

@@ -5,13 +5,16 @@
 //! - [`sink`]: `sluice run`, the consumer thread, batches and insert tasks.
 //! - [`ops`]: `sluice window`, `audit`, `repair` and `schema`, the operator tools.
 //! - [`send`]: `sluice send` and `resend`, producing without losing a record.
+//! - [`telemetry`], [`http`]: Prometheus series, `/metrics`, `/health`, `/ready`.
 //! - [`lab`]: `sluice lab`, the fault matrix against the real stack.
 //!
 //! The exactly-once rules themselves live in the I/O-free `sluice-core` crate.
 
 pub mod ch;
 pub mod config;
+pub mod http;
 pub mod lab;
 pub mod ops;
 pub mod send;
 pub mod sink;
+pub mod telemetry;

@@ -62,6 +62,9 @@ enum Command {
         /// Rows per insert at most; overrides the file.
         #[arg(long)]
         max_batch_rows: Option<usize>,
+        /// Serve /metrics, /health and /ready on this host:port; overrides the file.
+        #[arg(long, env = "SLUICE_METRICS_LISTEN")]
+        metrics_listen: Option<String>,
     },
     /// Run the fault lab: each scenario × delivery mode against the real
     /// stack, counted in ClickHouse, printed as a matrix.
@@ -155,6 +158,7 @@ fn run(command: Command) -> anyhow::Result<Outcome> {
             group_id,
             delivery,
             max_batch_rows,
+            metrics_listen,
         } => {
             let overrides = Overrides {
                 brokers,
@@ -166,6 +170,7 @@ fn run(command: Command) -> anyhow::Result<Outcome> {
                     DeliveryArg::TokenOnly => Delivery::TokenOnly,
                 }),
                 max_batch_rows,
+                metrics_listen,
             };
             let cfg = RawConfig::from_file(&config)?.validate(overrides)?;
             let rt = runtime()?;

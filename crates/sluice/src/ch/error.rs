@@ -82,6 +82,19 @@ const PERMANENT: &[u32] = &[
     516, // AUTHENTICATION_FAILED
 ];
 
+impl ChErrorKind {
+    /// A short name, for metric labels.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Server => "server",
+            Self::Timeout => "timeout",
+            Self::Connect => "connect",
+            Self::Network => "network",
+            Self::Client => "client",
+        }
+    }
+}
+
 impl ChError {
     pub fn client(message: impl Into<String>) -> Self {
         Self {

@@ -27,6 +27,8 @@ pub struct RunSpec {
     pub max_buffered_bytes: usize,
     /// Key-level dedup on this field (`dedup_key`), with a one-hour window.
     pub dedup_key: Option<String>,
+    /// Serve `/metrics`, `/health` and `/ready` here.
+    pub metrics_listen: Option<String>,
 }
 
 /// A running `sluice run`.
@@ -69,6 +71,7 @@ max_buffered_bytes = {buf}
 commit_interval = "{ci}ms"
 fence_wait = "{fw}ms"
 
+{metrics}
 [[route]]
 topic = "{topic}"
 table = "{table}"
@@ -85,6 +88,11 @@ table = "{table}"
                 fw = self.fence_wait.as_millis(),
                 topic = self.topic,
                 table = self.table,
+                metrics = self
+                    .metrics_listen
+                    .as_ref()
+                    .map(|a| format!("[metrics]\nlisten = \"{a}\"\n"))
+                    .unwrap_or_default(),
                 dedup = self
                     .dedup_key
                     .as_ref()

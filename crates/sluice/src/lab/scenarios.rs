@@ -147,6 +147,7 @@ impl Run {
             max_batch_age: Duration::from_millis(300),
             max_buffered_bytes: 64 << 20,
             dedup_key,
+            metrics_listen: None,
         };
         Ok(Self {
             stack: stack.clone(),

@@ -14,6 +14,8 @@ use super::writer::WriterCtx;
 use super::SinkContext;
 use crate::ch::ClickHouse;
 use crate::config::Config;
+use crate::http;
+use crate::telemetry::Metrics;
 use anyhow::{anyhow, Context as _};
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::message::Message;
@@ -22,6 +24,7 @@ use rdkafka::ClientConfig;
 use sluice_core::RowEncoder;
 use std::collections::HashMap;
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -29,7 +32,19 @@ use tokio::runtime::Handle;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
-impl rdkafka::ClientContext for SinkContext {}
+impl rdkafka::ClientContext for SinkContext {
+    /// librdkafka's statistics (every `statistics.interval.ms`): the lag
+    /// of each assigned partition.
+    fn stats(&self, stats: rdkafka::Statistics) {
+        for (topic, t) in &stats.topics {
+            for (p, part) in &t.partitions {
+                if *p >= 0 && part.consumer_lag >= 0 {
+                    crate::telemetry::consumer_lag(topic, *p, part.consumer_lag);
+                }
+            }
+        }
+    }
+}
 
 impl rdkafka::consumer::ConsumerContext for SinkContext {
     fn rebalance(
@@ -108,6 +123,17 @@ pub async fn run(
         .subscribe(&topics)
         .context("subscribing to the topics")?;
 
+    let ready = Arc::new(AtomicBool::new(false));
+    if let Some(addr) = cfg.metrics_listen {
+        let metrics = Metrics::install().map_err(|e| anyhow!(e))?;
+        let stop = stopping.clone();
+        let bound = http::serve(addr, metrics, ready.clone(), async move {
+            stop.cancelled().await
+        })
+        .await?;
+        tracing::info!(%bound, "serving /metrics, /health and /ready");
+    }
+
     let stop = stopping.clone();
     tokio::spawn(async move {
         shutdown.await;
@@ -117,10 +143,14 @@ pub async fn run(
         .name("sluice-consumer".into())
         .spawn(move || poll_loop(consumer))
         .context("starting the consumer thread")?;
-    tokio::task::spawn_blocking(move || thread.join())
+    // Both ends answered and the group is joined (or being joined).
+    ready.store(true, Ordering::SeqCst);
+    let result = tokio::task::spawn_blocking(move || thread.join())
         .await
         .map_err(|e| anyhow!("consumer thread: {e}"))?
-        .map_err(|_| anyhow!("the consumer thread panicked"))?
+        .map_err(|_| anyhow!("the consumer thread panicked"))?;
+    ready.store(false, Ordering::SeqCst);
+    result
 }
 
 async fn connect_clickhouse(cfg: &Config) -> anyhow::Result<ClickHouse> {
@@ -169,7 +199,8 @@ fn build_consumer(cfg: &Config, sink: Sink) -> anyhow::Result<BaseConsumer<SinkC
         )
         .set("auto.offset.reset", &k.auto_offset_reset)
         .set("queued.max.messages.kbytes", queued_kb.to_string())
-        .set("enable.partition.eof", "false");
+        .set("enable.partition.eof", "false")
+        .set("statistics.interval.ms", "10000");
     if let Some(id) = &k.instance_id {
         cc.set("group.instance.id", id);
     }

@@ -14,6 +14,7 @@ use super::handoff::Prepared;
 use super::writer::{deliver, Completion, Job, Outcome, WriterCtx};
 use super::SinkContext;
 use crate::config::{Config, Route};
+use crate::telemetry;
 use anyhow::anyhow;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::{Offset as KOffset, TopicPartitionList};
@@ -150,6 +151,7 @@ impl Sink {
             // Offsets only move forward within one activation: this one was
             // taken already. Taking it again would insert it twice.
             self.stats.redelivered += 1;
+            telemetry::redelivered(topic);
             tracing::warn!(
                 record = %format!("{topic}[{partition}]@{}", offset.0),
                 expected = part.position.map(|p| p.0),
@@ -159,6 +161,7 @@ impl Sink {
         }
         part.position = Some(offset.next());
         self.stats.records += 1;
+        telemetry::record_read(topic, payload.map_or(0, <[u8]>::len));
         let encoder = &self.encoders[ri];
         part.acks
             .get_or_insert_with(|| AckTracker::new(NextOffset(offset.0)));
@@ -188,6 +191,7 @@ impl Sink {
         self.stats.dedup_keyless += u64::from(keyless);
         if let Ok(false) = pushed {
             self.stats.dedup_dropped += 1;
+            telemetry::dedup_dropped(topic);
             tracing::debug!(
                 record = %format!("{topic}[{partition}]@{}", offset.0),
                 "dropped: its key was written within the dedup window"
@@ -232,6 +236,7 @@ impl Sink {
         };
         let ticket = acks.register(batch.end());
         self.in_flight_bytes += batch.bytes();
+        telemetry::in_flight_bytes(self.in_flight_bytes);
         self.in_flight += 1;
         self.stats.batches += 1;
         let job = Job {
@@ -267,6 +272,7 @@ impl Sink {
 
     fn on_completion(&mut self, c: Completion) {
         self.in_flight_bytes -= c.bytes;
+        telemetry::in_flight_bytes(self.in_flight_bytes);
         self.in_flight -= 1;
         let part = self
             .parts

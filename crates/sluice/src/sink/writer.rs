@@ -17,6 +17,7 @@
 use super::lease::Lease;
 use crate::ch::{ChError, ChErrorKind, ClickHouse, InsertRequest};
 use crate::config::{Delivery, Route};
+use crate::telemetry;
 use sluice_core::acks::Ticket;
 use sluice_core::token::{insert_token, query_id};
 use sluice_core::Batch;
@@ -133,6 +134,7 @@ async fn attempt_until_done(job: &Job, ctx: &WriterCtx) -> Outcome {
             ),
         };
         let started = Instant::now();
+        let req_table = format!("{}.{}", job.route.database, job.route.table);
         let req = InsertRequest {
             table: job.route.qualified(),
             body: batch.body().clone(),
@@ -142,12 +144,14 @@ async fn attempt_until_done(job: &Job, ctx: &WriterCtx) -> Outcome {
         match ctx.ch.insert(req).await {
             Ok(()) => {
                 tracing::debug!(partition = %p, rows = batch.len(), attempt, "inserted");
+                telemetry::batch_inserted(&req_table, batch.len(), started.elapsed());
                 return Outcome::Durable {
                     inserted: batch.len(),
                 };
             }
             Err(e) if !e.is_retriable() => return Outcome::Failed(e),
             Err(e) => {
+                telemetry::insert_retried(&req_table, e.kind.name());
                 tracing::warn!(
                     partition = %p,
                     first = batch.first().map_or(-1, |o| o.0),
@@ -185,6 +189,11 @@ async fn reconcile(
         .present_offsets(&job.route, job.batch.partition.partition, first, last)
         .await?;
     let rest = job.batch.without(&present);
+    telemetry::reconciled(
+        &format!("{}.{}", job.route.database, job.route.table),
+        job.batch.len() - rest.len(),
+        job.batch.len(),
+    );
     tracing::info!(
         partition = %job.batch.partition,
         first = first.0,

@@ -188,6 +188,8 @@ pub struct SinkSpec {
     pub max_buffered_mb: usize,
     /// Key-level dedup on this field.
     pub dedup_key: Option<&'static str>,
+    /// Serve `/metrics` here.
+    pub metrics_listen: Option<String>,
 }
 
 impl SinkSpec {
@@ -205,6 +207,7 @@ impl SinkSpec {
             commit_interval_ms: 1_000,
             max_buffered_mb: 64,
             dedup_key: None,
+            metrics_listen: None,
         }
     }
 
@@ -223,6 +226,7 @@ impl SinkSpec {
             max_batch_age: Duration::from_millis(200),
             max_buffered_bytes: self.max_buffered_mb << 20,
             dedup_key: self.dedup_key.map(String::from),
+            metrics_listen: self.metrics_listen.clone(),
         }
         .start_with(env!("CARGO_BIN_EXE_sluice").as_ref())
         .expect("starting sluice")

@@ -12,5 +12,6 @@ mod delivery;
 mod errors;
 mod faults;
 mod lab;
+mod metrics;
 mod ops;
 mod send;

@@ -1,0 +1,129 @@
+//! The sink's metrics: every series defined and described in one place.
+//!
+//! In: events from the consumer thread and the insert tasks (a record read,
+//! a batch inserted, a retry, a reconciliation, a dedup drop, …). Out:
+//! Prometheus series, rendered by [`Metrics::render`] for `/metrics`. The
+//! names follow `sluice_<noun>_<unit>_total`. Log lines for the same events
+//! stay beside the code that emits them; these functions only count.
+//!
+//! Without [`Metrics::install`] (tests, `sluice lab`) the counters are
+//! no-ops.
+
+use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use std::time::Duration;
+
+/// The installed recorder.
+#[derive(Clone)]
+pub struct Metrics {
+    handle: PrometheusHandle,
+}
+
+impl Metrics {
+    /// Installs the process-wide recorder. Fails if one is installed.
+    pub fn install() -> Result<Self, String> {
+        let handle = PrometheusBuilder::new()
+            .set_buckets_for_metric(
+                metrics_exporter_prometheus::Matcher::Full(INSERT_SECONDS.into()),
+                &[
+                    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+                ],
+            )
+            .map_err(|e| e.to_string())?
+            .install_recorder()
+            .map_err(|e| format!("cannot install the metrics recorder: {e}"))?;
+        describe();
+        Ok(Self { handle })
+    }
+
+    /// The Prometheus text exposition of every series.
+    pub fn render(&self) -> String {
+        self.handle.render()
+    }
+}
+
+const INSERT_SECONDS: &str = "sluice_insert_duration_seconds";
+
+fn describe() {
+    describe_counter!("sluice_records_total", "Records read from Kafka, by topic.");
+    describe_counter!(
+        "sluice_record_bytes_total",
+        "Bytes of record values read, by topic."
+    );
+    describe_counter!(
+        "sluice_batches_total",
+        "Batches made durable in ClickHouse, by table."
+    );
+    describe_counter!(
+        "sluice_rows_inserted_total",
+        "Rows inserted into ClickHouse, by table."
+    );
+    describe_histogram!(
+        INSERT_SECONDS,
+        "Duration of successful insert attempts, by table."
+    );
+    describe_counter!(
+        "sluice_insert_retries_total",
+        "Insert attempts that failed and will be retried, by table and error kind."
+    );
+    describe_counter!(
+        "sluice_reconciliations_total",
+        "Uncertain batches checked against ClickHouse, by table and outcome (all_present, some_present, none_present)."
+    );
+    describe_counter!(
+        "sluice_dedup_dropped_records_total",
+        "Records dropped because their business key was written within the dedup window, by topic."
+    );
+    describe_counter!(
+        "sluice_redelivered_records_total",
+        "Records the Kafka client delivered a second time (ignored), by topic."
+    );
+    describe_gauge!("sluice_in_flight_bytes", "Bytes in batches being inserted.");
+    describe_gauge!(
+        "sluice_consumer_lag_records",
+        "Records between the high watermark and the consumer's position, by topic and partition."
+    );
+}
+
+pub fn record_read(topic: &str, bytes: usize) {
+    counter!("sluice_records_total", "topic" => topic.to_string()).increment(1);
+    counter!("sluice_record_bytes_total", "topic" => topic.to_string()).increment(bytes as u64);
+}
+
+pub fn batch_inserted(table: &str, rows: usize, took: Duration) {
+    counter!("sluice_batches_total", "table" => table.to_string()).increment(1);
+    counter!("sluice_rows_inserted_total", "table" => table.to_string()).increment(rows as u64);
+    histogram!(INSERT_SECONDS, "table" => table.to_string()).record(took.as_secs_f64());
+}
+
+pub fn insert_retried(table: &str, kind: &str) {
+    counter!("sluice_insert_retries_total", "table" => table.to_string(), "kind" => kind.to_string())
+        .increment(1);
+}
+
+pub fn reconciled(table: &str, present: usize, rows: usize) {
+    let outcome = match present {
+        0 => "none_present",
+        p if p == rows => "all_present",
+        _ => "some_present",
+    };
+    counter!("sluice_reconciliations_total", "table" => table.to_string(), "outcome" => outcome)
+        .increment(1);
+}
+
+pub fn dedup_dropped(topic: &str) {
+    counter!("sluice_dedup_dropped_records_total", "topic" => topic.to_string()).increment(1);
+}
+
+pub fn redelivered(topic: &str) {
+    counter!("sluice_redelivered_records_total", "topic" => topic.to_string()).increment(1);
+}
+
+pub fn in_flight_bytes(bytes: usize) {
+    gauge!("sluice_in_flight_bytes").set(bytes as f64);
+}
+
+pub fn consumer_lag(topic: &str, partition: i32, lag: i64) {
+    gauge!("sluice_consumer_lag_records", "topic" => topic.to_string(), "partition" => partition.to_string())
+        .set(lag.max(0) as f64);
+}

@@ -1,0 +1,88 @@
+//! `/metrics`, `/health` and `/ready` of `sluice run`: the named series
+//! carry the right values after a known run.
+
+use crate::harness::*;
+use std::time::Duration;
+
+/// `GET path` on `addr`; returns (status, body).
+async fn get(addr: &str, path: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut resp = String::new();
+    s.read_to_string(&mut resp).await.unwrap();
+    let status = resp
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = resp.split("\r\n\r\n").nth(1).unwrap_or("").to_string();
+    (status, body)
+}
+
+/// The value of the series whose line starts with `prefix`.
+fn value(metrics: &str, prefix: &str) -> f64 {
+    metrics
+        .lines()
+        .find(|l| l.starts_with(prefix))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no series {prefix} in:\n{metrics}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_count_a_known_run() {
+    let (topic, table, ch) = setup("metrics", 2, 5000).await;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let mut spec = SinkSpec::new(&topic, &table);
+    spec.max_batch_rows = 1000;
+    spec.metrics_listen = Some(addr.clone());
+    let mut sink = spec.start();
+    let got = wait_for(&ch, &table, 5000, Duration::from_secs(120)).await;
+    assert_eq!(got.rows, 5000, "{}", sink.log_tail());
+    // Let the last completions reach the consumer thread.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (status, m) = get(&addr, "/metrics").await;
+    assert_eq!(status, 200);
+    let t = format!("{{topic=\"{topic}\"}}");
+    assert_eq!(value(&m, &format!("sluice_records_total{t}")), 5000.0);
+    let tbl = format!("{{table=\"{table}\"}}");
+    assert_eq!(
+        value(&m, &format!("sluice_rows_inserted_total{tbl}")),
+        5000.0
+    );
+    let batches = value(&m, &format!("sluice_batches_total{tbl}"));
+    assert!(batches >= 5.0, "{m}");
+    assert_eq!(
+        value(&m, &format!("sluice_insert_duration_seconds_count{tbl}")),
+        batches
+    );
+    assert_eq!(value(&m, "sluice_in_flight_bytes"), 0.0);
+    assert!(value(&m, &format!("sluice_record_bytes_total{t}")) > 5000.0 * 60.0);
+    assert!(m.contains("# HELP sluice_records_total"), "{m}");
+    // librdkafka reports the lag every 10 s: caught up, it is 0 everywhere.
+    let deadline = std::time::Instant::now() + Duration::from_secs(25);
+    let lags = loop {
+        let (_, m) = get(&addr, "/metrics").await;
+        let lags: Vec<f64> = m
+            .lines()
+            .filter(|l| l.starts_with("sluice_consumer_lag_records{"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
+            .collect();
+        if lags.len() == 2 || std::time::Instant::now() > deadline {
+            break lags;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    assert_eq!(lags, vec![0.0, 0.0], "one gauge per partition");
+    assert_eq!(get(&addr, "/health").await.0, 200);
+    assert_eq!(get(&addr, "/ready").await.0, 200);
+    assert_eq!(get(&addr, "/nope").await.0, 404);
+    assert!(sink.stop(Duration::from_secs(30)), "{}", sink.log_tail());
+}
