@@ -1,5 +1,6 @@
 //! sluice: exactly-once Kafka → ClickHouse ingestion.
 //!
+//! - [`check`]: `sluice check-config`, a verdict for each end.
 //! - [`config`]: the TOML file, environment and flags → a validated config.
 //! - [`ch`]: the ClickHouse service (inserts, watermarks, reconciliation reads).
 //! - [`sink`]: `sluice run`, the consumer thread, batches and insert tasks.
@@ -11,6 +12,7 @@
 //! The exactly-once rules themselves live in the I/O-free `sluice-core` crate.
 
 pub mod ch;
+pub mod check;
 pub mod config;
 pub mod http;
 pub mod lab;

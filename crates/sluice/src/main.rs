@@ -66,6 +66,18 @@ enum Command {
         #[arg(long, env = "SLUICE_METRICS_LISTEN")]
         metrics_listen: Option<String>,
     },
+    /// Validate a config file and check that both ends can be reached.
+    CheckConfig {
+        /// The config file (TOML).
+        #[arg(long, short)]
+        config: PathBuf,
+        /// Kafka bootstrap servers; overrides the file.
+        #[arg(long, env = "KAFKA_BROKERS")]
+        brokers: Option<String>,
+        /// ClickHouse HTTP URL; overrides the file.
+        #[arg(long, env = "CLICKHOUSE_URL")]
+        clickhouse_url: Option<String>,
+    },
     /// Run the fault lab: each scenario × delivery mode against the real
     /// stack, counted in ClickHouse, printed as a matrix.
     Lab {
@@ -202,6 +214,23 @@ fn run(command: Command) -> anyhow::Result<Outcome> {
             };
             rt.block_on(sluice::lab::run(opts))?;
             Ok(Outcome::Clean)
+        }
+        Command::CheckConfig {
+            config,
+            brokers,
+            clickhouse_url,
+        } => {
+            let overrides = Overrides {
+                brokers,
+                clickhouse_url,
+                ..Overrides::default()
+            };
+            let cfg = RawConfig::from_file(&config)?.validate(overrides)?;
+            println!("config {}: valid", config.display());
+            let checks = runtime()?.block_on(sluice::check::check(&cfg));
+            let (text, outcome) = sluice::check::render(&checks);
+            print!("{text}");
+            Ok(outcome)
         }
         Command::Send { producer, files } => send(producer, files),
         Command::Resend {

@@ -95,15 +95,20 @@ impl ClickHouse {
         self.insert_timeout
     }
 
-    /// Checks that `route`'s table exists and has the metadata columns.
-    pub async fn check_table(&self, route: &Route) -> Result<(), ChError> {
-        let cols: Vec<String> = self
+    /// The column names of `route`'s table (empty: no such table).
+    async fn columns_of(&self, route: &Route) -> Result<Vec<String>, ChError> {
+        Ok(self
             .client
             .query("SELECT name FROM system.columns WHERE database = ? AND table = ?")
             .bind(&route.database)
             .bind(&route.table)
             .fetch_all()
-            .await?;
+            .await?)
+    }
+
+    /// Checks that `route`'s table exists and has the metadata columns.
+    pub async fn check_table(&self, route: &Route) -> Result<(), ChError> {
+        let cols = self.columns_of(route).await?;
         if cols.is_empty() {
             return Err(ChError::client(format!(
                 "table {}.{} (for topic {:?}) does not exist; `sluice schema` prints a recommended DDL",
@@ -125,6 +130,27 @@ impl ClickHouse {
             )));
         }
         Ok(())
+    }
+
+    /// Checks that `route`'s table has the `fields` (its dedup key).
+    pub async fn check_columns(&self, route: &Route, fields: &[String]) -> Result<(), ChError> {
+        let cols = self.columns_of(route).await?;
+        let missing: Vec<&str> = fields
+            .iter()
+            .filter(|f| !cols.contains(f))
+            .map(String::as_str)
+            .collect();
+        if missing.is_empty() {
+            return Ok(());
+        }
+        Err(ChError::client(format!(
+            "table {}.{} lacks the dedup_key column(s) {} of the route for topic {:?}; \
+             the key dedup window is rebuilt from them",
+            route.database,
+            route.table,
+            missing.join(", "),
+            route.topic
+        )))
     }
 
     /// Runs one insert attempt, bounded by the insert timeout.

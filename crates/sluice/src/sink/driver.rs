@@ -76,6 +76,11 @@ pub async fn run(
     let ch = connect_clickhouse(&cfg).await?;
     for route in &cfg.routes {
         ch.check_table(route).await.map_err(|e| anyhow!("{e}"))?;
+        if let Some(d) = &route.dedup {
+            ch.check_columns(route, &d.fields)
+                .await
+                .map_err(|e| anyhow!("{e}"))?;
+        }
     }
     let hold = cfg.kafka.heartbeat_interval * 2 + Duration::from_secs(1);
     let ctx = Arc::new(WriterCtx {

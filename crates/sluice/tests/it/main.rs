@@ -7,6 +7,7 @@
 
 mod harness;
 
+mod check;
 mod dedup;
 mod delivery;
 mod errors;

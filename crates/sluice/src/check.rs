@@ -1,0 +1,156 @@
+//! `sluice check-config`: is this config valid, and can both ends be
+//! reached?
+//!
+//! In: a validated [`Config`]. Out: one verdict per check — Kafka reachable,
+//! each routed topic present, ClickHouse reachable, each target table
+//! present with the metadata columns (and the dedup key columns) — printed
+//! as a table. Secrets (the ClickHouse password, librdkafka properties
+//! whose names say password, secret or key) never appear in the output.
+
+use crate::ch::ClickHouse;
+use crate::config::Config;
+use crate::ops::{grid, Outcome};
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::ClientConfig;
+use std::time::Duration;
+
+/// One line of the verdict.
+#[derive(Debug, Clone)]
+pub struct Check {
+    pub what: String,
+    pub ok: bool,
+    pub detail: String,
+}
+
+/// Runs every check; never fails itself.
+pub async fn check(cfg: &Config) -> Vec<Check> {
+    let mut out = Vec::new();
+    let k = cfg.kafka.clone();
+    let topics: Vec<String> = cfg.routes.iter().map(|r| r.topic.clone()).collect();
+    let kafka = tokio::task::spawn_blocking(move || kafka_checks(&k, &topics))
+        .await
+        .unwrap_or_else(|e| {
+            vec![Check {
+                what: "kafka".into(),
+                ok: false,
+                detail: format!("the check itself failed: {e}"),
+            }]
+        });
+    out.extend(kafka);
+    out.extend(clickhouse_checks(cfg).await);
+    out
+}
+
+fn kafka_checks(k: &crate::config::KafkaConfig, topics: &[String]) -> Vec<Check> {
+    let mut cc = ClientConfig::new();
+    cc.set("bootstrap.servers", &k.brokers)
+        .set("group.id", &k.group_id);
+    for (key, v) in &k.properties {
+        cc.set(key, v);
+    }
+    let consumer: BaseConsumer = match cc.create() {
+        Ok(c) => c,
+        Err(e) => {
+            return vec![Check {
+                what: format!("kafka {}", k.brokers),
+                ok: false,
+                detail: format!("cannot create a client: {e}"),
+            }]
+        }
+    };
+    let md = match consumer.fetch_metadata(None, Duration::from_secs(10)) {
+        Ok(md) => md,
+        Err(e) => {
+            return vec![Check {
+                what: format!("kafka {}", k.brokers),
+                ok: false,
+                detail: format!("unreachable: {e}"),
+            }]
+        }
+    };
+    let mut out = vec![Check {
+        what: format!("kafka {}", k.brokers),
+        ok: true,
+        detail: format!("{} broker(s)", md.brokers().len()),
+    }];
+    for t in topics {
+        let found = md.topics().iter().find(|x| x.name() == t);
+        out.push(match found {
+            Some(x) if x.error().is_none() => Check {
+                what: format!("topic {t}"),
+                ok: true,
+                detail: format!("{} partition(s)", x.partitions().len()),
+            },
+            _ => Check {
+                what: format!("topic {t}"),
+                ok: false,
+                detail: "does not exist".into(),
+            },
+        });
+    }
+    out
+}
+
+async fn clickhouse_checks(cfg: &Config) -> Vec<Check> {
+    let what = format!("clickhouse {}", cfg.clickhouse.url);
+    let ch = match ClickHouse::connect(
+        &cfg.clickhouse,
+        cfg.sink.columns.clone(),
+        cfg.sink.delivery,
+        cfg.sink.limits.max_rows,
+    )
+    .await
+    {
+        Ok(ch) => ch,
+        Err(e) => {
+            return vec![Check {
+                what,
+                ok: false,
+                detail: format!("unreachable: {e}"),
+            }]
+        }
+    };
+    let mut out = vec![Check {
+        what,
+        ok: true,
+        detail: format!("as user {}", cfg.clickhouse.user),
+    }];
+    for r in &cfg.routes {
+        let result = ch.check_table(r).await;
+        let dedup = match (&result, &r.dedup) {
+            (Ok(()), Some(d)) => ch.check_columns(r, &d.fields).await.err(),
+            _ => None,
+        };
+        out.push(match (result, dedup) {
+            (Ok(()), None) => Check {
+                what: format!("table {}.{}", r.database, r.table),
+                ok: true,
+                detail: format!("has the metadata columns (for topic {})", r.topic),
+            },
+            (Err(e), _) | (Ok(()), Some(e)) => Check {
+                what: format!("table {}.{}", r.database, r.table),
+                ok: false,
+                detail: e.to_string(),
+            },
+        });
+    }
+    out
+}
+
+/// The verdicts as a table; clean when every check passed.
+pub fn render(checks: &[Check]) -> (String, Outcome) {
+    let mut g = grid(["check", "verdict", "detail"]);
+    for c in checks {
+        g.add_row([
+            c.what.clone(),
+            if c.ok { "ok" } else { "FAILED" }.to_string(),
+            c.detail.clone(),
+        ]);
+    }
+    let outcome = if checks.iter().all(|c| c.ok) {
+        Outcome::Clean
+    } else {
+        Outcome::Found
+    };
+    (format!("{g}\n"), outcome)
+}
