@@ -195,7 +195,7 @@ pub struct KafkaConfig {
     pub properties: BTreeMap<String, String>,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct ClickHouseConfig {
     pub url: String,
     pub database: String,
@@ -203,6 +203,20 @@ pub struct ClickHouseConfig {
     pub password: String,
     pub insert_timeout: Duration,
     pub settings: BTreeMap<String, String>,
+}
+
+/// The password never reaches a log line through `{:?}`.
+impl std::fmt::Debug for ClickHouseConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClickHouseConfig")
+            .field("url", &self.url)
+            .field("database", &self.database)
+            .field("user", &self.user)
+            .field("password", &"<redacted>")
+            .field("insert_timeout", &self.insert_timeout)
+            .field("settings", &self.settings)
+            .finish()
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -625,6 +639,13 @@ mod tests {
         assert!(err("dedup_key = ['a']\ndedup_window = '0s'").contains("route[0].dedup_window"));
         assert!(err("dedup_key = ['a']\ndedup_max_keys = 0").contains("route[0].dedup_max_keys"));
         assert!(err("dedup_key = ['a','b','c','d','e','f','g','h','i']").contains("at most 8"));
+    }
+
+    #[test]
+    fn debug_output_hides_the_password() {
+        let c = load(&MIN.replace("[clickhouse]", "[clickhouse]\npassword = 'hunter2'")).unwrap();
+        assert_eq!(c.clickhouse.password, "hunter2");
+        assert!(!format!("{c:?}").contains("hunter2"));
     }
 
     #[test]
