@@ -79,7 +79,8 @@ async fn kill9_scenario(delivery: &'static str, kills: u32) -> (Landed, u64, u32
         let mut sink = spec.start();
         let before = landed(&ch, &table).await.rows;
         // Every fifth run dies while it prepares its partitions; the others
-        // once they are inserting.
+        // once active: two in five once rows are landing, the rest at a
+        // random instant.
         let ready = match (delivery, i % 5) {
             ("exactly-once", 1..) => "partition active",
             _ => "assigned",
@@ -101,7 +102,21 @@ async fn kill9_scenario(delivery: &'static str, kills: u32) -> (Landed, u64, u32
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        tokio::time::sleep(Duration::from_millis(rng.random_range(1_000..6_000))).await;
+        if delivery == "exactly-once" && matches!(i % 5, 1 | 2) {
+            // Two in five die while inserting, however slow the stack is.
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while landed(&ch, &table).await.rows == before {
+                assert!(
+                    Instant::now() < deadline,
+                    "run {i} never inserted: {}",
+                    sink.log_tail()
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            tokio::time::sleep(Duration::from_millis(rng.random_range(0..1_000))).await;
+        } else {
+            tokio::time::sleep(Duration::from_millis(rng.random_range(1_000..6_000))).await;
+        }
         assert!(
             sink.is_running(),
             "run {i} stopped on its own: {}",
