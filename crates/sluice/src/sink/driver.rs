@@ -91,6 +91,17 @@ pub async fn run(
     });
     let stopping = CancellationToken::new();
     let (tx, rx) = mpsc::channel();
+    let ready = Arc::new(AtomicBool::new(false));
+    if let Some(addr) = cfg.metrics_listen {
+        let metrics = Metrics::install().map_err(|e| anyhow!(e))?;
+        let stop = stopping.clone();
+        let bound = http::serve(addr, metrics, ready.clone(), async move {
+            stop.cancelled().await
+        })
+        .await?;
+        tracing::info!(%bound, "serving /metrics, /health and /ready");
+    }
+
     let sink = Sink {
         routes: cfg.routes.iter().cloned().map(Arc::new).collect(),
         encoders: cfg
@@ -103,6 +114,11 @@ pub async fn run(
                     None => e,
                 }
             })
+            .collect(),
+        counters: cfg
+            .routes
+            .iter()
+            .map(|r| crate::telemetry::TopicCounters::new(&r.topic))
             .collect(),
         cfg: cfg.clone(),
         parts: HashMap::new(),
@@ -127,17 +143,6 @@ pub async fn run(
     consumer
         .subscribe(&topics)
         .context("subscribing to the topics")?;
-
-    let ready = Arc::new(AtomicBool::new(false));
-    if let Some(addr) = cfg.metrics_listen {
-        let metrics = Metrics::install().map_err(|e| anyhow!(e))?;
-        let stop = stopping.clone();
-        let bound = http::serve(addr, metrics, ready.clone(), async move {
-            stop.cancelled().await
-        })
-        .await?;
-        tracing::info!(%bound, "serving /metrics, /health and /ready");
-    }
 
     let stop = stopping.clone();
     tokio::spawn(async move {

@@ -85,6 +85,8 @@ pub(super) struct Sink {
     pub cfg: Config,
     pub routes: Vec<Arc<Route>>,
     pub encoders: Vec<RowEncoder>,
+    /// Per-route counters, indexed like `routes`.
+    pub counters: Vec<telemetry::TopicCounters>,
     pub parts: HashMap<Key, Part>,
     pub ctx: Arc<WriterCtx>,
     pub handle: Handle,
@@ -151,7 +153,7 @@ impl Sink {
             // Offsets only move forward within one activation: this one was
             // taken already. Taking it again would insert it twice.
             self.stats.redelivered += 1;
-            telemetry::redelivered(topic);
+            self.counters[ri].redelivered();
             tracing::warn!(
                 record = %format!("{topic}[{partition}]@{}", offset.0),
                 expected = part.position.map(|p| p.0),
@@ -161,7 +163,7 @@ impl Sink {
         }
         part.position = Some(offset.next());
         self.stats.records += 1;
-        telemetry::record_read(topic, payload.map_or(0, <[u8]>::len));
+        self.counters[ri].record_read(payload.map_or(0, <[u8]>::len));
         let encoder = &self.encoders[ri];
         part.acks
             .get_or_insert_with(|| AckTracker::new(NextOffset(offset.0)));
@@ -191,7 +193,7 @@ impl Sink {
         self.stats.dedup_keyless += u64::from(keyless);
         if let Ok(false) = pushed {
             self.stats.dedup_dropped += 1;
-            telemetry::dedup_dropped(topic);
+            self.counters[ri].dedup_dropped();
             tracing::debug!(
                 record = %format!("{topic}[{partition}]@{}", offset.0),
                 "dropped: its key was written within the dedup window"
