@@ -5,7 +5,7 @@
 STACK := scripts/stack.sh
 ENV := set -a; eval "$$($(STACK) env)"; set +a
 
-.PHONY: build stack stack-down demo test lint bench-resume bench-dedup clean-stack
+.PHONY: build stack stack-down demo test lint bench-resume bench-dedup clean-stack bench
 
 build:
 	cargo build --release --bin sluice
@@ -30,6 +30,9 @@ lint:
 
 bench-dedup:
 	scripts/bench-dedup.sh
+
+bench:
+	@scripts/bench/bench.sh
 
 bench-resume:
 	@$(STACK) up >/dev/null

@@ -18,7 +18,7 @@ Data flow, for each record size (1 KB and 200 B JSON objects):
        then the process is SIGTERMed and the table checked (count, uniqExact(_partition, _offset)).
   -> docs/bench/results.json (raw numbers, series, machine info); report.py renders README + SVGs.
 
-Env: BENCH_MB (MB of JSON per record size, default 200), BENCH_SIZES ("1k,200b"),
+Env: BENCH_MB (MB of JSON per record size, default 250: ~10 min on 2 cores), BENCH_SIZES ("1k,200b"),
 BENCH_PARTITIONS (4), BENCH_CASES (comma list, default all), BENCH_OUT (docs/bench),
 BENCH_BIN (dir holding private copies of sluice and raw_fetch), KAFKA_BROKERS, CLICKHOUSE_URL.
 Every process it starts is killed on exit (also on Ctrl-C and errors). Exit status 1 on any
@@ -45,7 +45,7 @@ REPO = os.path.dirname(os.path.dirname(HERE))
 BROKERS = os.environ.get("KAFKA_BROKERS", "127.0.0.1:19092")
 CH = os.environ.get("CLICKHOUSE_URL", "http://127.0.0.1:18123")
 BIN = os.environ.get("BENCH_BIN", "/tmp/bench-bin")
-MB = float(os.environ.get("BENCH_MB", "200"))
+MB = float(os.environ.get("BENCH_MB", "250"))
 SIZES = os.environ.get("BENCH_SIZES", "1k,200b").split(",")
 PARTS = int(os.environ.get("BENCH_PARTITIONS", "4"))
 ALL_CASES = ["raw_fetch", "raw_insert", "sluice_eo", "sluice_alo", "baseline"]
@@ -324,6 +324,10 @@ def case_raw_fetch(ds):
     cpu, _, peak = w.last or (0, 0, 0)
     log.close()
     series = [(round(x["t"], 3), x["records"]) for x in map(json.loads, open(log.name)) if "t" in x]
+    first = r.get("first_record_seconds")
+    if first is not None and r["seconds"] > first:
+        res.update(time_to_first_row=round(first, 3), first_to_last_seconds=round(r["seconds"] - first, 3),
+                   first_to_last_mb_per_s=round(r["bytes"] / 1e6 / (r["seconds"] - first), 2))
     res.update(wall_seconds=round(time.time() - t0, 3), cpu_seconds=cpu, peak_rss_mb=round(peak, 1),
                mem_series=w.mem, rows_series=series + [(r["seconds"], r["records"])],
                stack_cpu=diff(s0, stack_cpu()))

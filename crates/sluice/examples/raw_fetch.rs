@@ -7,7 +7,7 @@
 //! assign every partition at its low watermark → poll a BaseConsumer,
 //! counting records and payload bytes, until each partition's position
 //! reaches the high watermark read at start → print one JSON line
-//! `{"records":…,"bytes":…,"seconds":…}` on stdout. The clock starts before
+//! `{"records":…,"bytes":…,"seconds":…,"first_record_seconds":…}` on stdout. The clock starts before
 //! the consumer is created, as a sink's would. Every 500 ms a progress line
 //! `{"t":…,"records":…}` goes to stderr. Fetch properties mirror
 //! `sluice run` (read_committed, `queued.max.messages.kbytes`, the rest
@@ -59,6 +59,7 @@ fn main() -> anyhow::Result<()> {
 
     let (mut records, mut bytes) = (0u64, 0u64);
     let mut next_report = Instant::now();
+    let mut first: Option<f64> = None;
     while !end.is_empty() {
         if Instant::now() >= next_report {
             let t = started.elapsed().as_secs_f64();
@@ -69,6 +70,7 @@ fn main() -> anyhow::Result<()> {
             None => {}
             Some(Err(e)) => anyhow::bail!("fetch failed: {e}"),
             Some(Ok(m)) => {
+                first.get_or_insert_with(|| started.elapsed().as_secs_f64());
                 records += 1;
                 bytes += m.payload().map_or(0, |p| p.len()) as u64;
                 let p = m.partition();
@@ -81,7 +83,9 @@ fn main() -> anyhow::Result<()> {
     let seconds = started.elapsed().as_secs_f64();
     println!(
         "{}",
-        serde_json::json!({ "records": records, "bytes": bytes, "seconds": seconds })
+        serde_json::json!({
+            "records": records, "bytes": bytes, "seconds": seconds, "first_record_seconds": first
+        })
     );
     Ok(())
 }
