@@ -10,13 +10,13 @@
 #
 # State: ${SLUICE_STACK_DIR:-<repo>/.stack}/{data/tansu.db, chdb/, tansu.{pid,log}, chdb.{pid,log}}
 # (tansu runs with cwd = the state dir so `--storage-engine sqlite://data/tansu.db` lands there).
-# Ports: SLUICE_KAFKA_PORT (19092), SLUICE_CH_PORT (18123). Cache: SLUICE_CACHE (~/.cache/sluice).
+# Ports: SLUICE_STACK_KAFKA_PORT (19092), SLUICE_STACK_CH_PORT (18123). Cache: SLUICE_CACHE (~/.cache/sluice).
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 CACHE="${SLUICE_CACHE:-$HOME/.cache/sluice}"
 STACK="${SLUICE_STACK_DIR:-$REPO/.stack}"
-KPORT="${SLUICE_KAFKA_PORT:-19092}"
-CPORT="${SLUICE_CH_PORT:-18123}"
+KPORT="${SLUICE_STACK_KAFKA_PORT:-19092}"
+CPORT="${SLUICE_STACK_CH_PORT:-18123}"
 TANSU_BIN="$CACHE/tansu-0.6.0/bin/tansu"
 CHDB_PY="$CACHE/venv-chdb-26.9.0/bin/python"
 CHDB_SERVER="$REPO/stack/chdb_server.py"

@@ -77,6 +77,13 @@ impl Batch {
         self.rows.last().map(|r| r.0)
     }
 
+    /// Row `i` (from 0): its offset and its bytes.
+    pub fn row(&self, i: usize) -> Option<(Offset, &[u8])> {
+        let (offset, end) = *self.rows.get(i)?;
+        let start = if i == 0 { 0 } else { self.rows[i - 1].1 };
+        Some((offset, &self.body[start..end]))
+    }
+
     /// The read position just after this batch.
     pub fn end(&self) -> NextOffset {
         self.end
@@ -246,6 +253,23 @@ mod tests {
             max_age: Duration::from_secs(1),
             aligned: false,
         }
+    }
+
+    #[test]
+    fn rows_by_index() {
+        let mut b = builder(limits(10, 1 << 20));
+        let t0 = Instant::now();
+        for o in [4, 5, 9] {
+            b.push(Offset(o), t0, |buf| {
+                buf.extend_from_slice(format!("r{o}\n").as_bytes());
+                Ok::<_, ()>(())
+            })
+            .unwrap();
+        }
+        let batch = b.take().unwrap();
+        assert_eq!(batch.row(0), Some((Offset(4), b"r4\n".as_slice())));
+        assert_eq!(batch.row(2), Some((Offset(9), b"r9\n".as_slice())));
+        assert_eq!(batch.row(3), None);
     }
 
     #[test]

@@ -13,6 +13,8 @@ use xxhash_rust::xxh3::Xxh3;
 
 /// The most fields a business key may have.
 pub const MAX_KEY_FIELDS: usize = 8;
+/// The most required fields a route may name.
+pub const MAX_REQUIRED_FIELDS: usize = 64;
 use serde::de::{self, Deserializer, IgnoredAny, MapAccess, Visitor};
 use std::fmt;
 
@@ -45,6 +47,24 @@ pub enum RowError {
     NotObject,
     #[error("the value already has a field named `{0}`, which is a metadata column")]
     ReservedField(String),
+    #[error("the value has no field `{0}`, which is required")]
+    MissingField(String),
+    #[error("the value is {bytes} bytes, over the limit of {max}")]
+    TooLarge { bytes: usize, max: usize },
+}
+
+impl RowError {
+    /// A short stable name for the kind of error (metrics, DLQ headers).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            RowError::Tombstone => "tombstone",
+            RowError::NotJson(_) => "not-json",
+            RowError::NotObject => "not-object",
+            RowError::ReservedField(_) => "reserved-field",
+            RowError::MissingField(_) => "missing-field",
+            RowError::TooLarge { .. } => "too-large",
+        }
+    }
 }
 
 /// Encodes the values of one topic into JSONEachRow lines.
@@ -53,6 +73,10 @@ pub struct RowEncoder {
     columns: MetadataColumns,
     /// The business key's fields, for key-level dedup (empty: none).
     key_fields: Vec<String>,
+    /// Fields every value must have.
+    required: Vec<String>,
+    /// The largest value accepted, in bytes.
+    max_bytes: usize,
     /// `"_topic":"<topic>","_partition":` with the topic already escaped.
     head: Vec<u8>,
     /// `,"_offset":`
@@ -72,6 +96,8 @@ impl RowEncoder {
         Self {
             columns,
             key_fields: Vec::new(),
+            required: Vec::new(),
+            max_bytes: usize::MAX,
             head: head.into_bytes(),
             mid: mid.into_bytes(),
         }
@@ -83,6 +109,35 @@ impl RowEncoder {
         fields.truncate(MAX_KEY_FIELDS);
         self.key_fields = fields;
         self
+    }
+
+    /// Requires these top-level fields (at most [`MAX_REQUIRED_FIELDS`]; the
+    /// rest are not checked): a value without one is a
+    /// [`RowError::MissingField`].
+    pub fn with_required(mut self, mut fields: Vec<String>) -> Self {
+        fields.truncate(MAX_REQUIRED_FIELDS);
+        self.required = fields;
+        self
+    }
+
+    /// Values longer than `max` bytes are a [`RowError::TooLarge`].
+    pub fn with_max_bytes(mut self, max: usize) -> Self {
+        self.max_bytes = max;
+        self
+    }
+
+    /// The record value a row was encoded from, without the metadata
+    /// columns (whitespace aside, the value as it came). `None` if `row`
+    /// was not made by this encoder.
+    pub fn original(&self, row: &[u8]) -> Option<Vec<u8>> {
+        let at = row
+            .windows(self.head.len())
+            .rposition(|w| w == self.head.as_slice())?;
+        let body = &row[..at];
+        let body = body.strip_suffix(b",").unwrap_or(body);
+        let mut v = body.to_vec();
+        v.push(b'}');
+        Some(v)
     }
 
     /// Appends the row for `value` to `out`. On error `out` is unchanged.
@@ -110,6 +165,12 @@ impl RowEncoder {
         out: &mut Vec<u8>,
     ) -> Result<Option<KeyHash>, RowError> {
         let value = value.ok_or(RowError::Tombstone)?;
+        if value.len() > self.max_bytes {
+            return Err(RowError::TooLarge {
+                bytes: value.len(),
+                max: self.max_bytes,
+            });
+        }
         let mut parts: [Option<KeyPart>; MAX_KEY_FIELDS] = Default::default();
         let parts = &mut parts[..self.key_fields.len()];
         let (body, empty) = self.validate(value, parts)?;
@@ -150,10 +211,11 @@ impl RowEncoder {
             };
         }
         let mut de = serde_json::Deserializer::from_slice(value);
-        let fields = de
+        let (fields, seen) = de
             .deserialize_map(KeyCheck {
                 columns: &self.columns,
                 key_fields: &self.key_fields,
+                required: &self.required,
                 parts,
             })
             .and_then(|n| de.end().map(|_| n))
@@ -169,6 +231,14 @@ impl RowEncoder {
                 }
                 _ => RowError::NotJson(e.to_string()),
             })?;
+        if let Some(missing) = self
+            .required
+            .iter()
+            .enumerate()
+            .find(|(i, _)| seen & (1 << i) == 0)
+        {
+            return Err(RowError::MissingField(missing.1.clone()));
+        }
         Ok((&value[..end], fields == 0))
     }
 }
@@ -177,26 +247,31 @@ const RESERVED: &str = "reserved:";
 
 /// Walks the top-level keys of an object, skipping values except the key
 /// fields', and fails on a metadata column name. Returns the number of
-/// fields.
+/// fields and a bit per required field present.
 struct KeyCheck<'c, 'v> {
     columns: &'c MetadataColumns,
     key_fields: &'c [String],
+    required: &'c [String],
     parts: &'c mut [Option<KeyPart<'v>>],
 }
 
 impl<'de> Visitor<'de> for KeyCheck<'_, 'de> {
-    type Value = usize;
+    type Value = (usize, u64);
 
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
         f.write_str("a JSON object")
     }
 
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<usize, A::Error> {
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(usize, u64), A::Error> {
         let mut n = 0;
+        let mut seen = 0u64;
         while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
             let c = self.columns;
             if *key == *c.topic || *key == *c.partition || *key == *c.offset {
                 return Err(de::Error::custom(format!("{RESERVED}{key}")));
+            }
+            if let Some(i) = self.required.iter().position(|f| *f == *key) {
+                seen |= 1 << i;
             }
             match self.key_fields.iter().position(|f| *f == *key) {
                 Some(i) => self.parts[i] = map.next_value::<KeyText<'de>>()?.0,
@@ -206,7 +281,7 @@ impl<'de> Visitor<'de> for KeyCheck<'_, 'de> {
             }
             n += 1;
         }
-        Ok(n)
+        Ok((n, seen))
     }
 }
 
@@ -384,6 +459,39 @@ mod tests {
         let mut out = vec![];
         assert_eq!(e.encode(None, 0, 0, &mut out), Err(RowError::Tombstone));
         assert!(out.is_empty());
+    }
+
+    #[test]
+    fn required_fields_and_size_limit() {
+        let e = RowEncoder::new("t", MetadataColumns::default())
+            .with_required(vec!["id".into(), "ts".into()])
+            .with_max_bytes(40);
+        let run = |v: &str| e.encode(Some(v.as_bytes()), 0, 1, &mut Vec::new());
+        assert_eq!(run(r#"{"ts":1,"id":2}"#), Ok(()));
+        assert_eq!(run(r#"{"id":2}"#), Err(RowError::MissingField("ts".into())));
+        // A nested field of the same name does not count.
+        let nested = run(r#"{"x":{"ts":1},"id":2}"#);
+        assert_eq!(nested, Err(RowError::MissingField("ts".into())));
+        let big = format!(r#"{{"id":1,"ts":2,"pad":"{}"}}"#, "x".repeat(40));
+        assert_eq!(
+            run(&big),
+            Err(RowError::TooLarge {
+                bytes: big.len(),
+                max: 40
+            })
+        );
+        assert_eq!(RowError::MissingField("x".into()).kind(), "missing-field");
+    }
+
+    #[test]
+    fn original_strips_the_metadata() {
+        let e = RowEncoder::new("t", MetadataColumns::default());
+        for v in [r#"{"a":1,"b":"x,\"_topic\":"}"#, "{}", r#"{"a":[1,2]}"#] {
+            let mut row = Vec::new();
+            e.encode(Some(v.as_bytes()), 3, 99, &mut row).unwrap();
+            assert_eq!(e.original(&row).unwrap(), v.as_bytes());
+        }
+        assert_eq!(e.original(b"{\"a\":1}\n"), None);
     }
 
     #[test]

@@ -82,7 +82,7 @@ async fn main() -> anyhow::Result<()> {
         url: url.clone(),
         database: "bench_resume".into(),
         user: "default".into(),
-        password: String::new(),
+        password: Default::default(),
         insert_timeout: Duration::from_secs(30),
         settings: Default::default(),
     };
@@ -98,6 +98,7 @@ async fn main() -> anyhow::Result<()> {
         database: "bench_resume".into(),
         table: table.clone(),
         dedup: None,
+        required: Vec::new(),
     };
     let mut with = Vec::new();
     for _ in 0..20 {

@@ -11,7 +11,6 @@ use crate::ch::ClickHouse;
 use crate::config::Config;
 use crate::ops::{grid, Outcome};
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::ClientConfig;
 use std::time::Duration;
 
 /// One line of the verdict.
@@ -27,7 +26,8 @@ pub async fn check(cfg: &Config) -> Vec<Check> {
     let mut out = Vec::new();
     let k = cfg.kafka.clone();
     let topics: Vec<String> = cfg.routes.iter().map(|r| r.topic.clone()).collect();
-    let kafka = tokio::task::spawn_blocking(move || kafka_checks(&k, &topics))
+    let dlq = cfg.dlq.clone();
+    let kafka = tokio::task::spawn_blocking(move || kafka_checks(&k, &topics, dlq.as_deref()))
         .await
         .unwrap_or_else(|e| {
             vec![Check {
@@ -41,13 +41,13 @@ pub async fn check(cfg: &Config) -> Vec<Check> {
     out
 }
 
-fn kafka_checks(k: &crate::config::KafkaConfig, topics: &[String]) -> Vec<Check> {
-    let mut cc = ClientConfig::new();
-    cc.set("bootstrap.servers", &k.brokers)
-        .set("group.id", &k.group_id);
-    for (key, v) in &k.properties {
-        cc.set(key, v);
-    }
+fn kafka_checks(
+    k: &crate::config::KafkaConfig,
+    topics: &[String],
+    dlq: Option<&str>,
+) -> Vec<Check> {
+    let mut cc = k.client_config();
+    cc.set("group.id", &k.group_id);
     let consumer: BaseConsumer = match cc.create() {
         Ok(c) => c,
         Err(e) => {
@@ -71,18 +71,31 @@ fn kafka_checks(k: &crate::config::KafkaConfig, topics: &[String]) -> Vec<Check>
     let mut out = vec![Check {
         what: format!("kafka {}", k.brokers),
         ok: true,
-        detail: format!("{} broker(s)", md.brokers().len()),
+        detail: format!(
+            "{} broker(s), {}{}",
+            md.brokers().len(),
+            k.security.protocol,
+            k.security
+                .sasl
+                .as_ref()
+                .map(|s| format!(" {} as {}", s.mechanism, s.username))
+                .unwrap_or_default()
+        ),
     }];
-    for t in topics {
+    let named = topics
+        .iter()
+        .map(|t| (t.as_str(), "topic"))
+        .chain(dlq.map(|t| (t, "dlq topic")));
+    for (t, label) in named {
         let found = md.topics().iter().find(|x| x.name() == t);
         out.push(match found {
             Some(x) if x.error().is_none() => Check {
-                what: format!("topic {t}"),
+                what: format!("{label} {t}"),
                 ok: true,
                 detail: format!("{} partition(s)", x.partitions().len()),
             },
             _ => Check {
-                what: format!("topic {t}"),
+                what: format!("{label} {t}"),
                 ok: false,
                 detail: "does not exist".into(),
             },

@@ -63,7 +63,7 @@ enum Command {
         #[arg(long)]
         max_batch_rows: Option<usize>,
         /// Serve /metrics, /health and /ready on this host:port; overrides the file.
-        #[arg(long, env = "SLUICE_METRICS_LISTEN")]
+        #[arg(long)]
         metrics_listen: Option<String>,
     },
     /// Validate a config file and check that both ends can be reached.
@@ -184,7 +184,7 @@ fn run(command: Command) -> anyhow::Result<Outcome> {
                 max_batch_rows,
                 metrics_listen,
             };
-            let cfg = RawConfig::from_file(&config)?.validate(overrides)?;
+            let cfg = RawConfig::load(&config, std::env::vars())?.validate(overrides)?;
             let rt = runtime()?;
             rt.block_on(sluice::sink::run(cfg, shutdown_signal()))?;
             Ok(Outcome::Clean)
@@ -225,7 +225,7 @@ fn run(command: Command) -> anyhow::Result<Outcome> {
                 clickhouse_url,
                 ..Overrides::default()
             };
-            let cfg = RawConfig::from_file(&config)?.validate(overrides)?;
+            let cfg = RawConfig::load(&config, std::env::vars())?.validate(overrides)?;
             println!("config {}: valid", config.display());
             let checks = runtime()?.block_on(sluice::check::check(&cfg));
             let (text, outcome) = sluice::check::render(&checks);

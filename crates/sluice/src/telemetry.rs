@@ -78,6 +78,10 @@ fn describe() {
         "sluice_redelivered_records_total",
         "Records the Kafka client delivered a second time (ignored), by topic."
     );
+    describe_counter!(
+        "sluice_dlq_records_total",
+        "Records written to the dead-letter topic (acknowledged), by source topic and reason."
+    );
     describe_gauge!("sluice_in_flight_bytes", "Bytes in batches being inserted.");
     describe_gauge!(
         "sluice_consumer_lag_records",
@@ -148,4 +152,10 @@ pub fn in_flight_bytes(bytes: usize) {
 pub fn consumer_lag(topic: &str, partition: i32, lag: i64) {
     gauge!("sluice_consumer_lag_records", "topic" => topic.to_string(), "partition" => partition.to_string())
         .set(lag.max(0) as f64);
+}
+
+/// A record the DLQ acknowledged; `reason` is the error kind.
+pub fn dlq_written(topic: &str, reason: &'static str) {
+    counter!("sluice_dlq_records_total", "topic" => topic.to_string(), "reason" => reason)
+        .increment(1);
 }

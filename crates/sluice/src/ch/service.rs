@@ -47,7 +47,7 @@ impl ClickHouse {
         let client = clickhouse::Client::default()
             .with_url(&cfg.url)
             .with_user(&cfg.user)
-            .with_password(&cfg.password)
+            .with_password(cfg.password.expose())
             .with_database(&cfg.database)
             .with_validation(false);
         let secs = cfg.insert_timeout.as_secs().max(1).to_string();

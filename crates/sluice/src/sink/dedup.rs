@@ -18,7 +18,7 @@
 use crate::ch::ClickHouse;
 use crate::config::{KafkaConfig, KeyDedup, Route};
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::{ClientConfig, Message, Offset as KOffset, TopicPartitionList};
+use rdkafka::{Message, Offset as KOffset, TopicPartitionList};
 use sluice_core::dedup::{KeyHash, KeyWindow};
 use sluice_core::Offset;
 use std::time::Duration;
@@ -80,15 +80,11 @@ fn window_start(
     watermark: Offset,
     window: Duration,
 ) -> anyhow::Result<(i64, Offset)> {
-    let mut cc = ClientConfig::new();
-    cc.set("bootstrap.servers", &k.brokers)
-        .set("group.id", format!("{}-lookup", k.group_id))
+    let mut cc = k.client_config();
+    cc.set("group.id", format!("{}-lookup", k.group_id))
         .set("enable.auto.commit", "false")
         .set("fetch.wait.max.ms", "100")
         .set("enable.partition.eof", "false");
-    for (key, v) in &k.properties {
-        cc.set(key, v);
-    }
     let c: BaseConsumer = cc.create()?;
     let mut tpl = TopicPartitionList::new();
     tpl.add_partition_offset(topic, partition, KOffset::Offset(watermark.0))?;

@@ -8,6 +8,7 @@
 //! fetching, flushes what was read, waits for every insert, commits with a
 //! clean hand-off marker and leaves the group.
 
+use super::dlq::Dlq;
 use super::lease::Lease;
 use super::state::{Phase, Sink, Stats, MARK_CLEAN, MARK_OPEN};
 use super::writer::WriterCtx;
@@ -18,9 +19,7 @@ use crate::http;
 use crate::telemetry::Metrics;
 use anyhow::{anyhow, Context as _};
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
-use rdkafka::message::Message;
 use rdkafka::types::RDKafkaRespErr;
-use rdkafka::ClientConfig;
 use sluice_core::RowEncoder;
 use std::collections::HashMap;
 use std::future::Future;
@@ -83,11 +82,33 @@ pub async fn run(
         }
     }
     let hold = cfg.kafka.heartbeat_interval * 2 + Duration::from_secs(1);
+    let encoders: Vec<RowEncoder> = cfg
+        .routes
+        .iter()
+        .map(|r| {
+            let e = RowEncoder::new(&r.topic, cfg.sink.columns.clone())
+                .with_required(r.required.clone())
+                .with_max_bytes(cfg.sink.max_record_bytes);
+            match &r.dedup {
+                Some(d) => e.with_key(d.fields.clone()),
+                None => e,
+            }
+        })
+        .collect();
+    let dlq = match &cfg.dlq {
+        None => None,
+        Some(topic) => Some(
+            Dlq::new(&cfg.kafka, topic)
+                .with_context(|| format!("creating the DLQ producer for topic {topic:?}"))?,
+        ),
+    };
     let ctx = Arc::new(WriterCtx {
         ch,
         lease: Lease::start(Duration::from_millis(1500), hold),
         delivery: cfg.sink.delivery,
         permits: Semaphore::new(cfg.sink.max_concurrent_inserts),
+        dlq,
+        encoders: encoders.clone(),
     });
     let stopping = CancellationToken::new();
     let (tx, rx) = mpsc::channel();
@@ -104,17 +125,7 @@ pub async fn run(
 
     let sink = Sink {
         routes: cfg.routes.iter().cloned().map(Arc::new).collect(),
-        encoders: cfg
-            .routes
-            .iter()
-            .map(|r| {
-                let e = RowEncoder::new(&r.topic, cfg.sink.columns.clone());
-                match &r.dedup {
-                    Some(d) => e.with_key(d.fields.clone()),
-                    None => e,
-                }
-            })
-            .collect(),
+        encoders,
         counters: cfg
             .routes
             .iter()
@@ -192,9 +203,8 @@ async fn connect_clickhouse(cfg: &Config) -> anyhow::Result<ClickHouse> {
 fn build_consumer(cfg: &Config, sink: Sink) -> anyhow::Result<BaseConsumer<SinkContext>> {
     let k = &cfg.kafka;
     let queued_kb = (cfg.sink.max_buffered_bytes / 4 / 1024).clamp(1024, 65536);
-    let mut cc = ClientConfig::new();
-    cc.set("bootstrap.servers", &k.brokers)
-        .set("group.id", &k.group_id)
+    let mut cc = k.client_config();
+    cc.set("group.id", &k.group_id)
         .set("enable.auto.commit", "false")
         .set("enable.auto.offset.store", "false")
         .set("isolation.level", "read_committed")
@@ -214,9 +224,6 @@ fn build_consumer(cfg: &Config, sink: Sink) -> anyhow::Result<BaseConsumer<SinkC
     if let Some(id) = &k.instance_id {
         cc.set("group.instance.id", id);
     }
-    for (key, v) in &k.properties {
-        cc.set(key, v);
-    }
     cc.create_with_context(SinkContext {
         sink: Mutex::new(sink),
     })
@@ -232,10 +239,12 @@ fn lock(consumer: &BaseConsumer<SinkContext>) -> std::sync::MutexGuard<'_, Sink>
 }
 
 fn poll_loop(consumer: BaseConsumer<SinkContext>) -> anyhow::Result<()> {
-    let (commit_interval, stopping) = {
+    let (commit_interval, progress_every, stopping) = {
         let s = lock(&consumer);
-        (s.cfg.sink.commit_interval, s.stopping.clone())
+        let c = &s.cfg.sink;
+        (c.commit_interval, c.progress_interval, s.stopping.clone())
     };
+    let mut last_stats = Stats::default();
     let mut last_commit = Instant::now();
     let mut last_sweep = Instant::now();
     let mut last_report = Instant::now();
@@ -252,14 +261,7 @@ fn poll_loop(consumer: BaseConsumer<SinkContext>) -> anyhow::Result<()> {
         let now = Instant::now();
         let mut s = lock(&consumer);
         match msg {
-            Some(Ok(m)) => s.on_record(
-                m.topic(),
-                m.partition(),
-                m.offset(),
-                m.timestamp().to_millis(),
-                m.payload(),
-                now,
-            ),
+            Some(Ok(m)) => s.on_record(&m, now),
             Some(Err(e)) => tracing::warn!(error = %e, "Kafka consumer error"),
             None => {}
         }
@@ -271,17 +273,21 @@ fn poll_loop(consumer: BaseConsumer<SinkContext>) -> anyhow::Result<()> {
             last_commit = now;
             s.commit(&consumer, None, MARK_OPEN, CommitMode::Async);
         }
-        if now.duration_since(last_report) >= Duration::from_secs(10) {
-            last_report = now;
+        if progress_every.is_some_and(|every| now.duration_since(last_report) >= every) {
             let st = s.stats;
+            let secs = now.duration_since(last_report).as_secs_f64().max(1e-3);
+            last_report = now;
             tracing::info!(
                 records = st.records,
+                records_per_sec = ((st.records - last_stats.records) as f64 / secs).round(),
                 rows_inserted = st.rows_inserted,
                 batches = st.batches,
+                dlq = st.dlq,
                 dedup_dropped = st.dedup_dropped,
                 dedup_keyless = st.dedup_keyless,
                 redelivered = st.redelivered,
                 in_flight = s.in_flight,
+                in_flight_mb = s.in_flight_bytes / (1 << 20),
                 partitions = s
                     .parts
                     .values()
@@ -289,6 +295,7 @@ fn poll_loop(consumer: BaseConsumer<SinkContext>) -> anyhow::Result<()> {
                     .count(),
                 "progress"
             );
+            last_stats = st;
         }
     }
     // Graceful stop: flush what was read (a bad record never entered a
@@ -308,6 +315,7 @@ fn poll_loop(consumer: BaseConsumer<SinkContext>) -> anyhow::Result<()> {
         tracing::info!(
             records = s.stats.records,
             rows_inserted = s.stats.rows_inserted,
+            dlq = s.stats.dlq,
             "stopped"
         );
         s.fatal.take()

@@ -187,6 +187,8 @@ impl Sink {
             if let Some(p) = self.parts.get_mut(k) {
                 p.builder.clear();
                 p.builder_uncertain = false;
+                // Their records are read again by the next owner.
+                p.letters.clear();
             }
         }
         if !lost {

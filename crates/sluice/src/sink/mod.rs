@@ -5,9 +5,11 @@
 //! consumer thread → the in-order durable frontier → offset commits.
 //! [`handoff`] moves partitions between owners without overlap; [`lease`]
 //! decides whether this process may start an insert at all; [`dedup`]
-//! rebuilds a partition's key dedup window when it changes hands.
+//! rebuilds a partition's key dedup window when it changes hands; [`dlq`]
+//! sends records that cannot become rows to the dead-letter topic.
 
 mod dedup;
+mod dlq;
 mod driver;
 mod handoff;
 mod lease;

@@ -10,6 +10,7 @@
 //! over it, every partition is paused (the consumer keeps polling, so the
 //! group does not evict it) until half of it is free.
 
+use super::dlq::{Letter, Pending};
 use super::handoff::Prepared;
 use super::writer::{deliver, Completion, Job, Outcome, WriterCtx};
 use super::SinkContext;
@@ -17,6 +18,7 @@ use crate::config::{Config, Route};
 use crate::telemetry;
 use anyhow::anyhow;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
+use rdkafka::message::Message;
 use rdkafka::{Offset as KOffset, TopicPartitionList};
 use sluice_core::dedup::{KeyWindow, Seen};
 use sluice_core::resume::StartAt;
@@ -32,6 +34,9 @@ pub(super) const MARK_OPEN: &str = "sluice:open";
 pub(super) const MARK_CLEAN: &str = "sluice:clean";
 
 pub(super) type Key = (usize, i32);
+
+/// A batch is cut once it accounts for this many DLQ writes.
+const MAX_LETTERS_PER_BATCH: usize = 10_000;
 
 /// What tasks report back to the consumer thread.
 pub(super) enum Event {
@@ -64,6 +69,8 @@ pub(super) struct Part {
     /// The offset after the last record taken: a record below it was
     /// delivered twice by the client and is ignored.
     pub position: Option<NextOffset>,
+    /// DLQ writes for records of the batch being built.
+    pub letters: Vec<Pending>,
 }
 
 #[derive(Default, Debug, Clone, Copy)]
@@ -77,6 +84,8 @@ pub(super) struct Stats {
     pub dedup_keyless: u64,
     /// Records the client delivered a second time (ignored).
     pub redelivered: u64,
+    /// Records sent to the DLQ by this process (queued, not yet all acknowledged).
+    pub dlq: u64,
 }
 
 /// All state of the sink; lives in the consumer context so rebalance
@@ -126,18 +135,13 @@ impl Sink {
             paused: false,
             keys: None,
             position: None,
+            letters: Vec::new(),
         }
     }
 
-    pub fn on_record(
-        &mut self,
-        topic: &str,
-        partition: i32,
-        offset: i64,
-        timestamp: Option<i64>,
-        payload: Option<&[u8]>,
-        now: Instant,
-    ) {
+    pub fn on_record(&mut self, m: &impl Message, now: Instant) {
+        let (topic, partition, offset) = (m.topic(), m.partition(), m.offset());
+        let (timestamp, key, payload) = (m.timestamp().to_millis(), m.key(), m.payload());
         let Some(ri) = self.route_of(topic) else {
             return;
         };
@@ -200,14 +204,43 @@ impl Sink {
             );
         }
         if let Err(e) = pushed {
-            self.fatal = Some(anyhow!(
-                "record {topic}[{partition}]@{} cannot become a row: {e}. \
-                 sluice stops rather than skip it; fix or remove the record (a DLQ comes in a later release)",
-                offset.0
-            ));
-            return;
+            let Some(dlq) = self.ctx.dlq.as_ref() else {
+                self.fatal = Some(anyhow!(
+                    "record {topic}[{partition}]@{} cannot become a row: {e}. \
+                     sluice stops rather than skip it; set [dlq] topic to send such records there",
+                    offset.0
+                ));
+                return;
+            };
+            let reason = e.to_string();
+            let letter = Letter {
+                topic,
+                partition,
+                offset: offset.0,
+                timestamp,
+                key,
+                value: payload,
+                kind: e.kind(),
+                reason: &reason,
+            };
+            match dlq.send(&letter) {
+                Ok(p) => {
+                    part.builder.skip(offset, now);
+                    part.letters.push(p);
+                    self.stats.dlq += 1;
+                    tracing::debug!(record = %format!("{topic}[{partition}]@{}", offset.0), error = %e, "sent to the DLQ");
+                }
+                Err(err) => {
+                    self.fatal = Some(anyhow!(
+                        "record {topic}[{partition}]@{} cannot become a row ({e}) and cannot be queued for the DLQ topic {:?}: {err}",
+                        offset.0,
+                        dlq.topic()
+                    ));
+                    return;
+                }
+            }
         }
-        if part.builder.is_due(now) {
+        if part.builder.is_due(now) || part.letters.len() >= MAX_LETTERS_PER_BATCH {
             self.cut((ri, partition));
         }
     }
@@ -237,6 +270,7 @@ impl Sink {
             return;
         };
         let ticket = acks.register(batch.end());
+        let letters = std::mem::take(&mut part.letters);
         self.in_flight_bytes += batch.bytes();
         telemetry::in_flight_bytes(self.in_flight_bytes);
         self.in_flight += 1;
@@ -249,6 +283,7 @@ impl Sink {
             ticket,
             generation: part.generation,
             abandon: part.abandon.clone(),
+            letters,
         };
         let ctx = self.ctx.clone();
         let tx = self.tx.clone();
@@ -288,6 +323,10 @@ impl Sink {
                 }
             }
             Outcome::Abandoned => {}
+            Outcome::DlqFailed(e) => {
+                self.fatal
+                    .get_or_insert(anyhow!("{e}; sluice stops rather than skip the record"));
+            }
             Outcome::Failed(e) => {
                 let route = &self.routes[c.route_idx];
                 self.fatal.get_or_insert(anyhow!(

@@ -13,14 +13,21 @@
 //!
 //! At-least-once and token-only: the same bytes (token-only: with the same
 //! token) are re-sent until one attempt succeeds.
+//!
+//! With a DLQ, a row ClickHouse rejects (a permanent error naming the row,
+//! `(at row N)`: a wrong type, an unparsable date) goes to the DLQ and the
+//! rest of the batch is tried again (exactly-once: after reconciling). The
+//! batch is durable once its rows are stored and its DLQ writes are
+//! acknowledged.
 
+use super::dlq::{self, Dlq, Letter, Pending};
 use super::lease::Lease;
 use crate::ch::{ChError, ChErrorKind, ClickHouse, InsertRequest};
 use crate::config::{Delivery, Route};
 use crate::telemetry;
 use sluice_core::acks::Ticket;
 use sluice_core::token::{insert_token, query_id};
-use sluice_core::Batch;
+use sluice_core::{Batch, Offset, RowEncoder};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::Semaphore;
@@ -32,6 +39,10 @@ pub struct WriterCtx {
     pub lease: Lease,
     pub delivery: Delivery,
     pub permits: Semaphore,
+    /// Where rows that cannot be stored go, if anywhere.
+    pub dlq: Option<Dlq>,
+    /// Per route: turns a rejected row back into its record value.
+    pub encoders: Vec<RowEncoder>,
 }
 
 pub struct Job {
@@ -44,6 +55,8 @@ pub struct Job {
     pub generation: u64,
     /// Cancelled when the partition is given up.
     pub abandon: CancellationToken,
+    /// DLQ writes for records this batch accounts for.
+    pub letters: Vec<Pending>,
 }
 
 #[derive(Debug)]
@@ -54,6 +67,8 @@ pub enum Outcome {
     },
     Abandoned,
     Failed(ChError),
+    /// A DLQ write failed for good.
+    DlqFailed(String),
 }
 
 pub struct Completion {
@@ -66,8 +81,16 @@ pub struct Completion {
 }
 
 /// Delivers one batch; always returns a completion.
-pub async fn deliver(job: Job, ctx: Arc<WriterCtx>) -> Completion {
-    let outcome = attempt_until_done(&job, &ctx).await;
+pub async fn deliver(mut job: Job, ctx: Arc<WriterCtx>) -> Completion {
+    let mut letters = std::mem::take(&mut job.letters);
+    let mut outcome = attempt_until_done(&job, &ctx, &mut letters).await;
+    if let (Outcome::Durable { .. }, Some(d)) = (&outcome, &ctx.dlq) {
+        match dlq::confirm(letters, d.topic(), &job.abandon).await {
+            Ok(true) => {}
+            Ok(false) => outcome = Outcome::Abandoned,
+            Err(e) => outcome = Outcome::DlqFailed(e),
+        }
+    }
     Completion {
         route_idx: job.route_idx,
         partition: job.batch.partition.partition,
@@ -78,11 +101,13 @@ pub async fn deliver(job: Job, ctx: Arc<WriterCtx>) -> Completion {
     }
 }
 
-async fn attempt_until_done(job: &Job, ctx: &WriterCtx) -> Outcome {
+async fn attempt_until_done(job: &Job, ctx: &WriterCtx, letters: &mut Vec<Pending>) -> Outcome {
     let exactly_once = ctx.delivery.is_exactly_once();
     let mut uncertain = exactly_once && job.uncertain;
     let mut previous: Option<(String, Instant)> = None;
     let mut backoff = Backoff::new();
+    // Rows ClickHouse rejected, sent to the DLQ: never inserted.
+    let mut rejected: Vec<Offset> = Vec::new();
     let p = &job.batch.partition;
     for attempt in 0u32.. {
         if exactly_once {
@@ -97,8 +122,13 @@ async fn attempt_until_done(job: &Job, ctx: &WriterCtx) -> Outcome {
         let Ok(_permit) = ctx.permits.acquire().await else {
             return Outcome::Abandoned;
         };
+        let base = if rejected.is_empty() {
+            job.batch.clone()
+        } else {
+            job.batch.without(&rejected)
+        };
         let batch = if uncertain {
-            match reconcile(job, ctx, previous.as_ref()).await {
+            match reconcile(job, &base, ctx, previous.as_ref()).await {
                 Ok(b) => b,
                 Err(e) => {
                     tracing::warn!(partition = %p, error = %e, "reconciliation failed; will retry");
@@ -107,7 +137,7 @@ async fn attempt_until_done(job: &Job, ctx: &WriterCtx) -> Outcome {
                 }
             }
         } else {
-            job.batch.clone()
+            base
         };
         if batch.is_empty() {
             return Outcome::Durable { inserted: 0 };
@@ -149,7 +179,42 @@ async fn attempt_until_done(job: &Job, ctx: &WriterCtx) -> Outcome {
                     inserted: batch.len(),
                 };
             }
-            Err(e) if !e.is_retriable() => return Outcome::Failed(e),
+            Err(e) if !e.is_retriable() => {
+                let Some((offset, row)) = rejected_row(&e, &batch) else {
+                    return Outcome::Failed(e);
+                };
+                let Some(d) = &ctx.dlq else {
+                    return Outcome::Failed(e);
+                };
+                let encoder = &ctx.encoders[job.route_idx];
+                let value = encoder.original(row).unwrap_or_else(|| row.to_vec());
+                let reason = e.to_string();
+                let letter = Letter {
+                    topic: &p.topic,
+                    partition: p.partition,
+                    offset: offset.0,
+                    timestamp: None,
+                    key: None,
+                    value: Some(&value),
+                    kind: "rejected",
+                    reason: &reason,
+                };
+                match d.send(&letter) {
+                    Ok(pending) => letters.push(pending),
+                    Err(err) => {
+                        return Outcome::DlqFailed(format!(
+                            "{p}@{}: ClickHouse rejected its row ({e}) and it cannot be queued for the DLQ: {err}",
+                            offset.0
+                        ))
+                    }
+                }
+                tracing::warn!(partition = %p, offset = offset.0, error = %e, "ClickHouse rejected a row; sent it to the DLQ");
+                let at = rejected.partition_point(|o| *o < offset);
+                rejected.insert(at, offset);
+                // A cut-short insert may have stored some rows: check first.
+                uncertain = exactly_once;
+                previous = None;
+            }
             Err(e) => {
                 telemetry::insert_retried(&req_table, e.kind.name());
                 tracing::warn!(
@@ -172,33 +237,46 @@ async fn attempt_until_done(job: &Job, ctx: &WriterCtx) -> Outcome {
     Outcome::Abandoned
 }
 
-/// Fences the previous attempt, then drops the rows ClickHouse already has.
+/// The row a permanent ClickHouse error names (`(at row N)`, from 1).
+fn rejected_row<'b>(e: &ChError, batch: &'b Batch) -> Option<(Offset, &'b [u8])> {
+    if e.kind != ChErrorKind::Server {
+        return None;
+    }
+    let rest = &e.message[e.message.find("(at row ")? + 8..];
+    let digits = &rest[..rest.find(|c: char| !c.is_ascii_digit())?];
+    let n: usize = digits.parse().ok()?;
+    batch.row(n.checked_sub(1)?)
+}
+
+/// Fences the previous attempt, then drops the rows of `batch` ClickHouse
+/// already has.
 async fn reconcile(
     job: &Job,
+    batch: &Batch,
     ctx: &WriterCtx,
     previous: Option<&(String, Instant)>,
 ) -> Result<Batch, ChError> {
     if let Some((qid, started)) = previous {
         ctx.ch.fence_attempt(qid, *started).await?;
     }
-    let (Some(first), Some(last)) = (job.batch.first(), job.batch.last()) else {
-        return Ok(job.batch.clone());
+    let (Some(first), Some(last)) = (batch.first(), batch.last()) else {
+        return Ok(batch.clone());
     };
     let present = ctx
         .ch
-        .present_offsets(&job.route, job.batch.partition.partition, first, last)
+        .present_offsets(&job.route, batch.partition.partition, first, last)
         .await?;
-    let rest = job.batch.without(&present);
+    let rest = batch.without(&present);
     telemetry::reconciled(
         &format!("{}.{}", job.route.database, job.route.table),
-        job.batch.len() - rest.len(),
-        job.batch.len(),
+        batch.len() - rest.len(),
+        batch.len(),
     );
     tracing::info!(
-        partition = %job.batch.partition,
+        partition = %batch.partition,
         first = first.0,
         last = last.0,
-        present = job.batch.len() - rest.len(),
+        present = batch.len() - rest.len(),
         missing = rest.len(),
         "reconciled"
     );

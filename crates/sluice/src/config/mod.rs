@@ -4,13 +4,22 @@
 //! `deny_unknown_fields` and a doc comment on every field; [`RawConfig::validate`]
 //! turns it into [`Config`], with one [`ConfigError`] variant per broken rule.
 //!
-//! Precedence, lowest first: built-in defaults, the file, environment
-//! variables (`KAFKA_BROKERS`, `CLICKHOUSE_URL`), command-line flags.
+//! Precedence, lowest first: built-in defaults, the file, `SLUICE_…`
+//! environment variables ([`env`]), then command-line flags (and
+//! `KAFKA_BROKERS` / `CLICKHOUSE_URL`, which stand for `--brokers` and
+//! `--clickhouse-url`). Secrets: [`secret`]. Kafka TLS and SASL: [`security`].
+
+pub mod env;
+pub mod secret;
+pub mod security;
+
+pub use secret::Secret;
+pub use security::KafkaSecurity;
 
 use serde::Deserialize;
 use sluice_core::{BatchLimits, MetadataColumns};
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// How strongly records are delivered.
@@ -58,6 +67,17 @@ pub struct RawConfig {
     /// Where `/metrics`, `/health` and `/ready` are served.
     #[serde(default)]
     pub metrics: RawMetrics,
+    /// Where records that cannot become rows go.
+    #[serde(default)]
+    pub dlq: RawDlq,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct RawDlq {
+    /// The dead-letter topic (same cluster and credentials as `[kafka]`).
+    /// Default: none, and a record that cannot become a row stops the sink.
+    pub topic: Option<String>,
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -87,6 +107,13 @@ pub struct RawKafka {
     pub heartbeat_interval: Option<Duration>,
     /// Where to start when nothing is committed: `earliest` (default) or `latest`.
     pub auto_offset_reset: Option<String>,
+    /// `plaintext`, `ssl`, `sasl_plaintext` or `sasl_ssl`. Default: from
+    /// the `tls` and `sasl` sections present.
+    pub security_protocol: Option<String>,
+    /// TLS to the brokers.
+    pub tls: Option<security::RawTls>,
+    /// SASL authentication (PLAIN, SCRAM).
+    pub sasl: Option<security::RawSasl>,
     /// Extra librdkafka properties, passed through as they are.
     #[serde(default)]
     pub properties: BTreeMap<String, String>,
@@ -101,8 +128,11 @@ pub struct RawClickHouse {
     pub database: Option<String>,
     /// User name. Default `default`.
     pub user: Option<String>,
-    /// Password. Default empty.
+    /// Password. Default empty. Prefer `password_file` or
+    /// `SLUICE_CLICKHOUSE_PASSWORD`.
     pub password: Option<String>,
+    /// A file holding the password (one trailing newline is removed).
+    pub password_file: Option<PathBuf>,
     /// The longest one insert may live, on the client and on the server
     /// (`max_execution_time` and the HTTP timeouts). Default 30s.
     #[serde(default, with = "humantime_serde")]
@@ -137,6 +167,13 @@ pub struct RawSink {
     /// timeout + 5s.
     #[serde(default, with = "humantime_serde")]
     pub fence_wait: Option<Duration>,
+    /// A record value larger than this cannot become a row (it goes to the
+    /// DLQ). Default: `max_batch_bytes`.
+    pub max_record_bytes: Option<usize>,
+    /// How often a one-line progress summary is logged; `0s`: never.
+    /// Default 10s.
+    #[serde(default, with = "humantime_serde")]
+    pub progress_interval: Option<Duration>,
     /// Names of the metadata columns.
     #[serde(default)]
     pub columns: RawColumns,
@@ -171,6 +208,10 @@ pub struct RawRoute {
     /// Keys remembered per partition at most; past it the oldest are
     /// forgotten early. Default 10,000,000 (about 600 MB per partition).
     pub dedup_max_keys: Option<usize>,
+    /// Top-level fields every record must have; a record without one of
+    /// them cannot become a row (it goes to the DLQ). Default: none.
+    #[serde(default)]
+    pub required: Vec<String>,
 }
 
 /// A validated configuration.
@@ -182,9 +223,11 @@ pub struct Config {
     pub routes: Vec<Route>,
     /// Where to serve `/metrics`, `/health` and `/ready`.
     pub metrics_listen: Option<std::net::SocketAddr>,
+    /// The dead-letter topic, if any.
+    pub dlq: Option<String>,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct KafkaConfig {
     pub brokers: String,
     pub group_id: String,
@@ -192,7 +235,36 @@ pub struct KafkaConfig {
     pub session_timeout: Duration,
     pub heartbeat_interval: Duration,
     pub auto_offset_reset: String,
+    pub security: KafkaSecurity,
     pub properties: BTreeMap<String, String>,
+}
+
+/// Secret-looking pass-through properties never reach a log line.
+impl std::fmt::Debug for KafkaConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let properties: BTreeMap<&str, &str> = self
+            .properties
+            .iter()
+            .map(|(k, v)| {
+                let shown = if secret::is_secret_property(k) {
+                    "<redacted>"
+                } else {
+                    v.as_str()
+                };
+                (k.as_str(), shown)
+            })
+            .collect();
+        f.debug_struct("KafkaConfig")
+            .field("brokers", &self.brokers)
+            .field("group_id", &self.group_id)
+            .field("instance_id", &self.instance_id)
+            .field("session_timeout", &self.session_timeout)
+            .field("heartbeat_interval", &self.heartbeat_interval)
+            .field("auto_offset_reset", &self.auto_offset_reset)
+            .field("security", &self.security)
+            .field("properties", &properties)
+            .finish()
+    }
 }
 
 #[derive(Clone)]
@@ -200,7 +272,7 @@ pub struct ClickHouseConfig {
     pub url: String,
     pub database: String,
     pub user: String,
-    pub password: String,
+    pub password: Secret,
     pub insert_timeout: Duration,
     pub settings: BTreeMap<String, String>,
 }
@@ -212,7 +284,7 @@ impl std::fmt::Debug for ClickHouseConfig {
             .field("url", &self.url)
             .field("database", &self.database)
             .field("user", &self.user)
-            .field("password", &"<redacted>")
+            .field("password", &self.password)
             .field("insert_timeout", &self.insert_timeout)
             .field("settings", &self.settings)
             .finish()
@@ -227,6 +299,9 @@ pub struct SinkConfig {
     pub max_concurrent_inserts: usize,
     pub commit_interval: Duration,
     pub fence_wait: Duration,
+    pub max_record_bytes: usize,
+    /// How often the progress line is logged, if at all.
+    pub progress_interval: Option<Duration>,
     pub columns: MetadataColumns,
 }
 
@@ -237,6 +312,8 @@ pub struct Route {
     pub database: String,
     pub table: String,
     pub dedup: Option<KeyDedup>,
+    /// Fields every record must have.
+    pub required: Vec<String>,
 }
 
 /// Key-level dedup settings of a route.
@@ -272,6 +349,14 @@ pub enum ConfigError {
     },
     #[error("config file {path} is not valid: {message}")]
     Parse { path: String, message: String },
+    #[error("{field}: cannot read {path}: {reason}")]
+    File {
+        field: String,
+        path: String,
+        reason: String,
+    },
+    #[error("{0}: not a setting (see the SLUICE_* variables in the README)")]
+    UnknownVar(String),
     #[error("{field}: missing; expected {expected}")]
     Missing {
         field: &'static str,
@@ -330,6 +415,50 @@ impl RawConfig {
         toml::from_str(text).map_err(|e| ConfigError::Parse {
             path: "<inline>".into(),
             message: e.to_string(),
+        })
+    }
+
+    /// The file at `path` with the `SLUICE_…` settings of `vars` applied
+    /// over it ([`env`]).
+    pub fn load(
+        path: &Path,
+        vars: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Self::from_toml_with_env(&text, vars).map_err(|e| match e {
+            ConfigError::Parse { message, .. } => ConfigError::Parse {
+                path: path.display().to_string(),
+                message,
+            },
+            other => other,
+        })
+    }
+
+    /// Like [`Self::from_toml`], with the `SLUICE_…` settings of `vars`.
+    pub fn from_toml_with_env(
+        text: &str,
+        vars: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Self, ConfigError> {
+        let parse = |message: String| ConfigError::Parse {
+            path: "<inline>".into(),
+            message,
+        };
+        let mut table: toml::Table = toml::from_str(text).map_err(|e| parse(e.to_string()))?;
+        let used = env::apply(&mut table, vars)?;
+        if used.is_empty() {
+            // Straight from the text: errors keep their line and column.
+            return Self::from_toml(text);
+        }
+        use serde::de::IntoDeserializer;
+        Self::deserialize(toml::Value::Table(table).into_deserializer()).map_err(|e| {
+            parse(format!(
+                "{} (with {} from the environment)",
+                e.to_string().trim_end(),
+                used.join(", ")
+            ))
         })
     }
 
@@ -463,11 +592,29 @@ impl RawConfig {
                 return Err(ConfigError::DuplicateTopic(r.topic));
             }
             let dedup = key_dedup(i, &r, &columns)?;
+            for (j, f) in r.required.iter().enumerate() {
+                let meta = [&columns.topic, &columns.partition, &columns.offset];
+                if f.is_empty() || meta.contains(&f) || r.required[..j].contains(f) {
+                    return Err(invalid(
+                        &format!("route[{i}].required[{j}]"),
+                        "a distinct top-level field of the records, not a metadata column",
+                        f,
+                    ));
+                }
+            }
+            if r.required.len() > sluice_core::row::MAX_REQUIRED_FIELDS {
+                return Err(invalid(
+                    &format!("route[{i}].required"),
+                    "at most 64 fields",
+                    &r.required.len().to_string(),
+                ));
+            }
             routes.push(Route {
                 topic: r.topic,
                 database: db,
                 table,
                 dedup,
+                required: r.required,
             });
         }
 
@@ -478,8 +625,44 @@ impl RawConfig {
                     invalid("metrics.listen", "host:port, such as 127.0.0.1:9464", &a)
                 })?),
             };
+        let security = security::validate(
+            self.kafka.security_protocol,
+            self.kafka.tls,
+            self.kafka.sasl,
+            &self.kafka.properties,
+        )?;
+        let password = secret::resolve(
+            "clickhouse.password",
+            self.clickhouse.password,
+            self.clickhouse.password_file.as_deref(),
+        )?
+        .unwrap_or_default();
+        let dlq = match self.dlq.topic {
+            Some(t) if t.is_empty() => return Err(invalid("dlq.topic", "a topic name", "")),
+            Some(t) if routes.iter().any(|r| r.topic == t) => {
+                return Err(invalid(
+                    "dlq.topic",
+                    "a topic that is not also routed (its records would loop)",
+                    &t,
+                ))
+            }
+            other => other,
+        };
+        let max_record_bytes = positive(
+            "sink.max_record_bytes",
+            s.max_record_bytes,
+            limits.max_bytes,
+        )?;
+        if max_record_bytes > limits.max_bytes {
+            return Err(invalid(
+                "sink.max_record_bytes",
+                "at most sink.max_batch_bytes",
+                &max_record_bytes.to_string(),
+            ));
+        }
         Ok(Config {
             metrics_listen,
+            dlq,
             kafka: KafkaConfig {
                 brokers,
                 group_id: o
@@ -490,13 +673,14 @@ impl RawConfig {
                 session_timeout: session,
                 heartbeat_interval: heartbeat,
                 auto_offset_reset: reset,
+                security,
                 properties: self.kafka.properties,
             },
             clickhouse: ClickHouseConfig {
                 url,
                 database,
                 user: self.clickhouse.user.unwrap_or_else(|| "default".into()),
-                password: self.clickhouse.password.unwrap_or_default(),
+                password,
                 insert_timeout,
                 settings: self.clickhouse.settings,
             },
@@ -513,6 +697,9 @@ impl RawConfig {
                 fence_wait: s
                     .fence_wait
                     .unwrap_or(insert_timeout + Duration::from_secs(5)),
+                max_record_bytes,
+                progress_interval: Some(s.progress_interval.unwrap_or(Duration::from_secs(10)))
+                    .filter(|d| !d.is_zero()),
                 columns,
             },
             routes,
@@ -644,7 +831,7 @@ mod tests {
     #[test]
     fn debug_output_hides_the_password() {
         let c = load(&MIN.replace("[clickhouse]", "[clickhouse]\npassword = 'hunter2'")).unwrap();
-        assert_eq!(c.clickhouse.password, "hunter2");
+        assert_eq!(c.clickhouse.password.expose(), "hunter2");
         assert!(!format!("{c:?}").contains("hunter2"));
     }
 
@@ -679,5 +866,168 @@ mod tests {
         assert!(err(&buf).contains("at least twice"));
         let cols = format!("{MIN}\n[sink.columns]\ntopic = '_offset'");
         assert!(err(&cols).contains("distinct"));
+    }
+
+    fn with_env(text: &str, vars: &[(&str, &str)]) -> Result<Config, ConfigError> {
+        let vars = vars.iter().map(|(a, b)| (a.to_string(), b.to_string()));
+        RawConfig::from_toml_with_env(text, vars)?.validate(Overrides::default())
+    }
+
+    #[test]
+    fn precedence_file_then_env_then_flags() {
+        let file = format!(
+            "{MIN}\n[sink]\nmax_batch_rows = 10\n[kafka.properties]\n'fetch.min.bytes' = '1'"
+        );
+        let c = with_env(&file, &[]).unwrap();
+        assert_eq!(c.sink.limits.max_rows, 10);
+        let env = [
+            ("SLUICE_SINK_MAX_BATCH_ROWS", "20"),
+            ("SLUICE_KAFKA_GROUP_ID", "007"),
+            ("SLUICE_SINK_PROGRESS_INTERVAL", "0s"),
+        ];
+        let c = with_env(&file, &env).unwrap();
+        assert_eq!(c.sink.limits.max_rows, 20);
+        assert_eq!(c.kafka.group_id, "007");
+        assert_eq!(c.sink.progress_interval, None);
+        assert_eq!(c.kafka.properties["fetch.min.bytes"], "1");
+        let vars = env.iter().map(|(a, b)| (a.to_string(), b.to_string()));
+        let c = RawConfig::from_toml_with_env(&file, vars)
+            .unwrap()
+            .validate(Overrides {
+                max_batch_rows: Some(30),
+                ..Default::default()
+            })
+            .unwrap();
+        assert_eq!(c.sink.limits.max_rows, 30);
+        // A variable alone can supply what the file lacks.
+        let bare = "[[route]]\ntopic='t'\ntable='x'";
+        let c = with_env(
+            bare,
+            &[
+                ("SLUICE_KAFKA_BROKERS", "k:1"),
+                ("SLUICE_CLICKHOUSE_URL", "http://c"),
+            ],
+        )
+        .unwrap();
+        assert_eq!(
+            (c.kafka.brokers.as_str(), c.clickhouse.url.as_str()),
+            ("k:1", "http://c")
+        );
+        // A bad value from the environment is named with its variable.
+        let e = with_env(MIN, &[("SLUICE_SINK_DELIVERY", "twice")]).unwrap_err();
+        assert!(e.to_string().contains("SLUICE_SINK_DELIVERY"), "{e}");
+    }
+
+    #[test]
+    fn every_variable_names_a_real_setting() {
+        for (path, kind) in env::FIELDS {
+            let raw = match kind {
+                env::Kind::Int => "1",
+                env::Kind::Bool => "true",
+                env::Kind::Str => "x",
+            };
+            let vars = [(env::var_name(path), raw.to_string())];
+            if let Err(e) = RawConfig::from_toml_with_env(MIN, vars) {
+                assert!(!e.to_string().contains("unknown field"), "{path}: {e}");
+            }
+        }
+    }
+
+    #[test]
+    fn kafka_security() {
+        let dir = std::env::temp_dir().join(format!("sluice-cfg-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let pw = dir.join("pw");
+        std::fs::write(&pw, "kafka-secret-pw\n").unwrap();
+        let ca = dir.join("ca.pem");
+        std::fs::write(&ca, "not checked here").unwrap();
+        let sasl = format!(
+            "{MIN}\n[kafka.sasl]\nmechanism = 'scram-sha-512'\nusername = 'u'\npassword_file = '{}'",
+            pw.display()
+        );
+        let c = load(&sasl).unwrap();
+        let s = &c.kafka.security;
+        assert_eq!(s.protocol, "sasl_plaintext");
+        let a = s.sasl.as_ref().unwrap();
+        assert_eq!(
+            (a.mechanism.as_str(), a.password.expose()),
+            ("SCRAM-SHA-512", "kafka-secret-pw")
+        );
+        let both = format!("{sasl}\n[kafka.tls]\nca_file = '{}'", ca.display());
+        let c = load(&both).unwrap();
+        assert_eq!(c.kafka.security.protocol, "sasl_ssl");
+        let cc = c.kafka.client_config();
+        assert_eq!(cc.get("security.protocol"), Some("sasl_ssl"));
+        assert_eq!(cc.get("sasl.mechanisms"), Some("SCRAM-SHA-512"));
+        assert_eq!(
+            cc.get("ssl.ca.location"),
+            Some(ca.display().to_string().as_str())
+        );
+        assert!(!format!("{c:?}").contains("kafka-secret-pw"));
+        // The password from the environment instead of the file.
+        let inline = sasl.replace(&format!("password_file = '{}'", pw.display()), "");
+        let c = with_env(&inline, &[("SLUICE_KAFKA_SASL_PASSWORD", "from-env")]).unwrap();
+        assert_eq!(c.kafka.security.sasl.unwrap().password.expose(), "from-env");
+
+        let err = |t: &str| load(t).unwrap_err().to_string();
+        assert!(err(&inline).contains("kafka.sasl.password: missing"));
+        assert!(err(&sasl.replace("scram-sha-512", "GSSAPI")).contains("kafka.sasl.mechanism"));
+        assert!(err(&sasl.replace("username = 'u'", "")).contains("kafka.sasl.username"));
+        let proto =
+            |p: &str| MIN.replace("[kafka]", &format!("[kafka]\nsecurity_protocol = '{p}'"));
+        assert!(err(&proto("tls")).contains("kafka.security_protocol"));
+        assert!(err(&proto("sasl_ssl")).contains("kafka.sasl"));
+        let tls_plain = format!(
+            "{}\n[kafka.tls]\nverify_hostname = false",
+            proto("plaintext")
+        );
+        assert!(err(&tls_plain).contains("kafka.tls"));
+        let missing_ca = format!("{MIN}\n[kafka.tls]\nca_file = '/nonexistent/ca.pem'");
+        let e = err(&missing_ca);
+        assert!(
+            e.contains("kafka.tls.ca_file") && e.contains("/nonexistent/ca.pem"),
+            "{e}"
+        );
+        let half = format!("{MIN}\n[kafka.tls]\ncert_file = '{}'", ca.display());
+        assert!(err(&half).contains("kafka.tls.key_file"));
+        let owned = format!("{MIN}\n[kafka.properties]\n'sasl.password' = 'x'");
+        assert!(err(&owned).contains("kafka.properties"));
+        let p = load(&format!(
+            "{MIN}\n[kafka.properties]\n'ssl.keystore.password' = 'ks-secret'"
+        ))
+        .unwrap();
+        assert!(!format!("{p:?}").contains("ks-secret"));
+        let ch = MIN.replace(
+            "[clickhouse]",
+            &format!("[clickhouse]\npassword_file = '{}'", pw.display()),
+        );
+        assert_eq!(
+            load(&ch).unwrap().clickhouse.password.expose(),
+            "kafka-secret-pw"
+        );
+        let both = ch.replace("[clickhouse]", "[clickhouse]\npassword = 'x'");
+        assert!(err(&both).contains("clickhouse.password"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn dlq_required_and_record_limit() {
+        let c = load(&format!("{MIN}\n[dlq]\ntopic = 'bad'")).unwrap();
+        assert_eq!(c.dlq.as_deref(), Some("bad"));
+        assert_eq!(c.sink.max_record_bytes, 16 << 20);
+        assert_eq!(load(MIN).unwrap().dlq, None);
+        let err = |t: &str| load(t).unwrap_err().to_string();
+        assert!(err(&format!("{MIN}\n[dlq]\ntopic = 'orders'")).contains("dlq.topic"));
+        assert!(err(&format!("{MIN}\n[dlq]\ntopic = ''")).contains("dlq.topic"));
+        let r = load(&format!("{MIN}\nrequired = ['id', 'ts']")).unwrap();
+        assert_eq!(r.routes[0].required, ["id", "ts"]);
+        assert!(err(&format!("{MIN}\nrequired = ['id', 'id']")).contains("route[0].required[1]"));
+        assert!(err(&format!("{MIN}\nrequired = ['_topic']")).contains("route[0].required[0]"));
+        let big = format!("{MIN}\n[sink]\nmax_batch_bytes = 1000\nmax_record_bytes = 2000");
+        assert!(err(&big).contains("sink.max_record_bytes"));
+        assert!(
+            err(&format!("{MIN}\n[sink]\nmax_record_bytes = 0")).contains("sink.max_record_bytes")
+        );
+        assert!(err(&format!("{MIN}\n[dlq]\ntopc = 'x'")).contains("unknown field `topc`"));
     }
 }

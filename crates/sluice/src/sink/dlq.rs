@@ -1,0 +1,173 @@
+//! Records that cannot become rows → the dead-letter topic.
+//!
+//! In: a [`Letter`]: the record's coordinates, key and value, and why it
+//! failed (the encoder refused it, or ClickHouse rejected its row). Out: a
+//! [`Pending`] write. The batch that accounts for the record's offset holds
+//! its pending writes and counts as done only once they are acknowledged
+//! ([`confirm`]), so the committed position never passes a record that is
+//! neither a row nor in the DLQ.
+//!
+//! The producer is idempotent with `acks=all` and retries without a deadline
+//! (`message.timeout.ms=0`): while the DLQ cannot be reached the batch stays
+//! pending, the position holds, its bytes stay counted as in flight, and
+//! fetching pauses once `max_buffered_bytes` is reached. A write that fails
+//! for good (record too large for the topic, no permission) stops the sink.
+//!
+//! Each DLQ record keeps the original key and value and carries headers:
+//! `sluice.error.kind`, `sluice.error.reason`, `sluice.source.topic`,
+//! `sluice.source.partition`, `sluice.source.offset`, and
+//! `sluice.source.timestamp` when known. The DLQ is at-least-once: after a
+//! crash a record may be written again; its source headers identify it.
+
+use crate::config::KafkaConfig;
+use crate::telemetry;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+pub struct Dlq {
+    producer: FutureProducer,
+    topic: String,
+}
+
+/// A record on its way to the DLQ.
+pub struct Letter<'a> {
+    pub topic: &'a str,
+    pub partition: i32,
+    pub offset: i64,
+    pub timestamp: Option<i64>,
+    pub key: Option<&'a [u8]>,
+    pub value: Option<&'a [u8]>,
+    /// A short name: `not-json`, `missing-field`, `rejected`, …
+    pub kind: &'static str,
+    pub reason: &'a str,
+}
+
+/// A DLQ write not yet acknowledged.
+pub struct Pending {
+    what: String,
+    topic: String,
+    kind: &'static str,
+    delivery: DeliveryFuture,
+}
+
+impl Dlq {
+    pub fn new(k: &KafkaConfig, topic: &str) -> Result<Self, KafkaError> {
+        let producer = k
+            .client_config()
+            .set("enable.idempotence", "true")
+            .set("acks", "all")
+            .set("message.timeout.ms", "0")
+            .set("linger.ms", "5")
+            .set("compression.type", "lz4")
+            .create()?;
+        Ok(Self {
+            producer,
+            topic: topic.to_string(),
+        })
+    }
+
+    pub fn topic(&self) -> &str {
+        &self.topic
+    }
+
+    /// Queues `l` for the DLQ. Waits while the producer's queue is full; an
+    /// error here means the record could not even be queued.
+    pub fn send(&self, l: &Letter<'_>) -> Result<Pending, KafkaError> {
+        let partition = l.partition.to_string();
+        let offset = l.offset.to_string();
+        let ts = l.timestamp.map(|t| t.to_string());
+        let mut headers = OwnedHeaders::new_with_capacity(6)
+            .insert(header("sluice.error.kind", l.kind))
+            .insert(header("sluice.error.reason", l.reason))
+            .insert(header("sluice.source.topic", l.topic))
+            .insert(header("sluice.source.partition", &partition))
+            .insert(header("sluice.source.offset", &offset));
+        if let Some(ts) = &ts {
+            headers = headers.insert(header("sluice.source.timestamp", ts));
+        }
+        let mut record: FutureRecord<'_, [u8], [u8]> =
+            FutureRecord::to(&self.topic).headers(headers);
+        if let Some(k) = l.key {
+            record = record.key(k);
+        }
+        if let Some(v) = l.value {
+            record = record.payload(v);
+        }
+        if let Some(t) = l.timestamp {
+            record = record.timestamp(t);
+        }
+        let mut record = record;
+        loop {
+            match self.producer.send_result(record) {
+                Ok(delivery) => {
+                    return Ok(Pending {
+                        what: format!("{}[{}]@{}", l.topic, l.partition, l.offset),
+                        topic: l.topic.to_string(),
+                        kind: l.kind,
+                        delivery,
+                    })
+                }
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
+                    record = r;
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                Err((e, _)) => return Err(e),
+            }
+        }
+    }
+}
+
+fn header<'a>(key: &'a str, value: &'a str) -> Header<'a, &'a str> {
+    Header {
+        key,
+        value: Some(value),
+    }
+}
+
+/// Waits until every write in `pending` is acknowledged. `Ok(false)` if
+/// `abandon` fired first; `Err` names the record whose write failed.
+pub async fn confirm(
+    pending: Vec<Pending>,
+    dlq_topic: &str,
+    abandon: &CancellationToken,
+) -> Result<bool, String> {
+    for p in pending {
+        let mut delivery = p.delivery;
+        let mut waited = Duration::ZERO;
+        let step = Duration::from_secs(30);
+        let result = loop {
+            tokio::select! {
+                r = &mut delivery => break r,
+                _ = abandon.cancelled() => return Ok(false),
+                _ = tokio::time::sleep(step) => {
+                    waited += step;
+                    tracing::warn!(
+                        record = %p.what,
+                        dlq = dlq_topic,
+                        waited = ?waited,
+                        "the DLQ has not acknowledged this record; holding the position until it does"
+                    );
+                }
+            }
+        };
+        match result {
+            Ok(Ok(_)) => telemetry::dlq_written(&p.topic, p.kind),
+            Ok(Err((e, _))) => {
+                return Err(format!(
+                    "writing {} to the DLQ topic {dlq_topic:?} failed: {e}",
+                    p.what
+                ))
+            }
+            Err(_) => {
+                return Err(format!(
+                    "the DLQ producer went away before {} was written",
+                    p.what
+                ))
+            }
+        }
+    }
+    Ok(true)
+}
