@@ -3,7 +3,9 @@
 # pinned Python deps (scripts/bench/requirements.txt) into a cached venv outside the work tree,
 # run the cases (scripts/bench/run.py -> docs/bench/results.json) and render the report
 # (scripts/bench/report.py -> docs/bench/README.md + SVGs).
-# Knobs: BENCH_MB (MB of JSON per record size), BENCH_SIZES, BENCH_CASES, BENCH_PARTITIONS.
+# Knobs: BENCH_MB (MB of JSON per record size), BENCH_SIZES, BENCH_CASES, BENCH_PARTITIONS;
+# BENCH_REV=<commit> benches that commit (git archive to $CACHE/bench-src, built in $CACHE/bench-target) instead of
+# the work tree.
 # The binaries are copied to a private temp dir so a rebuild by someone else cannot swap them.
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -14,10 +16,22 @@ REQ=scripts/bench/requirements.txt
 scripts/stack.sh up >/dev/null
 set -a; eval "$(scripts/stack.sh env)"; set +a
 
-cargo build --release --quiet --bin sluice --example raw_fetch
 BIN="$(mktemp -d /tmp/sluice-bench-bin.XXXXXX)"
 trap 'rm -rf "$BIN"' EXIT
-cp target/release/sluice target/release/examples/raw_fetch "$BIN/"
+if [ -n "${BENCH_REV:-}" ]; then   # bench a commit, not the work tree: build a clean export of it
+  SRC="$CACHE/bench-src"        # a fixed path, so the next build of another commit is incremental
+  rm -rf "$SRC" && mkdir -p "$SRC"
+  git archive "$BENCH_REV" | tar -x -C "$SRC"
+  (cd "$SRC" && CARGO_TARGET_DIR="$CACHE/bench-target" cargo build --release --quiet --bin sluice --example raw_fetch)
+  OUT="$CACHE/bench-target/release"
+  export BENCH_SOURCE="commit $(git rev-parse --short "$BENCH_REV")"
+else
+  cargo build --release --quiet --bin sluice --example raw_fetch
+  OUT=target/release
+  dirty="$(git status --porcelain -- crates Cargo.toml Cargo.lock | wc -l)"
+  export BENCH_SOURCE="work tree at $(git rev-parse --short HEAD)$([ "$dirty" = 0 ] || echo " + $dirty uncommitted file(s)")"
+fi
+cp "$OUT/sluice" "$OUT/examples/raw_fetch" "$BIN/"
 
 VENV="$CACHE/venv-bench-$(sha256sum "$REQ" | cut -c1-12)"
 if [ ! -f "$VENV/.complete" ]; then

@@ -492,6 +492,7 @@ def machine():
             "kernel": platform.release(), "python": platform.python_version(),
             "sluice": ver(f"{BIN}/sluice", "--version"), "rustc": ver("rustc", "--version"),
             "git_commit": ver("git", "-C", REPO, "rev-parse", "--short", "HEAD"),
+            "source": os.environ.get("BENCH_SOURCE", "?"),
             "clickhouse": ch("SELECT version()") + " (chDB behind stack/chdb_server.py)",
             "kafka": "tansu 0.6.0 (sqlite storage)",
             "confluent_kafka": confluent_kafka.version()[0], "librdkafka": confluent_kafka.libversion()[0],
