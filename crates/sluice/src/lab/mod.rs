@@ -9,6 +9,7 @@
 
 pub mod fixture;
 pub mod kafka_proxy;
+pub mod poison;
 pub mod process;
 pub mod proxy;
 pub mod report;

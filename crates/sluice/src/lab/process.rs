@@ -29,6 +29,12 @@ pub struct RunSpec {
     pub dedup_key: Option<String>,
     /// Serve `/metrics`, `/health` and `/ready` here.
     pub metrics_listen: Option<String>,
+    /// Send records that cannot become rows to this topic.
+    pub dlq_topic: Option<String>,
+    /// Fields every record must have.
+    pub required: Vec<String>,
+    /// Larger record values cannot become rows.
+    pub max_record_bytes: Option<usize>,
 }
 
 /// A running `sluice run`.
@@ -67,14 +73,15 @@ delivery = "{delivery}"
 max_batch_rows = {rows}
 max_batch_age = "{age}ms"
 max_batch_bytes = 4194304
-max_buffered_bytes = {buf}
+{max_record}max_buffered_bytes = {buf}
 commit_interval = "{ci}ms"
 fence_wait = "{fw}ms"
 
-{metrics}
+{metrics}{dlq}
 [[route]]
 topic = "{topic}"
 table = "{table}"
+required = {required:?}
 {dedup}"#,
                 brokers = self.brokers,
                 group = self.group,
@@ -92,6 +99,16 @@ table = "{table}"
                     .metrics_listen
                     .as_ref()
                     .map(|a| format!("[metrics]\nlisten = \"{a}\"\n"))
+                    .unwrap_or_default(),
+                dlq = self
+                    .dlq_topic
+                    .as_ref()
+                    .map(|t| format!("[dlq]\ntopic = \"{t}\"\n"))
+                    .unwrap_or_default(),
+                required = self.required,
+                max_record = self
+                    .max_record_bytes
+                    .map(|b| format!("max_record_bytes = {b}\n"))
                     .unwrap_or_default(),
                 dedup = self
                     .dedup_key

@@ -11,6 +11,9 @@ fn cell_text(c: Option<&Cell>) -> String {
         None => "—".into(),
         Some(c) => {
             let mut s = format!("{} dup / {} miss", c.duplicates, c.missing);
+            if let Some(d) = c.dlq {
+                s.push_str(&format!(" · {d} DLQ"));
+            }
             if c.stalled {
                 s.push_str(" STALL");
             } else if let Some(r) = c.recovery_s {
@@ -85,6 +88,7 @@ mod tests {
             stalled,
             recovery_s: Some(1.0),
             fault_injected: true,
+            dlq: None,
         }
     }
 

@@ -27,6 +27,7 @@ pub const SCENARIOS: &[&str] = &[
     "zombie",
     "producer-retry",
     "manual-resend",
+    "poison-records",
 ];
 
 /// Scenarios whose copies are made before Kafka (same key, new offset):
@@ -99,6 +100,9 @@ pub struct Cell {
     pub recovery_s: Option<f64>,
     /// Whether the fault was really injected.
     pub fault_injected: bool,
+    /// Distinct source records in the dead-letter topic (`poison-records`).
+    #[serde(default)]
+    pub dlq: Option<u64>,
 }
 
 struct Run {
@@ -148,6 +152,9 @@ impl Run {
             max_buffered_bytes: 64 << 20,
             dedup_key,
             metrics_listen: None,
+            dlq_topic: None,
+            required: Vec::new(),
+            max_record_bytes: None,
         };
         Ok(Self {
             stack: stack.clone(),
@@ -260,6 +267,7 @@ impl Run {
             stalled: complete_at.is_none() || exited,
             recovery_s: complete_at.map(|t| t.saturating_duration_since(fault_end).as_secs_f64()),
             fault_injected: self.proxy.as_ref().is_none_or(|p| p.fired() > 0),
+            dlq: None,
         })
     }
 }
@@ -431,6 +439,49 @@ pub async fn run(
                 .await?;
             let mut cell = r.finish(scenario, vec![sink], n, Instant::now()).await?;
             cell.fault_injected = again.sent == n - n / 2;
+            Ok(cell)
+        }
+        "poison-records" => {
+            use super::poison;
+            let mut r = Run::new(stack, mode, p, 0, false).await?;
+            let dlq_topic = Stack::unique("lab_dlq");
+            stack.create_topic(&dlq_topic, 1).await?;
+            r.spec.dlq_topic = Some(dlq_topic.clone());
+            r.spec.required = vec!["id".into()];
+            r.spec.max_record_bytes = Some(poison::MAX_RECORD_BYTES);
+            let mix = poison::mix(n, 50);
+            let (brokers, topic) = (stack.brokers.clone(), r.spec.topic.clone());
+            let values = mix.values;
+            tokio::task::spawn_blocking(move || {
+                poison::produce(&brokers, &topic, PARTITIONS, &values)
+            })
+            .await??;
+            let sink = r.spec.start()?;
+            let mut cell = r
+                .finish(scenario, vec![sink], mix.good, Instant::now())
+                .await?;
+            let bad: u64 = mix.bad.values().sum();
+            let (brokers, t) = (stack.brokers.clone(), dlq_topic.clone());
+            let timeout = p.timeout;
+            let entries = tokio::task::spawn_blocking(move || {
+                poison::read_dlq(&brokers, &t, bad as usize, timeout)
+            })
+            .await??;
+            let sources: std::collections::BTreeSet<(i32, i64)> = entries
+                .iter()
+                .filter(|e| e.source_topic == r.spec.topic)
+                .map(|e| (e.partition, e.offset))
+                .collect();
+            let in_dlq = sources.len() as u64;
+            let stored = cell.rows - cell.duplicates;
+            cell.produced = n;
+            cell.missing = n.saturating_sub(stored + in_dlq);
+            cell.duplicates += entries.len() as u64 - in_dlq;
+            cell.dlq = Some(in_dlq);
+            // Every kind of bad record reached the DLQ under its own name.
+            cell.fault_injected = poison::KINDS
+                .iter()
+                .all(|k| entries.iter().any(|e| e.kind == *k));
             Ok(cell)
         }
         other => bail!(

@@ -190,6 +190,8 @@ pub struct SinkSpec {
     pub dedup_key: Option<&'static str>,
     /// Serve `/metrics` here.
     pub metrics_listen: Option<String>,
+    pub dlq_topic: Option<String>,
+    pub required: Vec<String>,
 }
 
 impl SinkSpec {
@@ -208,6 +210,8 @@ impl SinkSpec {
             max_buffered_mb: 64,
             dedup_key: None,
             metrics_listen: None,
+            dlq_topic: None,
+            required: Vec::new(),
         }
     }
 
@@ -227,6 +231,9 @@ impl SinkSpec {
             max_buffered_bytes: self.max_buffered_mb << 20,
             dedup_key: self.dedup_key.map(String::from),
             metrics_listen: self.metrics_listen.clone(),
+            dlq_topic: self.dlq_topic.clone(),
+            required: self.required.clone(),
+            max_record_bytes: None,
         }
         .start_with(env!("CARGO_BIN_EXE_sluice").as_ref())
         .expect("starting sluice")

@@ -14,6 +14,8 @@ struct Cell {
     missing: u64,
     stalled: bool,
     fault_injected: bool,
+    rows: u64,
+    dlq: Option<u64>,
 }
 
 #[test]
@@ -34,7 +36,7 @@ fn quick_matrix_exactly_once_is_clean_and_baselines_fail() {
     assert!(out.status.success(), "sluice lab failed: {stderr}");
     let cells: Vec<Cell> = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
     eprintln!("{}", std::fs::read_to_string(&md).unwrap());
-    assert_eq!(cells.len(), 11 * 4, "every scenario × mode: {cells:?}");
+    assert_eq!(cells.len(), 12 * 4, "every scenario × mode: {cells:?}");
     let producer_side = ["producer-retry", "manual-resend"];
     let cell = |s: &str, m: &str| {
         cells
@@ -62,6 +64,22 @@ fn quick_matrix_exactly_once_is_clean_and_baselines_fail() {
     }
     for c in &cells {
         assert_eq!(c.missing, 0, "no mode loses records here: {c:?}");
+    }
+    // Bad records: every mode accounts for each one, as a row or in the DLQ.
+    for m in [
+        "exactly-once",
+        "exactly-once+dedup",
+        "at-least-once",
+        "token-only",
+    ] {
+        let c = cell("poison-records", m);
+        let dlq = c.dlq.expect("the DLQ was counted");
+        assert!(
+            dlq > 0 && c.fault_injected,
+            "every bad kind reached the DLQ: {c:?}"
+        );
+        assert_eq!(c.rows + dlq, c.produced, "produced = rows + DLQ: {c:?}");
+        assert_eq!(c.duplicates, 0, "{c:?}");
     }
     for m in ["at-least-once", "token-only"] {
         assert!(

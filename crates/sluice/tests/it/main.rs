@@ -10,6 +10,7 @@ mod harness;
 mod check;
 mod dedup;
 mod delivery;
+mod dlq;
 mod errors;
 mod faults;
 mod lab;

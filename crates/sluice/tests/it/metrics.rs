@@ -5,7 +5,7 @@ use crate::harness::*;
 use std::time::Duration;
 
 /// `GET path` on `addr`; returns (status, body).
-async fn get(addr: &str, path: &str) -> (u16, String) {
+pub async fn get(addr: &str, path: &str) -> (u16, String) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
     let req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
@@ -22,7 +22,7 @@ async fn get(addr: &str, path: &str) -> (u16, String) {
 }
 
 /// The value of the series whose line starts with `prefix`.
-fn value(metrics: &str, prefix: &str) -> f64 {
+pub fn value(metrics: &str, prefix: &str) -> f64 {
     metrics
         .lines()
         .find(|l| l.starts_with(prefix))
