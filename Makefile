@@ -8,6 +8,7 @@ ENV := set -a; eval "$$($(STACK) env)"; set +a
 .PHONY: build stack stack-down demo test lint bench-resume bench-dedup clean-stack bench
 
 build:
+	@scripts/install-deps.sh
 	cargo build --release --bin sluice
 
 stack:
@@ -20,6 +21,7 @@ demo:
 	@scripts/demo.sh
 
 test:
+	@scripts/install-deps.sh
 	@$(STACK) up >/dev/null
 	@$(ENV); "$$SLUICE_CHDB_PYTHON" stack/test_chdb_server.py
 	@$(ENV); cargo test --release --workspace --lib --bins --tests -- --test-threads=4

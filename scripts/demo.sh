@@ -10,6 +10,7 @@ COUNT="${DEMO_RECORDS:-200000}"
 
 scripts/stack.sh up >/dev/null
 set -a; eval "$(scripts/stack.sh env)"; set +a
+"$REPO/scripts/install-deps.sh"
 cargo build --release --quiet --bin sluice --example produce
 
 ch() { curl -sS --fail-with-body "$CLICKHOUSE_URL/" --data-binary "$1"; }

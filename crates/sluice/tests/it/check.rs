@@ -4,15 +4,22 @@
 use crate::harness::*;
 
 fn check(toml: &str) -> (i32, String) {
+    sluice(&["check-config"], toml, &[])
+}
+
+/// `sluice <args> --config <toml>` with `env`; returns (exit code, stdout + stderr).
+fn sluice(args: &[&str], toml: &str, env: &[(&str, &str)]) -> (i32, String) {
     let dir = std::env::temp_dir().join(unique("check"));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("sluice.toml");
     std::fs::write(&path, toml).unwrap();
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args(["check-config", "--config"])
+        .args(args)
+        .arg("--config")
         .arg(&path)
         .env_remove("KAFKA_BROKERS")
         .env_remove("CLICKHOUSE_URL")
+        .envs(env.iter().copied())
         .output()
         .unwrap();
     let text = format!(
@@ -28,7 +35,7 @@ fn config(brokers: &str, url: &str, topic: &str, table: &str) -> String {
         r#"
 [kafka]
 brokers = "{brokers}"
-properties = {{ "sasl.password" = "kafka-s3cret-pw" }}
+properties = {{ "ssl.keystore.password" = "kafka-s3cret-pw" }}
 [clickhouse]
 url = "{url}"
 password = "ch-s3cret-pw"
@@ -93,4 +100,94 @@ async fn verdicts_for_both_ends_and_no_secrets() {
     ] {
         assert!(!out.contains("s3cret"), "a secret leaked: {out}");
     }
+}
+
+/// Secrets given every way (a file, a variable, inline, a pass-through
+/// property) appear in no output: not `check-config`'s verdict, not the
+/// errors and debug logs of `run`, not a config error.
+#[test]
+fn secrets_never_appear_in_output() {
+    let dir = std::env::temp_dir().join(unique("secrets"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let ch_pw = dir.join("ch-password");
+    std::fs::write(&ch_pw, "ch-file-s3cret\n").unwrap();
+    let toml = format!(
+        r#"
+[kafka]
+brokers = "127.0.0.1:1"
+properties = {{ "ssl.keystore.password" = "prop-s3cret" }}
+[kafka.sasl]
+mechanism = "SCRAM-SHA-256"
+username = "sluice"
+[clickhouse]
+url = "http://127.0.0.1:1"
+password_file = "{}"
+[[route]]
+topic = "t"
+table = "db.t"
+"#,
+        ch_pw.display()
+    );
+    let env = [("SLUICE_KAFKA_SASL_PASSWORD", "env-s3cret")];
+    let (code, out) = sluice(&["check-config"], &toml, &env);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("kafka 127.0.0.1:1"), "{out}");
+    let (code, run) = sluice(&["--log", "trace", "run"], &toml, &env);
+    assert_eq!(code, 2, "{run}");
+    // Without the variable the password is missing: a config error.
+    let (code, missing) = sluice(&["check-config"], &toml, &[]);
+    assert_eq!(code, 2, "{missing}");
+    assert!(
+        missing.contains("kafka.sasl.password: missing"),
+        "{missing}"
+    );
+    // Inline in the file, with a bad value next to it.
+    let inline = toml
+        .replace(
+            "username = \"sluice\"",
+            "username = \"sluice\"\npassword = \"inline-s3cret\"",
+        )
+        .replace("[[route]]", "[sink]\nmax_batch_rows = 0\n[[route]]");
+    let (code, bad) = sluice(&["run"], &inline, &[]);
+    assert_eq!(code, 2, "{bad}");
+    for out in [&out, &run, &missing, &bad] {
+        assert!(!out.contains("s3cret"), "a secret leaked: {out}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// TLS is built in on both sides: SCRAM over TLS makes a Kafka client, and
+/// an `https://` URL speaks TLS (here to a plain-HTTP server, which fails
+/// in the TLS handshake, not before it).
+#[test]
+fn tls_and_scram_are_built_in() {
+    let url = clickhouse_url().replacen("http://", "https://", 1);
+    let toml = format!(
+        r#"
+[kafka]
+brokers = "127.0.0.1:1"
+[kafka.tls]
+verify_hostname = true
+[kafka.sasl]
+mechanism = "SCRAM-SHA-512"
+username = "u"
+password = "p"
+[clickhouse]
+url = "{url}"
+[[route]]
+topic = "t"
+table = "db.t"
+"#
+    );
+    let (code, out) = check(&toml);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains("sasl_ssl") || out.contains("Broker transport failure"),
+        "{out}"
+    );
+    assert!(!out.contains("Unsupported value"), "{out}");
+    assert!(
+        out.contains("SSL routines"),
+        "https did not speak TLS: {out}"
+    );
 }
