@@ -99,6 +99,19 @@ enum Command {
         /// Render a saved run's JSON (with --markdown, to a file) and exit.
         #[arg(long, value_name = "JSON")]
         render: Option<PathBuf>,
+        /// Instead of the matrix: a soak run this long (e.g. 30m) with a
+        /// random fault every --fault-every; exit 1 on any duplicate or loss.
+        #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+        soak: Option<std::time::Duration>,
+        /// Soak: the mean time between faults.
+        #[arg(long, default_value = "3m", value_parser = humantime::parse_duration)]
+        fault_every: std::time::Duration,
+        /// Soak: records produced per second.
+        #[arg(long, default_value_t = 500)]
+        rate: u64,
+        /// Soak: the seed of the fault sequence (default: the clock).
+        #[arg(long)]
+        seed: Option<u64>,
         /// Kafka bootstrap servers.
         #[arg(long, env = "KAFKA_BROKERS")]
         brokers: String,
@@ -198,8 +211,43 @@ fn run(command: Command) -> anyhow::Result<Outcome> {
             render,
             brokers,
             clickhouse_url,
+            soak,
+            fault_every,
+            rate,
+            seed,
         } => {
             let rt = runtime()?;
+            let stack = sluice::lab::fixture::Stack {
+                brokers: brokers.clone(),
+                clickhouse_url: clickhouse_url.clone(),
+            };
+            if let Some(duration) = soak {
+                let o = sluice::lab::soak::SoakOptions {
+                    duration,
+                    fault_every,
+                    rate,
+                    seed: seed.unwrap_or_else(|| {
+                        std::time::SystemTime::now()
+                            .duration_since(std::time::UNIX_EPOCH)
+                            .map_or(1, |d| d.as_secs())
+                    }),
+                };
+                let r = rt.block_on(sluice::lab::soak::run(&stack, o))?;
+                let md = sluice::lab::soak::markdown(&r, &o);
+                println!("{md}");
+                if let Some(p) = markdown {
+                    std::fs::write(p, &md)?;
+                }
+                if let Some(p) = json {
+                    std::fs::write(p, serde_json::to_string_pretty(&r)?)?;
+                }
+                let clean = r.duplicates == 0 && r.missing == 0 && r.settled_after_s.is_some();
+                return Ok(if clean {
+                    Outcome::Clean
+                } else {
+                    Outcome::Found
+                });
+            }
             let opts = sluice::lab::LabOptions {
                 stack: sluice::lab::fixture::Stack {
                     brokers,

@@ -1030,4 +1030,42 @@ mod tests {
         );
         assert!(err(&format!("{MIN}\n[dlq]\ntopc = 'x'")).contains("unknown field `topc`"));
     }
+
+    /// Every remaining rule has its own message naming the field.
+    #[test]
+    fn every_rule_names_its_field() {
+        let err = |t: &str| load(t).unwrap_err().to_string();
+        let k = |extra: &str| MIN.replace("[kafka]", &format!("[kafka]\n{extra}"));
+        let c = |extra: &str| MIN.replace("[clickhouse]", &format!("[clickhouse]\n{extra}"));
+        let sink = |extra: &str| format!("{MIN}\n[sink]\n{extra}");
+        for (text, want) in [
+            (k("auto_offset_reset = 'middle'"), "kafka.auto_offset_reset"),
+            (
+                k("session_timeout = '6s'\nheartbeat_interval = '3s'"),
+                "kafka.heartbeat_interval",
+            ),
+            (k("session_timeout = 'soon'"), "session_timeout"),
+            (c("insert_timeout = '500ms'"), "clickhouse.insert_timeout"),
+            (sink("max_batch_bytes = 2000000000"), "sink.max_batch_bytes"),
+            (
+                sink("max_concurrent_inserts = 0"),
+                "sink.max_concurrent_inserts",
+            ),
+            (sink("max_buffered_bytes = 0"), "sink.max_buffered_bytes"),
+            (sink("columns = { offset = '' }"), "sink.columns"),
+            (
+                MIN.replace("topic = \"orders\"", "topic = ''"),
+                "route[0].topic",
+            ),
+            (MIN.replace("shop.orders", "shop."), "route[0].table"),
+            (MIN.replace("shop.orders", ".orders"), "route[0].table"),
+            (format!("{MIN}\nfoo = 1"), "unknown field `foo`"),
+            ("[kafka\n".to_string(), "config file <inline> is not valid"),
+        ] {
+            let e = err(&text);
+            assert!(e.contains(want), "{want:?} not in {e:?}");
+        }
+        let e = RawConfig::from_file(Path::new("/nonexistent/sluice.toml")).unwrap_err();
+        assert!(e.to_string().contains("/nonexistent/sluice.toml"), "{e}");
+    }
 }

@@ -14,6 +14,7 @@ pub mod process;
 pub mod proxy;
 pub mod report;
 pub mod scenarios;
+pub mod soak;
 
 use fixture::Stack;
 use scenarios::{Cell, Params, MODES, SCENARIOS};
