@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# bench.sh — what `make bench` runs: start the stack, build sluice and raw_fetch, install the
+# bench.sh — what `make bench` runs: start a private stack (see below), build sluice and raw_fetch, install the
 # pinned Python deps (scripts/bench/requirements.txt) into a cached venv outside the work tree,
 # run the cases (scripts/bench/run.py -> docs/bench/results.json) and render the report
 # (scripts/bench/report.py -> docs/bench/README.md + SVGs).
@@ -13,11 +13,36 @@ cd "$REPO"
 CACHE="${SLUICE_CACHE:-$HOME/.cache/sluice}"
 REQ=scripts/bench/requirements.txt
 
+# A private stack by default: tansu's fetch gets slower as its sqlite database grows (in the
+# shared stack every test's topics pile up; at 8 GB fetches ran 10x slower), so the bench starts
+# its own broker and ClickHouse, with fresh state, on other ports, and stops them at the end.
+# BENCH_STACK=shared benches against the shared stack (scripts/stack.sh defaults) instead.
+BIN="$(mktemp -d /tmp/sluice-bench-bin.XXXXXX)"
+cleanup() {
+  rm -rf "$BIN"
+  if [ -n "${PRIVATE:-}" ]; then scripts/stack.sh down; rm -rf "$PRIVATE"; fi
+}
+trap cleanup EXIT
+if [ "${BENCH_STACK:-private}" = private ]; then
+  KPORT="${BENCH_KAFKA_PORT:-19192}" CPORT="${BENCH_CH_PORT:-18223}"
+  for port in "$KPORT" "$CPORT"; do
+    if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+      echo "bench: port $port is taken; set BENCH_KAFKA_PORT / BENCH_CH_PORT" >&2; exit 1
+    fi
+  done
+  # Never start a second broker on the shared ports: the stack must say it will use ours.
+  env_out="$(SLUICE_STACK_KAFKA_PORT="$KPORT" SLUICE_STACK_CH_PORT="$CPORT" scripts/stack.sh env)"
+  if ! grep -q "KAFKA_BROKERS=127.0.0.1:$KPORT" <<<"$env_out" \
+     || ! grep -q "CLICKHOUSE_URL=http://127.0.0.1:$CPORT" <<<"$env_out"; then
+    echo "bench: scripts/stack.sh ignores SLUICE_STACK_KAFKA_PORT/SLUICE_STACK_CH_PORT; not starting a private stack" >&2
+    exit 1
+  fi
+  PRIVATE="$(mktemp -d /tmp/sluice-bench-stack.XXXXXX)"
+  export SLUICE_STACK_DIR="$PRIVATE" SLUICE_STACK_KAFKA_PORT="$KPORT" SLUICE_STACK_CH_PORT="$CPORT"
+fi
 scripts/stack.sh up >/dev/null
 set -a; eval "$(scripts/stack.sh env)"; set +a
-
-BIN="$(mktemp -d /tmp/sluice-bench-bin.XXXXXX)"
-trap 'rm -rf "$BIN"' EXIT
+export BENCH_STACK_KIND="${BENCH_STACK:-private}"
 if [ -n "${BENCH_REV:-}" ]; then   # bench a commit, not the work tree: build a clean export of it
   SRC="$CACHE/bench-src"        # a fixed path, so the next build of another commit is incremental
   rm -rf "$SRC" && mkdir -p "$SRC"

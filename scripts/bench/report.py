@@ -159,7 +159,8 @@ def main():
          "do not edit by hand. Re-render with `python3 scripts/bench/report.py`.", "",
          f"Run {res['run']} ({res['started']} → {res.get('finished', '?')}), sluice built from "
          f"{m.get('source', 'commit ' + m['git_commit'])} ({m['sluice']}). Machine: {m['nproc']} × {m['cpu_model']}, {m['mem_gb']} GB, Linux {m['kernel']}. "
-         f"Kafka: {m['kafka']}; ClickHouse: {m['clickhouse']}. Baseline: Python {m['python']}, "
+         f"Kafka: {m['kafka']}; ClickHouse: {m['clickhouse']}; "
+         f"{'a private stack started fresh for this run' if m.get('stack') == 'private' else 'the shared stack'}. Baseline: Python {m['python']}, "
          f"confluent-kafka {m['confluent_kafka']} (librdkafka {m['librdkafka']}), clickhouse-connect "
          f"{m['clickhouse_connect']}.", "",
          f"Load average (1 min) at start {res['load_start'][0]:.2f}, at end {res['load_end'][0]:.2f}; "

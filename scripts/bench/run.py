@@ -419,7 +419,9 @@ def run_sink(ds, name, args, table, exactly_once):
     log = open(f"{WORK}/{name}-{ds['size']}.log", "w")
     s0 = stack_cpu()
     t0 = time.time()
-    p = spawn(args, log, env=dict(os.environ, RUST_LOG=os.environ.get("RUST_LOG", "info")))
+    # The stack's SLUICE_* variables (ports, state dir) are not sluice settings: keep them out.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLUICE_")}
+    p = spawn(args, log, env=dict(env, RUST_LOG=os.environ.get("RUST_LOG", "info")))
     w = Watch(p.pid, table)
     want, failed, threads = ds["records"], None, {}
     while w.rows_now < want:
@@ -493,6 +495,7 @@ def machine():
             "sluice": ver(f"{BIN}/sluice", "--version"), "rustc": ver("rustc", "--version"),
             "git_commit": ver("git", "-C", REPO, "rev-parse", "--short", "HEAD"),
             "source": os.environ.get("BENCH_SOURCE", "?"),
+            "stack": os.environ.get("BENCH_STACK_KIND", "?"),
             "clickhouse": ch("SELECT version()") + " (chDB behind stack/chdb_server.py)",
             "kafka": "tansu 0.6.0 (sqlite storage)",
             "confluent_kafka": confluent_kafka.version()[0], "librdkafka": confluent_kafka.libversion()[0],
