@@ -295,3 +295,65 @@ impl Backoff {
         self.0 = (self.0 * 2).min(Duration::from_secs(5));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sluice_core::{BatchBuilder, BatchLimits, PartitionId};
+
+    fn batch(offsets: &[i64]) -> Batch {
+        let mut b = BatchBuilder::new(
+            PartitionId {
+                topic: "t".into(),
+                partition: 0,
+            },
+            BatchLimits {
+                max_rows: 100,
+                max_bytes: 1 << 20,
+                max_age: Duration::from_secs(1),
+                aligned: false,
+            },
+        );
+        for &o in offsets {
+            b.push(Offset(o), Instant::now(), |buf| {
+                buf.extend_from_slice(format!("{{\"o\":{o}}}\n").as_bytes());
+                Ok::<_, ()>(())
+            })
+            .unwrap();
+        }
+        b.take().unwrap()
+    }
+
+    fn server(message: &str) -> ChError {
+        ChError {
+            kind: ChErrorKind::Server,
+            code: Some(27),
+            message: message.into(),
+        }
+    }
+
+    #[test]
+    fn the_row_a_rejection_names() {
+        let b = batch(&[10, 11, 15]);
+        let e = server("Cannot parse input: expected '\"' before: 'abc\"}': (while reading the value of key id): (at row 3)\n: While executing");
+        assert_eq!(
+            rejected_row(&e, &b),
+            Some((Offset(15), b"{\"o\":15}\n".as_slice()))
+        );
+        assert_eq!(
+            rejected_row(&server("(at row 1)"), &b).map(|r| r.0),
+            Some(Offset(10))
+        );
+        // No row named, a row outside the batch, row 0, or not a server answer.
+        assert_eq!(rejected_row(&server("Table x does not exist"), &b), None);
+        assert_eq!(rejected_row(&server("(at row 4)"), &b), None);
+        assert_eq!(rejected_row(&server("(at row 0)"), &b), None);
+        assert_eq!(rejected_row(&server("(at row )"), &b), None);
+        let timeout = ChError {
+            kind: ChErrorKind::Timeout,
+            code: None,
+            message: "(at row 1)".into(),
+        };
+        assert_eq!(rejected_row(&timeout, &b), None);
+    }
+}

@@ -77,6 +77,16 @@ async fn verdicts_for_both_ends_and_no_secrets() {
         "{out}"
     );
 
+    // A DLQ topic that does not exist is named too.
+    let with_dlq = config(&brokers(), &clickhouse_url(), &topic, &table)
+        .replace("[[route]]", "[dlq]\ntopic = \"no_such_dlq_x\"\n[[route]]");
+    let (code, out) = check(&with_dlq);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains("dlq topic no_such_dlq_x") && out.contains("does not exist"),
+        "{out}"
+    );
+
     // A table without the dedup key column.
     let (db, _) = table.split_once('.').unwrap();
     exec(&ch(), &format!("CREATE TABLE {db}.nokey (x UInt8, _topic String, _partition UInt32, _offset UInt64) ENGINE = MergeTree ORDER BY x")).await;
