@@ -58,8 +58,8 @@ def size_section(s, cfg, out_dir):
          f"(avg {s['avg_record_bytes']:.0f} B), topic with {cfg['partitions']} partitions "
          f"(produced in {s['produce_seconds']} s)", "",
          "| case | records/s | MB/s | wall s | first row s | first→last MB/s | CPU s | CPU s/MB | µs/record "
-         "| MB per CPU-s | peak RSS MiB | broker CPU s | ClickHouse CPU s | check |",
-         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+         "| MB per CPU-s | peak RSS MiB | broker CPU s | ClickHouse CPU s | load 1m | check |",
+         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for k, r in c.items():
         cpu = r.get("cpu_seconds", r.get("client_cpu_seconds"))
         v = r["verify"]
@@ -72,12 +72,14 @@ def size_section(s, cfg, out_dir):
                  f"| {val(r.get('cpu_s_per_mb'), 4)} | {val(r.get('us_per_record'), 2)} "
                  f"| {val(r.get('mb_per_cpu_s'))} | {val(r.get('peak_rss_mb'))} "
                  f"| {val(r['stack_cpu'].get('tansu'), 1)} | {val(r['stack_cpu'].get('chdb'), 1)} "
-                 f"| {check} |")
+                 f"| {val(r.get('load_1m_before'), 2)} | {check} |")
     L += ["", "MB = 10⁶ bytes of JSON payload (Kafka record values). Wall seconds run from process "
           "start until the last row is visible (raw insert: from the first request, bodies built "
           "before); first row s: until the first row is visible (raw fetch: the first record "
           "fetched); first→last MB/s: the rate between those two moments. For the raw insert the CPU column is the Python client's. Broker/ClickHouse "
-          "CPU s: what tansu and the chDB server used during the case.", ""]
+          "CPU s: what tansu and the chDB server used during the case. Load 1m: the machine's "
+          "1-minute load average just before the case started (2 cores; above 2 something else "
+          "was competing for the CPU).", ""]
 
     eo, alo, bl = c.get("sluice_eo"), c.get("sluice_alo"), c.get("baseline")
     rf, ri = c.get("raw_fetch"), c.get("raw_insert")
