@@ -310,7 +310,7 @@ def case_raw_fetch(ds):
     log = open(f"{WORK}/raw_fetch-{ds['size']}.log", "w")
     s0 = stack_cpu()
     t0 = time.time()
-    p = spawn([f"{BIN}/raw_fetch", ds["topic"], str(MAX_BUFFERED // 4 // 1024)], log,
+    p = spawn([f"{BIN}/raw_fetch", ds["topic"], str(MAX_BUFFERED)], log,
               stdout=subprocess.PIPE, text=True)
     w = Watch(p.pid)
     out_text, _ = p.communicate(timeout=CASE_TIMEOUT)

@@ -305,6 +305,20 @@ pub struct SinkConfig {
     pub columns: MetadataColumns,
 }
 
+impl SinkConfig {
+    /// The part of `max_buffered_bytes` librdkafka may hold: an eighth
+    /// (2 MiB to 128 MiB), half for its prefetch queue and half for the
+    /// fetch response being read.
+    pub fn kafka_buffer_bytes(&self) -> usize {
+        (self.max_buffered_bytes / 8).clamp(2 << 20, 128 << 20)
+    }
+
+    /// The part of `max_buffered_bytes` for batches being built or inserted.
+    pub fn batch_buffer_bytes(&self) -> usize {
+        self.max_buffered_bytes - self.kafka_buffer_bytes().min(self.max_buffered_bytes / 2)
+    }
+}
+
 /// A topic and the table its rows go to.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Route {

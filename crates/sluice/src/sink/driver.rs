@@ -202,7 +202,9 @@ async fn connect_clickhouse(cfg: &Config) -> anyhow::Result<ClickHouse> {
 
 fn build_consumer(cfg: &Config, sink: Sink) -> anyhow::Result<BaseConsumer<SinkContext>> {
     let k = &cfg.kafka;
-    let queued_kb = (cfg.sink.max_buffered_bytes / 4 / 1024).clamp(1024, 65536);
+    // librdkafka's share of the memory bound: its prefetch queue and the
+    // fetch response in flight, half each.
+    let kafka_half = cfg.sink.kafka_buffer_bytes() / 2;
     let mut cc = k.client_config();
     cc.set("group.id", &k.group_id)
         .set("enable.auto.commit", "false")
@@ -218,7 +220,11 @@ fn build_consumer(cfg: &Config, sink: Sink) -> anyhow::Result<BaseConsumer<SinkC
             k.heartbeat_interval.as_millis().to_string(),
         )
         .set("auto.offset.reset", &k.auto_offset_reset)
-        .set("queued.max.messages.kbytes", queued_kb.to_string())
+        .set(
+            "queued.max.messages.kbytes",
+            (kafka_half / 1024).to_string(),
+        )
+        .set("fetch.max.bytes", kafka_half.max(1 << 20).to_string())
         .set("enable.partition.eof", "false")
         .set("statistics.interval.ms", "10000");
     if let Some(id) = &k.instance_id {
@@ -248,22 +254,30 @@ fn poll_loop(consumer: BaseConsumer<SinkContext>) -> anyhow::Result<()> {
     let mut last_commit = Instant::now();
     let mut last_sweep = Instant::now();
     let mut last_report = Instant::now();
+    let mut last_events = Instant::now();
+    {
+        let mut s = lock(&consumer);
+        s.drain_events(&consumer);
+        s.apply_backpressure(&consumer);
+    }
     loop {
-        {
-            let mut s = lock(&consumer);
-            s.drain_events(&consumer);
-            if s.fatal.is_some() || stopping.is_cancelled() {
-                break;
-            }
-            s.apply_backpressure(&consumer);
-        }
         let msg = consumer.poll(Duration::from_millis(50));
         let now = Instant::now();
+        // One lock per record; completions and backpressure are looked at
+        // every millisecond, not every record.
         let mut s = lock(&consumer);
         match msg {
             Some(Ok(m)) => s.on_record(&m, now),
             Some(Err(e)) => tracing::warn!(error = %e, "Kafka consumer error"),
             None => {}
+        }
+        if now.duration_since(last_events) >= Duration::from_millis(1) {
+            last_events = now;
+            s.drain_events(&consumer);
+            s.apply_backpressure(&consumer);
+        }
+        if s.fatal.is_some() || stopping.is_cancelled() {
+            break;
         }
         if now.duration_since(last_sweep) >= Duration::from_millis(20) {
             last_sweep = now;

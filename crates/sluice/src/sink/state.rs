@@ -6,9 +6,10 @@
 //! the tasks ([`Sink::on_event`]) → each partition's [`AckTracker`] → the
 //! durable frontier, committed to Kafka ([`Sink::commit`]).
 //!
-//! Memory: builders plus in-flight batches stay under `max_buffered_bytes`;
-//! over it, every partition is paused (the consumer keeps polling, so the
-//! group does not evict it) until half of it is free.
+//! Memory: builders plus in-flight batches stay under their share of
+//! `max_buffered_bytes` (the rest is librdkafka's); over it, every partition
+//! is paused (the consumer keeps polling, so the group does not evict it)
+//! until half of it is free.
 
 use super::dlq::{Letter, Pending};
 use super::handoff::Prepared;
@@ -421,7 +422,7 @@ impl Sink {
     pub fn apply_backpressure(&mut self, consumer: &BaseConsumer<SinkContext>) {
         let building: usize = self.parts.values().map(|p| p.builder.bytes()).sum();
         let buffered = self.in_flight_bytes + building;
-        let max = self.cfg.sink.max_buffered_bytes;
+        let max = self.cfg.sink.batch_buffer_bytes();
         self.overloaded = if self.overloaded {
             buffered >= max / 2
         } else {
