@@ -68,11 +68,14 @@ impl ClickHouse {
             wanted.push(("deduplicate_insert", "enable".into()));
         }
         let names: Vec<&str> = wanted.iter().map(|w| w.0).collect();
-        let known: Vec<String> = client
-            .query("SELECT name FROM system.settings WHERE name IN ?")
-            .bind(names)
-            .fetch_all::<String>()
-            .await?;
+        let known: Vec<String> = bounded(
+            cfg.insert_timeout,
+            client
+                .query("SELECT name FROM system.settings WHERE name IN ?")
+                .bind(names)
+                .fetch_all::<String>(),
+        )
+        .await?;
         let mut insert_settings: Vec<(String, String)> = wanted
             .into_iter()
             .filter(|(n, _)| known.iter().any(|k| k == n))
@@ -97,13 +100,14 @@ impl ClickHouse {
 
     /// The column names of `route`'s table (empty: no such table).
     async fn columns_of(&self, route: &Route) -> Result<Vec<String>, ChError> {
-        Ok(self
-            .client
-            .query("SELECT name FROM system.columns WHERE database = ? AND table = ?")
-            .bind(&route.database)
-            .bind(&route.table)
-            .fetch_all()
-            .await?)
+        self.bounded(
+            self.client
+                .query("SELECT name FROM system.columns WHERE database = ? AND table = ?")
+                .bind(&route.database)
+                .bind(&route.table)
+                .fetch_all(),
+        )
+        .await
     }
 
     /// Checks that `route`'s table exists and has the metadata columns.
@@ -193,10 +197,7 @@ impl ClickHouse {
             t = route.qualified()
         );
         let rows: Vec<(i32, i64)> = self
-            .client
-            .query(&sql)
-            .bind(&route.topic)
-            .fetch_all()
+            .bounded(self.client.query(&sql).bind(&route.topic).fetch_all())
             .await?;
         Ok(rows.into_iter().map(|(p, o)| (p, Offset(o))).collect())
     }
@@ -212,13 +213,15 @@ impl ClickHouse {
     ) -> Result<Vec<Offset>, ChError> {
         let o = q(&self.columns.offset);
         let rows: Vec<i64> = self
-            .range_query(
-                route,
-                &format!("toInt64({o}) AS o"),
-                "ORDER BY o",
-                (partition, first, last),
+            .bounded(
+                self.range_query(
+                    route,
+                    &format!("toInt64({o}) AS o"),
+                    "ORDER BY o",
+                    (partition, first, last),
+                )
+                .fetch_all(),
             )
-            .fetch_all()
             .await?;
         Ok(rows.into_iter().map(Offset).collect())
     }
@@ -233,15 +236,16 @@ impl ClickHouse {
         last: Offset,
     ) -> Result<u64, ChError> {
         let o = q(&self.columns.offset);
-        Ok(self
-            .range_query(
+        self.bounded(
+            self.range_query(
                 route,
                 &format!("uniqExact({o})"),
                 "",
                 (partition, first, last),
             )
-            .fetch_one()
-            .await?)
+            .fetch_one(),
+        )
+        .await
     }
 
     /// The business keys of the rows of one partition in `first..=last`,
@@ -313,19 +317,22 @@ impl ClickHouse {
     pub async fn fence_attempt(&self, query_id: &str, started: Instant) -> Result<(), ChError> {
         let bound = started + self.insert_timeout + Duration::from_secs(1);
         let _ = self
-            .client
-            .query("KILL QUERY WHERE query_id = ? SYNC")
-            .bind(query_id)
-            .execute()
+            .bounded(
+                self.client
+                    .query("KILL QUERY WHERE query_id = ? SYNC")
+                    .bind(query_id)
+                    .execute(),
+            )
             .await;
         loop {
             let running = self
-                .client
-                .query("SELECT count() FROM system.processes WHERE query_id = ?")
-                .bind(query_id)
-                .fetch_one::<u64>()
-                .await
-                .map_err(ChError::from);
+                .bounded(
+                    self.client
+                        .query("SELECT count() FROM system.processes WHERE query_id = ?")
+                        .bind(query_id)
+                        .fetch_one::<u64>(),
+                )
+                .await;
             match running {
                 Ok(0) => break,
                 Ok(_) if Instant::now() >= bound + self.insert_timeout => {
@@ -346,12 +353,34 @@ impl ClickHouse {
 
     /// A trivial round trip, for readiness.
     pub async fn ping(&self) -> Result<(), ChError> {
-        self.client
-            .query("SELECT 1")
-            .fetch_one::<u8>()
+        self.bounded(self.client.query("SELECT 1").fetch_one::<u8>())
             .await
-            .map(|_| ())?;
-        Ok(())
+            .map(|_| ())
+    }
+}
+
+impl ClickHouse {
+    /// `work` (a query), bounded like an insert: no call to ClickHouse may
+    /// hang a task forever (a connection that never answers).
+    async fn bounded<T>(
+        &self,
+        work: impl std::future::Future<Output = clickhouse::error::Result<T>>,
+    ) -> Result<T, ChError> {
+        bounded(self.insert_timeout, work).await
+    }
+}
+
+async fn bounded<T>(
+    limit: Duration,
+    work: impl std::future::Future<Output = clickhouse::error::Result<T>>,
+) -> Result<T, ChError> {
+    match tokio::time::timeout(limit + Duration::from_secs(5), work).await {
+        Ok(r) => r.map_err(ChError::from),
+        Err(_) => Err(ChError {
+            kind: ChErrorKind::Timeout,
+            code: None,
+            message: format!("no answer within {:?}", limit + Duration::from_secs(5)),
+        }),
     }
 }
 
