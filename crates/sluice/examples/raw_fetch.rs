@@ -23,11 +23,10 @@ fn main() -> anyhow::Result<()> {
     let Some(topic) = args.get(1) else {
         anyhow::bail!("usage: raw_fetch TOPIC [MAX_BUFFERED_BYTES]");
     };
-    // As `sluice run` with this max_buffered_bytes: librdkafka gets an eighth
-    // (2..=128 MiB), half for its queue and half for the fetch in flight.
+    // As `sluice run` with this max_buffered_bytes: a quarter (1..=64 MiB)
+    // for librdkafka's prefetch queue.
     let max_buffered: u64 = args.get(2).map_or(Ok(128 << 20), |s| s.parse())?;
-    let kafka_half = (max_buffered / 8).clamp(2 << 20, 128 << 20) / 2;
-    let queued_kb = kafka_half / 1024;
+    let queued_kb = (max_buffered / 4).clamp(1 << 20, 64 << 20) / 1024;
     let brokers = std::env::var("KAFKA_BROKERS").unwrap_or_else(|_| "127.0.0.1:19092".into());
 
     let started = Instant::now();
@@ -38,7 +37,6 @@ fn main() -> anyhow::Result<()> {
         .set("enable.auto.offset.store", "false")
         .set("isolation.level", "read_committed")
         .set("queued.max.messages.kbytes", queued_kb.to_string())
-        .set("fetch.max.bytes", kafka_half.max(1 << 20).to_string())
         .set("enable.partition.eof", "false")
         .create()?;
 

@@ -306,11 +306,10 @@ pub struct SinkConfig {
 }
 
 impl SinkConfig {
-    /// The part of `max_buffered_bytes` librdkafka may hold: an eighth
-    /// (2 MiB to 128 MiB), half for its prefetch queue and half for the
-    /// fetch response being read.
+    /// The part of `max_buffered_bytes` for librdkafka's prefetch queue: a
+    /// quarter (1 MiB to 64 MiB).
     pub fn kafka_buffer_bytes(&self) -> usize {
-        (self.max_buffered_bytes / 8).clamp(2 << 20, 128 << 20)
+        (self.max_buffered_bytes / 4).clamp(1 << 20, 64 << 20)
     }
 
     /// The part of `max_buffered_bytes` for batches being built or inserted.

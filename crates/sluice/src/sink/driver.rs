@@ -202,9 +202,8 @@ async fn connect_clickhouse(cfg: &Config) -> anyhow::Result<ClickHouse> {
 
 fn build_consumer(cfg: &Config, sink: Sink) -> anyhow::Result<BaseConsumer<SinkContext>> {
     let k = &cfg.kafka;
-    // librdkafka's share of the memory bound: its prefetch queue and the
-    // fetch response in flight, half each.
-    let kafka_half = cfg.sink.kafka_buffer_bytes() / 2;
+    // librdkafka's share of the memory bound: its prefetch queue.
+    let queued_kb = cfg.sink.kafka_buffer_bytes() / 1024;
     let mut cc = k.client_config();
     cc.set("group.id", &k.group_id)
         .set("enable.auto.commit", "false")
@@ -220,11 +219,7 @@ fn build_consumer(cfg: &Config, sink: Sink) -> anyhow::Result<BaseConsumer<SinkC
             k.heartbeat_interval.as_millis().to_string(),
         )
         .set("auto.offset.reset", &k.auto_offset_reset)
-        .set(
-            "queued.max.messages.kbytes",
-            (kafka_half / 1024).to_string(),
-        )
-        .set("fetch.max.bytes", kafka_half.max(1 << 20).to_string())
+        .set("queued.max.messages.kbytes", queued_kb.to_string())
         .set("enable.partition.eof", "false")
         .set("statistics.interval.ms", "10000");
     if let Some(id) = &k.instance_id {
