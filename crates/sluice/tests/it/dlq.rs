@@ -59,11 +59,7 @@ async fn dlq_unacknowledged_holds_the_position_then_every_record_is_accounted_fo
 
     let ch = ch();
     let table = create_table(&ch, &unique("it")).await;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
     let addr = format!("127.0.0.1:{port}");
     let mut spec = SinkSpec::new(&topic, &table);
     spec.brokers = proxy.addr.clone();

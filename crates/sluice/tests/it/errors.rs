@@ -60,11 +60,7 @@ async fn unreachable_clickhouse_is_named() {
     let topic = unique("noch");
     create_topic(&topic, 1).await;
     let mut spec = SinkSpec::new(&topic, "db.t");
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
     spec.clickhouse_url = format!("http://127.0.0.1:{port}");
     let (code, log) = exit_of(spec.start(), Duration::from_secs(60));
     assert_eq!(code, Some(2));
@@ -78,11 +74,7 @@ async fn unreachable_clickhouse_is_named() {
 async fn unreachable_kafka_is_named() {
     let ch = ch();
     let table = create_table(&ch, &unique("it")).await;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
     let mut spec = SinkSpec::new("nowhere", &table);
     spec.brokers = format!("127.0.0.1:{port}");
     let (code, log) = exit_of(spec.start(), Duration::from_secs(90));

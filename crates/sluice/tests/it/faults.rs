@@ -121,14 +121,6 @@ impl Drop for PrivateClickHouse {
     }
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clickhouse_down_for_a_minute() {
     let n = 200_000;

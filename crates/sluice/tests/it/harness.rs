@@ -242,3 +242,12 @@ impl SinkSpec {
 
 /// A running `sluice run` process; killed on drop.
 pub type Sink = SinkProcess;
+
+/// A port nothing listens on right now, on 127.0.0.1.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}

@@ -34,11 +34,7 @@ pub fn value(metrics: &str, prefix: &str) -> f64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_count_a_known_run() {
     let (topic, table, ch) = setup("metrics", 2, 5000).await;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
     let addr = format!("127.0.0.1:{port}");
     let mut spec = SinkSpec::new(&topic, &table);
     spec.max_batch_rows = 1000;
