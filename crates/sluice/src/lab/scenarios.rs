@@ -379,7 +379,12 @@ pub async fn run(
             r.finish(scenario, vec![b, c], n, Instant::now()).await
         }
         "zombie" => {
-            let r = Run::new(stack, mode, p, 0, false).await?;
+            let mut r = Run::new(stack, mode, p, 0, false).await?;
+            // When A wakes, it rejoins and tansu hands it its partitions
+            // back while B still owns them (no rebalance barrier, as in
+            // "rebalance"): both own them for ~10 s. The fence must outlast
+            // that overlap, or both read the same watermark and both write.
+            r.spec.fence_wait = r.spec.fence_wait.max(Duration::from_secs(15));
             r.produce(0, n / 2).await?;
             let mut a = r.spec.start()?;
             let b = r.spec.start()?;
