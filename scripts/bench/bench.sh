@@ -70,6 +70,6 @@ fi
 rc=0
 BENCH_BIN="$BIN" "$VENV/bin/python" scripts/bench/run.py || rc=$?
 if [ "$rc" -le 1 ]; then     # 0: all verified, 1: results written but something failed
-  "$VENV/bin/python" scripts/bench/report.py
+  "$VENV/bin/python" scripts/bench/report.py "${BENCH_OUT:-docs/bench}"
 fi
 exit "$rc"

@@ -10,6 +10,12 @@ use sluice::ops::{self, Outcome};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+/// jemalloc for Rust and C alike (librdkafka, OpenSSL): glibc's per-thread
+/// arenas kept batch buffers freed on other threads and let the resident
+/// size creep past `max_buffered_bytes`; jemalloc reuses them.
+#[global_allocator]
+static ALLOC: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 #[derive(Parser)]
 #[command(
     name = "sluice",

@@ -258,8 +258,8 @@ fn poll_loop(consumer: BaseConsumer<SinkContext>) -> anyhow::Result<()> {
     loop {
         let msg = consumer.poll(Duration::from_millis(50));
         let now = Instant::now();
-        // One lock per record; completions and backpressure are looked at
-        // every millisecond, not every record.
+        // One lock per record; completions, backpressure and a stop request
+        // are looked at every millisecond, not every record.
         let mut s = lock(&consumer);
         match msg {
             Some(Ok(m)) => s.on_record(&m, now),
@@ -270,8 +270,11 @@ fn poll_loop(consumer: BaseConsumer<SinkContext>) -> anyhow::Result<()> {
             last_events = now;
             s.drain_events(&consumer);
             s.apply_backpressure(&consumer);
+            if stopping.is_cancelled() {
+                break;
+            }
         }
-        if s.fatal.is_some() || stopping.is_cancelled() {
+        if s.fatal.is_some() {
             break;
         }
         if now.duration_since(last_sweep) >= Duration::from_millis(20) {
