@@ -302,7 +302,7 @@ fn run(command: Command) -> anyhow::Result<Outcome> {
 }
 
 fn send(producer: sluice::send::ProducerArgs, files: Vec<PathBuf>) -> anyhow::Result<Outcome> {
-    let opts = producer.options();
+    let opts = producer.options()?;
     let report = sluice::send::send_stream(&opts, sluice::send::input::lines(&files))?;
     eprintln!(
         "sluice send: {} read, {} confirmed, {} in the retry file{}{}",
@@ -339,7 +339,7 @@ fn resend(
         .clone()
         .context("--key-field is required: resend looks records up by their key")?;
     let lines = sluice::send::input::read_all(&files)?;
-    let opts = producer.options();
+    let opts = producer.options()?;
     let r = runtime()?.block_on(sluice::send::resend::resend(
         &ch.client(),
         &table,

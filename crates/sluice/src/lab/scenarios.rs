@@ -195,6 +195,7 @@ impl Run {
         let retry_file = std::env::temp_dir().join(format!("{}.jsonl", Stack::unique("lab_retry")));
         let opts = crate::send::SendOptions {
             brokers: self.stack.brokers.clone(),
+            kafka: None,
             topic: self.spec.topic.clone(),
             key_field: Some("id".into()),
             transactional_id: None,

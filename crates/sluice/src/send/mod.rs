@@ -18,6 +18,7 @@ pub mod input;
 pub mod resend;
 pub mod retry;
 
+use crate::config::{ConfigError, KafkaConfig, Overrides, RawConfig};
 use input::Line;
 use rdkafka::error::KafkaError;
 use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
@@ -30,9 +31,14 @@ use std::time::Duration;
 /// `sluice send`'s flags.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ProducerArgs {
-    /// Kafka bootstrap servers.
-    #[arg(long, env = "KAFKA_BROKERS")]
-    pub brokers: String,
+    /// Kafka bootstrap servers (overrides the file's with --config).
+    #[arg(long, env = "KAFKA_BROKERS", required_unless_present = "config")]
+    pub brokers: Option<String>,
+    /// Connect as `sluice run` does with this config file: its brokers,
+    /// `security_protocol`, `[kafka.tls]`, `[kafka.sasl]` and
+    /// `[kafka.properties]` (with `SLUICE_KAFKA_*` variables applied).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
     /// The topic to produce to.
     #[arg(long)]
     pub topic: String,
@@ -69,9 +75,27 @@ fn parse_property(s: &str) -> Result<(String, String), String> {
 }
 
 impl ProducerArgs {
-    pub fn options(&self) -> SendOptions {
-        SendOptions {
-            brokers: self.brokers.clone(),
+    /// The options these flags describe; with `--config`, the file is read
+    /// and validated as `sluice run` would.
+    pub fn options(&self) -> Result<SendOptions, ConfigError> {
+        let kafka = match &self.config {
+            Some(path) => {
+                let overrides = Overrides {
+                    brokers: self.brokers.clone(),
+                    ..Overrides::default()
+                };
+                let cfg = RawConfig::load(path, std::env::vars())?.validate(overrides)?;
+                Some(cfg.kafka)
+            }
+            None => None,
+        };
+        Ok(SendOptions {
+            brokers: kafka
+                .as_ref()
+                .map(|k| k.brokers.clone())
+                .or_else(|| self.brokers.clone())
+                .unwrap_or_default(),
+            kafka,
             topic: self.topic.clone(),
             key_field: self.key_field.clone(),
             transactional_id: self.transactional_id.clone(),
@@ -80,7 +104,7 @@ impl ProducerArgs {
             delivery_timeout: self.delivery_timeout,
             transaction_timeout: self.transaction_timeout,
             properties: self.properties.clone(),
-        }
+        })
     }
 }
 
@@ -88,6 +112,9 @@ impl ProducerArgs {
 #[derive(Debug, Clone)]
 pub struct SendOptions {
     pub brokers: String,
+    /// The connection of a `sluice run` config (brokers, TLS, SASL,
+    /// properties); without it, plain `brokers`.
+    pub kafka: Option<KafkaConfig>,
     pub topic: String,
     /// The record key is this field's value (so the key decides the partition).
     pub key_field: Option<String>,
@@ -152,7 +179,10 @@ impl SendOptions {
                 self.delivery_timeout, self.transaction_timeout
             )));
         }
-        let mut cc = ClientConfig::new();
+        let mut cc = match &self.kafka {
+            Some(k) => k.client_config(),
+            None => ClientConfig::new(),
+        };
         cc.set("bootstrap.servers", &self.brokers)
             .set("enable.idempotence", "true")
             .set("acks", "all")

@@ -28,6 +28,7 @@ fn lines(start: u64, n: u64) -> Vec<Line> {
 fn options(brokers: &str, topic: &str) -> SendOptions {
     SendOptions {
         brokers: brokers.into(),
+        kafka: None,
         topic: topic.into(),
         key_field: Some("id".into()),
         transactional_id: None,
@@ -270,4 +271,92 @@ async fn the_command_reads_stdin_and_exits_1_when_records_are_left_over() {
         .await
         .unwrap();
     assert_eq!(ids.len(), 200);
+}
+
+/// `sluice send --config`: the connection comes from a `sluice run` config
+/// file, with its SASL password never printed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn send_connects_as_the_config_file_says() {
+    let topic = unique("send_cfg");
+    create_topic(&topic, 2).await;
+    let dir = std::env::temp_dir().join(unique("send_cfg"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let run = |cfg: &str, input: &str, extra: &[&str]| {
+        let path = dir.join(format!("{}.toml", unique("cfg")));
+        std::fs::write(&path, cfg).unwrap();
+        let retry = dir.join(format!("{}.jsonl", unique("retry")));
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"));
+        cmd.args(["send", "--topic", &topic, "--key-field", "id", "--config"])
+            .arg(&path)
+            .arg("--retry-file")
+            .arg(&retry)
+            .args(extra)
+            .env_remove("KAFKA_BROKERS")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        let mut child = cmd.spawn().unwrap();
+        use std::io::Write;
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(input.as_bytes()).unwrap();
+        drop(stdin);
+        let out = child.wait_with_output().unwrap();
+        let text = format!(
+            "{}{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+            std::fs::read_to_string(&retry).unwrap_or_default()
+        );
+        (out.status.code(), text)
+    };
+    let rest = "[clickhouse]\nurl = \"http://127.0.0.1:1\"\n\
+                [[route]]\ntopic = \"t\"\ntable = \"d.t\"\n";
+    let input: String = (0..50).map(|i| format!("{{\"id\":{i}}}\n")).collect();
+
+    // Plain: the brokers are the file's (no --brokers, no KAFKA_BROKERS).
+    let plain = format!("[kafka]\nbrokers = \"{}\"\n{rest}", brokers());
+    let (code, text) = run(&plain, &input, &[]);
+    assert_eq!(code, Some(0), "{text}");
+    assert!(
+        text.contains("50 read, 50 confirmed, 0 in the retry file"),
+        "{text}"
+    );
+    let b = brokers();
+    let t = topic.clone();
+    let ids = tokio::task::spawn_blocking(move || consume_ids(&b, &t, 50))
+        .await
+        .unwrap();
+    assert_eq!(ids.len(), 50);
+
+    // SASL, which the local broker does not speak: nothing is confirmed,
+    // everything is in the retry file, and the password is nowhere.
+    let secret = "s3cret-never-printed";
+    let sasl = format!(
+        "[kafka]\nbrokers = \"{}\"\n[kafka.sasl]\nmechanism = \"SCRAM-SHA-256\"\n\
+         username = \"u\"\npassword = \"{secret}\"\n{rest}",
+        brokers()
+    );
+    let (code, text) = run(
+        &sasl,
+        &input,
+        &["--delivery-timeout", "3s", "--log", "debug"],
+    );
+    assert_eq!(code, Some(1), "{text}");
+    assert!(
+        text.contains("50 read, 0 confirmed, 50 in the retry file"),
+        "{text}"
+    );
+    assert!(!text.contains(secret), "the password was printed:\n{text}");
+
+    // A bad file is named, with the field.
+    let bad = format!(
+        "[kafka]\nbrokers = \"{}\"\n[kafka.sasl]\nmechanism = \"MD5\"\n\
+         username = \"u\"\npassword = \"{secret}\"\n{rest}",
+        brokers()
+    );
+    let (code, text) = run(&bad, &input, &[]);
+    assert_eq!(code, Some(2), "{text}");
+    assert!(text.contains("kafka.sasl.mechanism"), "{text}");
+    assert!(!text.contains(secret), "the password was printed:\n{text}");
+    std::fs::remove_dir_all(&dir).ok();
 }
