@@ -115,8 +115,6 @@ pub struct DlqEntry {
     pub offset: i64,
     pub kind: String,
     pub reason: String,
-    /// The DLQ record's key: the source record's.
-    pub key: Option<String>,
 }
 
 /// Reads `topic` from the start until `want` records arrived, or nothing
@@ -161,7 +159,6 @@ pub fn read_dlq(
             offset: get("sluice.source.offset").parse().unwrap_or(-1),
             kind: get("sluice.error.kind"),
             reason: get("sluice.error.reason"),
-            key: m.key().map(|k| String::from_utf8_lossy(k).into_owned()),
         });
     }
     Ok(out)

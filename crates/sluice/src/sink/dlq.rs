@@ -16,34 +16,20 @@
 //! Each DLQ record keeps the original key and value and carries headers:
 //! `sluice.error.kind`, `sluice.error.reason`, `sluice.source.topic`,
 //! `sluice.source.partition`, `sluice.source.offset`, and
-//! `sluice.source.timestamp` when known. A row ClickHouse rejected is read
-//! back from the source topic by offset ([`Dlq::read_source`]), since
-//! batches keep rows, not keys. The DLQ is at-least-once: after a crash a
-//! record may be written again; its source headers identify it.
+//! `sluice.source.timestamp` when known. The DLQ is at-least-once: after a
+//! crash a record may be written again; its source headers identify it.
 
 use crate::config::KafkaConfig;
 use crate::telemetry;
-use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
-use rdkafka::{Message, Offset, TopicPartitionList};
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 pub struct Dlq {
     producer: FutureProducer,
     topic: String,
-    /// Reads source records back by offset; never joins a group or commits.
-    source: Mutex<BaseConsumer>,
-}
-
-/// A source record read back from Kafka.
-pub struct SourceRecord {
-    pub key: Option<Vec<u8>>,
-    pub value: Option<Vec<u8>>,
-    pub timestamp: Option<i64>,
 }
 
 /// A record on its way to the DLQ.
@@ -77,69 +63,10 @@ impl Dlq {
             .set("linger.ms", "5")
             .set("compression.type", "lz4")
             .create()?;
-        let source = k
-            .client_config()
-            .set("group.id", "sluice-dlq-source-reader")
-            .set("enable.auto.commit", "false")
-            .set("enable.auto.offset.store", "false")
-            .set("enable.partition.eof", "false")
-            // One record is wanted, and it exists: don't let the broker wait.
-            .set("fetch.wait.max.ms", "10")
-            .set("max.partition.fetch.bytes", "65536")
-            .create()?;
         Ok(Self {
             producer,
             topic: topic.to_string(),
-            source: Mutex::new(source),
         })
-    }
-
-    /// The record at `topic[partition]@offset`, read back from Kafka; `None`
-    /// if it cannot be read within `timeout` (gone by retention or
-    /// compaction, no permission). Blocking.
-    pub fn read_source(
-        &self,
-        topic: &str,
-        partition: i32,
-        offset: i64,
-        timeout: Duration,
-    ) -> Option<SourceRecord> {
-        let consumer = self.source.lock().unwrap_or_else(|p| p.into_inner());
-        let mut tpl = TopicPartitionList::new();
-        tpl.add_partition_offset(topic, partition, Offset::Offset(offset))
-            .ok()?;
-        consumer.assign(&tpl).ok()?;
-        let started = Instant::now();
-        let deadline = started + timeout;
-        let mut found = None;
-        while Instant::now() < deadline {
-            match consumer.poll(Duration::from_millis(100)) {
-                Some(Ok(m)) if m.topic() == topic && m.partition() == partition => {
-                    if m.offset() == offset {
-                        found = Some(SourceRecord {
-                            key: m.key().map(<[u8]>::to_vec),
-                            value: m.payload().map(<[u8]>::to_vec),
-                            timestamp: m.timestamp().to_millis(),
-                        });
-                    }
-                    if m.offset() >= offset {
-                        break;
-                    }
-                }
-                Some(Err(e)) => {
-                    tracing::debug!(error = %e, "reading a rejected row's source record");
-                }
-                _ => {}
-            }
-        }
-        let _ = consumer.unassign();
-        tracing::debug!(
-            record = %format!("{topic}[{partition}]@{offset}"),
-            found = found.is_some(),
-            ms = started.elapsed().as_millis() as u64,
-            "read a rejected row's source record back"
-        );
-        found
     }
 
     pub fn topic(&self) -> &str {

@@ -97,9 +97,10 @@ pub async fn run(
         .collect();
     let dlq = match &cfg.dlq {
         None => None,
-        Some(topic) => Some(Arc::new(Dlq::new(&cfg.kafka, topic).with_context(
-            || format!("creating the DLQ producer for topic {topic:?}"),
-        )?)),
+        Some(topic) => Some(
+            Dlq::new(&cfg.kafka, topic)
+                .with_context(|| format!("creating the DLQ producer for topic {topic:?}"))?,
+        ),
     };
     let ctx = Arc::new(WriterCtx {
         ch,

@@ -40,7 +40,7 @@ pub struct WriterCtx {
     pub delivery: Delivery,
     pub permits: Semaphore,
     /// Where rows that cannot be stored go, if anywhere.
-    pub dlq: Option<Arc<Dlq>>,
+    pub dlq: Option<Dlq>,
     /// Per route: turns a rejected row back into its record value.
     pub encoders: Vec<RowEncoder>,
 }
@@ -186,31 +186,16 @@ async fn attempt_until_done(job: &Job, ctx: &WriterCtx, letters: &mut Vec<Pendin
                 let Some(d) = &ctx.dlq else {
                     return Outcome::Failed(e);
                 };
-                // The batch holds the row, not the record: read the record
-                // back for its key and timestamp (the row's own value if
-                // the topic no longer has it).
-                let source = {
-                    let (d, topic, partition) = (d.clone(), p.topic.clone(), p.partition);
-                    tokio::task::spawn_blocking(move || {
-                        d.read_source(&topic, partition, offset.0, Duration::from_secs(5))
-                    })
-                    .await
-                    .ok()
-                    .flatten()
-                };
                 let encoder = &ctx.encoders[job.route_idx];
-                let value = match source.as_ref() {
-                    Some(r) => r.value.clone(),
-                    None => Some(encoder.original(row).unwrap_or_else(|| row.to_vec())),
-                };
+                let value = encoder.original(row).unwrap_or_else(|| row.to_vec());
                 let reason = e.to_string();
                 let letter = Letter {
                     topic: &p.topic,
                     partition: p.partition,
                     offset: offset.0,
-                    timestamp: source.as_ref().and_then(|r| r.timestamp),
-                    key: source.as_ref().and_then(|r| r.key.as_deref()),
-                    value: value.as_deref(),
+                    timestamp: None,
+                    key: None,
+                    value: Some(&value),
                     kind: "rejected",
                     reason: &reason,
                 };
