@@ -381,10 +381,9 @@ pub async fn run(
         }
         "zombie" => {
             let mut r = Run::new(stack, mode, p, 0, false).await?;
-            // When A wakes, it rejoins and tansu hands it its partitions
-            // back while B still owns them (no rebalance barrier, as in
-            // "rebalance"): both own them for ~10 s. The fence must outlast
-            // that overlap, or both read the same watermark and both write.
+            // B takes A's partitions while A is frozen; on tansu (no
+            // rebalance barrier, as in "rebalance") B's fence must outlast
+            // the moment A learns of it. A leaves soon after it wakes (below).
             r.spec.fence_wait = r.spec.fence_wait.max(Duration::from_secs(15));
             r.produce(0, n / 2).await?;
             let mut a = r.spec.start()?;
