@@ -8,6 +8,7 @@ Run:  "$(scripts/install-chdb.sh)" stack/test_chdb_server.py -v
 import http.client
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -210,6 +211,264 @@ class DedupAndRestartTest(unittest.TestCase):
             t0 = time.time()
             self.assertEqual(s.stop(), 0)
             self.assertLess(time.time() - t0, 10)
+
+
+def wait_until(fn, timeout=10.0):
+    """Poll fn() until it is truthy; its last value."""
+    deadline = time.time() + timeout
+    while True:
+        v = fn()
+        if v or time.time() > deadline:
+            return v
+        time.sleep(0.05)
+
+
+class SlowInsert:
+    """An INSERT whose body is sent by hand over a raw socket, piece by piece (chunked or Content-Length)."""
+
+    def __init__(self, port, query, chunked=True, length=1 << 20, **params):
+        self.chunked = chunked
+        self.sock = socket.create_connection(("127.0.0.1", port))
+        url = "/?" + urllib.parse.urlencode({"query": query, **params})
+        framing = "Transfer-Encoding: chunked" if chunked else f"Content-Length: {length}"
+        self.sock.sendall(f"POST {url} HTTP/1.1\r\nHost: x\r\n{framing}\r\n\r\n".encode())
+
+    def send(self, data):
+        self.sock.sendall(b"%x\r\n%s\r\n" % (len(data), data) if self.chunked else data)
+
+    def finish(self):
+        if self.chunked:
+            self.sock.sendall(b"0\r\n\r\n")
+
+    def response(self):
+        """(status, exception code or None, body) of the answer; the server closes the connection after it."""
+        self.sock.settimeout(30)
+        resp = b""
+        while True:
+            data = self.sock.recv(65536)
+            if not data:
+                break
+            resp += data
+            head, sep, body = resp.partition(b"\r\n\r\n")
+            m = re.search(rb"Content-Length: (\d+)", head)
+            if sep and m and len(body) >= int(m.group(1)):
+                break
+        self.sock.close()
+        head, _, body = resp.partition(b"\r\n\r\n")
+        code = re.search(rb"X-ClickHouse-Exception-Code: (\d+)", head)
+        return int(head.split()[1]), code and int(code.group(1)), body
+
+
+class ProcessListTest(unittest.TestCase):
+    """system.processes shows the server's running queries by query_id; KILL QUERY ends them."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.TemporaryDirectory()
+        cls.s = Server(os.path.join(cls.tmp.name, "data"))
+        cls.s.value("CREATE TABLE p (a UInt64) ENGINE = MergeTree ORDER BY a")
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.s.stop()
+        cls.tmp.cleanup()
+
+    def setUp(self):
+        self.s.value("TRUNCATE TABLE p")
+
+    def running(self, qid):
+        return int(self.s.value("SELECT count() FROM system.processes WHERE query_id = {q:String}", param_q=qid))
+
+    def test_slow_insert_is_listed_refuses_its_id_and_is_killed(self):
+        ins = SlowInsert(self.s.port, "INSERT INTO p FORMAT JSONEachRow", query_id="slow-1", async_insert=0)
+        ins.send(b'{"a":1}\n')
+        self.assertTrue(wait_until(lambda: self.running("slow-1") == 1))
+        row = self.s.value("SELECT query, user, is_initial_query, is_cancelled, current_database, elapsed > 0 "
+                           "FROM system.processes WHERE query_id = 'slow-1'")
+        self.assertEqual(row, "INSERT INTO p FORMAT JSONEachRow\tdefault\t1\t0\tdefault\t1")
+        ins.send(b'{"a":2}\n')
+
+        st, body, h = self.s.q("SELECT 1", query_id="slow-1")        # same id while it runs
+        self.assertEqual((st, h["X-ClickHouse-Exception-Code"]), (500, "216"), body)
+        self.assertIn(b"QUERY_WITH_SAME_ID_IS_ALREADY_RUNNING", body)
+
+        st, body, _ = self.s.q("KILL QUERY WHERE query_id = 'slow-1' SYNC")
+        self.assertEqual((st, body), (200, b"finished\tslow-1\tdefault\tINSERT INTO p FORMAT JSONEachRow\n"))
+        self.assertEqual(self.running("slow-1"), 0)                    # gone when SYNC returns
+        status, code, body = ins.response()
+        self.assertEqual((status, code), (500, 394), body)
+        self.assertTrue(body.startswith(b"Code: 394. DB::Exception: Query was cancelled."), body)
+        self.assertEqual(self.s.value("SELECT count() FROM p"), "0")  # never committed
+        self.assertEqual(self.s.value("SELECT 1", query_id="slow-1"), "1")  # the id is free again
+
+    def test_slow_insert_that_is_not_killed_commits_and_leaves_the_list(self):
+        ins = SlowInsert(self.s.port, "INSERT INTO p FORMAT JSONEachRow", query_id="slow-0", async_insert=0)
+        for i in range(3):
+            ins.send(b'{"a":%d}\n' % i)
+            self.assertTrue(wait_until(lambda: self.running("slow-0") == 1))
+            time.sleep(0.2)
+        ins.finish()
+        status, code, body = ins.response()
+        self.assertEqual((status, code), (200, None), body)
+        self.assertEqual(self.running("slow-0"), 0)
+        self.assertEqual(self.s.value("SELECT groupArray(a) FROM (SELECT a FROM p ORDER BY a)"), "[0,1,2]")
+
+    def test_kill_async_lowercase_with_params_and_format_content_length_body(self):
+        ins = SlowInsert(self.s.port, "INSERT INTO p FORMAT JSONEachRow", chunked=False, query_id="slow-2",
+                         async_insert=0)
+        ins.send(b'{"a":1}\n')
+        self.assertTrue(wait_until(lambda: self.running("slow-2") == 1))
+        st, body, _ = self.s.q("kill query where query_id = {id:String} async format JSONEachRow", param_id="slow-2")
+        self.assertEqual(st, 200, body)
+        self.assertEqual(json.loads(body), {"kill_status": "waiting", "query_id": "slow-2", "user": "default",
+                                            "query": "INSERT INTO p FORMAT JSONEachRow"})
+        self.assertTrue(wait_until(lambda: self.running("slow-2") == 0))   # as the sink's fence polls
+        self.assertEqual(ins.response()[:2], (500, 394))
+        self.assertEqual(self.s.value("SELECT count() FROM p"), "0")
+
+    def test_replace_running_query(self):
+        ins = SlowInsert(self.s.port, "INSERT INTO p FORMAT JSONEachRow", query_id="slow-3", async_insert=0)
+        ins.send(b'{"a":1}\n')
+        self.assertTrue(wait_until(lambda: self.running("slow-3") == 1))
+        st, body, _ = self.s.q("INSERT INTO p FORMAT JSONEachRow", b'{"a":2}\n', query_id="slow-3",
+                               replace_running_query=1, async_insert=0)
+        self.assertEqual(st, 200, body)
+        self.assertEqual(ins.response()[:2], (500, 394))
+        self.assertEqual(self.s.value("SELECT groupArray(a) FROM p"), "[2]")
+
+    def test_processes_table_forms_and_the_querying_request(self):
+        st, body, _ = self.s.q("SELECT query_id, query_kind, is_cancelled FROM system.processes", query_id="me-1")
+        self.assertEqual((st, body), (200, b"me-1\tSelect\t0\n"))         # the request itself, only
+        hdr = {"X-ClickHouse-Query-Id": "me-2"}
+        sql = b"SELECT count() FROM `SYSTEM`.`Processes` WHERE query_id = 'me-2'"
+        st, body, _ = self.s.request("POST", "/", sql, hdr)
+        self.assertEqual((st, body), (200, b"1\n"))
+        self.assertEqual(self.s.value("SELECT count() FROM (SELECT * FROM system . processes) AS x "
+                                      "WHERE x.query_id = 'none'"), "0")
+        listed = self.s.value("SHOW PROCESSLIST FORMAT JSONEachRow", query_id="me-3")
+        self.assertEqual(listed.count('"query_id":"me-3"'), 1)
+        self.assertEqual(self.s.value("SELECT 'system.processes'"), "system.processes")  # a string stays a string
+
+    def test_kill_of_a_plain_query_waits_for_its_end(self):
+        # A non-streaming query (conn.query) cannot be stopped inside chDB: it ends normally, SYNC waits.
+        got = {}
+        t = threading.Thread(target=lambda: got.setdefault("r", self.s.q("SELECT sleep(1)", query_id="sel-1")))
+        t.start()
+        self.assertTrue(wait_until(lambda: self.running("sel-1") == 1))
+        st, body, _ = self.s.q("KILL QUERY WHERE query_id = 'sel-1' TEST")
+        self.assertEqual((st, body), (200, b"unknown_status\tsel-1\tdefault\tSELECT sleep(1)\n"))
+        st, body, _ = self.s.q("KILL QUERY WHERE query_id = 'sel-1' SYNC")
+        self.assertEqual((st, body), (200, b"finished\tsel-1\tdefault\tSELECT sleep(1)\n"))
+        self.assertEqual(self.running("sel-1"), 0)
+        t.join()
+        self.assertEqual(got["r"][:2], (200, b"0\n"))
+        self.assertEqual(self.s.q("KILL QUERY WHERE query_id = 'nobody' SYNC")[:2], (200, b""))
+
+
+class InsertSelectInputTest(unittest.TestCase):
+    """INSERT INTO t SELECT ... FROM input(...) ... FORMAT f with the data in the body really runs."""
+
+    DEADLINE = ("INSERT INTO db.t SELECT * FROM input() WHERE (SELECT throwIf(toUnixTimestamp64Milli(now64(3)) > "
+                "{ms}, 'sluice: attempt deadline passed')) = 0 FORMAT JSONEachRow")
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.TemporaryDirectory()
+        cls.s = Server(os.path.join(cls.tmp.name, "data"))
+        cls.s.value("CREATE DATABASE db")
+        cls.s.value("CREATE TABLE db.t (a UInt64, s String DEFAULT 'dflt', m UInt64 MATERIALIZED a * 2, "
+                    "e String EPHEMERAL, x String ALIAS upper(s)) ENGINE = MergeTree ORDER BY a "
+                    "SETTINGS non_replicated_deduplication_window = 100")
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.s.stop()
+        cls.tmp.cleanup()
+
+    def setUp(self):
+        self.s.value("TRUNCATE TABLE db.t")
+
+    def rows(self):
+        return self.s.value("SELECT groupArray((a, s, m)) FROM (SELECT a, s, m FROM db.t ORDER BY a)")
+
+    def test_input_without_structure_takes_the_table_columns_and_defaults(self):
+        st, body, h = self.s.q('INSERT INTO db.t SELECT * FROM input() FORMAT JSONEachRow\n'
+                               '{"a":1}\n\n{"a":2,"s":"x"}\n', async_insert=0)
+        self.assertEqual(st, 200, body)
+        self.assertEqual(json.loads(h["X-ClickHouse-Summary"])["written_rows"], "2")
+        self.assertEqual(self.rows(), "[(1,'dflt',2),(2,'x',4)]")
+        # the column list of the INSERT is the structure; the data after FORMAT in the URL, then the body
+        st, body, _ = self.s.q("INSERT INTO `db`.`t` (s, a) SELECT * FROM input() FORMAT CSV\n\"q\",5", b'"r",6\n')
+        self.assertEqual(st, 200, body)
+        self.assertEqual(self.rows(), "[(1,'dflt',2),(2,'x',4),(5,'q',10),(6,'r',12)]")
+
+    def test_input_with_structure_and_params(self):
+        sql = ("INSERT INTO {d:Identifier}.t (a, s) SELECT a * 10, concat(s, {sfx:String}) "
+               "FROM input('a UInt64, s String') FORMAT JSONEachRow")
+        data = b"".join(b'{"a":%d,"s":"v\\t\\\\%d"}\n' % (i, i) for i in range(1, 20001))
+        st, body, h = self.s.q(sql, data, param_d="db", param_sfx="!")
+        self.assertEqual(st, 200, body)
+        self.assertEqual(json.loads(h["X-ClickHouse-Summary"])["written_rows"], "20000")
+        self.assertEqual(self.s.value("SELECT count(), sum(a), "
+                                      "countIf(s = concat('v\\t\\\\', toString(intDiv(a, 10)), '!')) FROM db.t"),
+                         "20000\t2000100000\t20000")
+
+    def test_deadline_guard(self):
+        data = b'{"a":1}\n{"a":2}\n'
+        st, body, h = self.s.q(self.DEADLINE.format(ms=946684800000), data, async_insert=0)   # 2000-01-01: past
+        self.assertEqual((st, h.get("X-ClickHouse-Exception-Code")), (500, "395"), body)
+        self.assertIn(b"sluice: attempt deadline passed", body)
+        self.assertEqual(self.s.value("SELECT count() FROM db.t"), "0")
+        st, body, _ = self.s.q(self.DEADLINE.format(ms=4102444800000), data, async_insert=0)  # 2100: future
+        self.assertEqual(st, 200, body)
+        self.assertEqual(self.rows(), "[(1,'dflt',2),(2,'dflt',4)]")
+
+    def test_settings_apply_to_insert_select(self):
+        st, body, _ = self.s.q("INSERT INTO db.t SELECT a, toString(getSetting('max_execution_time')) "
+                               "FROM input('a UInt64') FORMAT JSONEachRow", b'{"a":1}\n', max_execution_time=7)
+        self.assertEqual(st, 200, body)
+        self.assertEqual(self.s.value("SELECT s FROM db.t"), "7")
+        for _ in range(2):
+            st, body, _ = self.s.q(self.DEADLINE.format(ms=4102444800000), b'{"a":9}\n',
+                                   insert_deduplication_token="tok-9", async_insert=0)
+            self.assertEqual(st, 200, body)
+        self.assertEqual(self.s.value("SELECT count() FROM db.t WHERE a = 9"), "1")
+
+    def test_errors_and_unsupported_shapes_never_answer_200(self):
+        cases = [
+            # INSERT ... SELECT without input() followed by data: the data would be ignored
+            ("INSERT INTO db.t SELECT 1, 'x' FORMAT JSONEachRow", b'{"a":1}\n', 501, "48"),
+            ("INSERT INTO db.t SELECT * FROM input() UNION ALL SELECT * FROM input() FORMAT JSONEachRow",
+             b'{"a":1}\n', 501, "48"),
+            ("INSERT INTO FUNCTION null('a UInt64') SELECT * FROM input() FORMAT JSONEachRow",
+             b'{"a":1}\n', 501, "48"),
+            # input() data travel as a String parameter: binary data that is not UTF-8 cannot
+            ("INSERT INTO db.t SELECT * FROM input() FORMAT RowBinary", b"\x01" + b"\x00" * 6 + b"\xff\x00", 501, "48"),
+            ("INSERT INTO db.t (COLUMNS('a')) SELECT * FROM input() FORMAT JSONEachRow", b'{"a":1}\n', 501, "48"),
+            ("INSERT INTO db.t (zz) SELECT * FROM input() FORMAT JSONEachRow", b'{"a":1}\n', 500, "16"),
+            ("INSERT INTO db.nope SELECT * FROM input() FORMAT JSONEachRow", b'{"a":1}\n', 404, "60"),
+            ("INSERT INTO db.t SELECT * FROM input() FORMAT JSONEachRow", b'{"a":"x"}\n', 400, None),
+        ]
+        for sql, data, status, code in cases:
+            st, body, h = self.s.q(sql, data, async_insert=0)
+            self.assertEqual(st, status, (sql, body))
+            if code:
+                self.assertEqual(h["X-ClickHouse-Exception-Code"], code, (sql, body))
+        st, body, _ = self.s.q("INSERT INTO db.t SELECT * FROM input()\n")  # no FORMAT: no data format
+        self.assertNotEqual(st, 200, body)
+        self.assertEqual(self.s.value("SELECT count() FROM db.t"), "0")
+        st, body, _ = self.s.q("INSERT INTO db.t SELECT number, 'n' FROM numbers(3)")  # no data: a plain query
+        self.assertEqual(st, 200, body)
+        self.assertEqual(self.s.value("SELECT count() FROM db.t"), "3")
+
+    def test_slow_input_insert_is_killed_before_it_runs(self):
+        ins = SlowInsert(self.s.port, self.DEADLINE.format(ms=4102444800000), query_id="slow-in")
+        ins.send(b'{"a":1}\n')
+        count = "SELECT count() FROM system.processes WHERE query_id = 'slow-in'"
+        self.assertTrue(wait_until(lambda: self.s.value(count) == "1"))
+        self.assertEqual(self.s.q("KILL QUERY WHERE query_id = 'slow-in' SYNC")[0], 200)
+        self.assertEqual(ins.response()[:2], (500, 394))
+        self.assertEqual(self.s.value("SELECT count() FROM db.t"), "0")
 
 
 if __name__ == "__main__":
