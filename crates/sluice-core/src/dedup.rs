@@ -1,9 +1,11 @@
 //! Key-level dedup for one partition: was this business key already
 //! written within the window?
 //!
-//! In: each record's key (a 128-bit hash of its key fields) and timestamp.
-//! Out: [`Seen::New`] (write it, and remember the key) or
-//! [`Seen::Duplicate`] (drop it). Time is the stream's own — the highest
+//! In: each record's key (a 128-bit hash of its key fields), timestamp and
+//! offset. Out: [`Seen::New`] (write it, and remember the key and offset) or
+//! [`Seen::Duplicate`] naming the offset of the copy remembered (drop the
+//! record once that copy is durable; see [`conditional_excluded`] for a copy
+//! still in flight). A copy ClickHouse rejected is [forgotten](KeyWindow::forget). Time is the stream's own — the highest
 //! record timestamp seen — not the wall clock, so replaying the same records
 //! gives the same answers. A key is remembered for `window` of stream time
 //! after the copy that was written.
@@ -16,6 +18,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hash, Hasher};
+use crate::offset::Offset;
 use std::time::Duration;
 use xxhash_rust::xxh3::Xxh3;
 
@@ -40,8 +43,13 @@ pub fn key_hash<'a>(parts: impl IntoIterator<Item = &'a [u8]>) -> KeyHash {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Seen {
     New,
-    Duplicate,
+    /// A copy of the key was written within the window, at offset `of`
+    /// (below every offset of the partition for a key rebuilt from the table).
+    Duplicate { of: Offset },
 }
+
+/// The offset recorded for keys rebuilt from the table: durable long ago.
+pub const SEEDED: Offset = Offset(i64::MIN);
 
 /// A key as stored: two words (8-byte aligned, unlike `u128`), hashed by
 /// folding them, since they already are a hash.
@@ -83,8 +91,8 @@ impl Hasher for PassThrough {
 pub struct KeyWindow {
     window_ms: i64,
     max_keys: usize,
-    /// Key → timestamp of the copy written.
-    latest: HashMap<Stored, i64, BuildHasherDefault<PassThrough>>,
+    /// Key → timestamp and offset of the copy written.
+    latest: HashMap<Stored, (i64, Offset), BuildHasherDefault<PassThrough>>,
     /// Keys in the order they were written, for expiry.
     order: VecDeque<(i64, Stored)>,
     stream_ms: i64,
@@ -103,9 +111,10 @@ impl KeyWindow {
         }
     }
 
-    /// Decides a record with `key` and timestamp `ts_ms` (negative or
-    /// `None`: no timestamp, the stream time is used) and remembers a new key.
-    pub fn check(&mut self, key: KeyHash, ts_ms: Option<i64>) -> Seen {
+    /// Decides a record at `offset` with `key` and timestamp `ts_ms`
+    /// (negative or `None`: no timestamp, the stream time is used) and
+    /// remembers a new key.
+    pub fn check(&mut self, key: KeyHash, ts_ms: Option<i64>, offset: Offset) -> Seen {
         use std::collections::hash_map::Entry;
         let ts = self.advance(ts_ms);
         let cutoff = self.cutoff();
@@ -113,10 +122,13 @@ impl KeyWindow {
         // One probe of the table: most keys are new, and a big table's
         // probe is a cache miss.
         match self.latest.entry(key) {
-            Entry::Occupied(e) if *e.get() >= cutoff => return Seen::Duplicate,
-            Entry::Occupied(mut e) => *e.get_mut() = (*e.get()).max(ts),
+            Entry::Occupied(e) if e.get().0 >= cutoff => return Seen::Duplicate { of: e.get().1 },
+            Entry::Occupied(mut e) => {
+                let t = e.get().0.max(ts);
+                *e.get_mut() = (t, offset);
+            }
             Entry::Vacant(v) => {
-                v.insert(ts);
+                v.insert((ts, offset));
             }
         }
         self.order.push_back((ts, key));
@@ -128,6 +140,23 @@ impl KeyWindow {
     pub fn seed(&mut self, key: KeyHash, ts_ms: i64) {
         let ts = self.advance(Some(ts_ms));
         self.remember(Stored::from(key), ts);
+    }
+
+    /// The copy at `offset` now stands for `key` (it was written on the
+    /// condition that the copy before it is not stored).
+    pub fn replace_copy(&mut self, key: KeyHash, offset: Offset) {
+        if let Some(e) = self.latest.get_mut(&Stored::from(key)) {
+            e.1 = offset;
+        }
+    }
+
+    /// The copy of `key` at `offset` was not stored (ClickHouse rejected it):
+    /// unless a later copy stands for the key, the next record with it is new.
+    pub fn forget(&mut self, key: KeyHash, offset: Offset) {
+        let key = Stored::from(key);
+        if self.latest.get(&key).is_some_and(|e| e.1 == offset) {
+            self.latest.remove(&key);
+        }
     }
 
     /// Moves the stream time forward to `ms` (rebuilding: the newest
@@ -164,8 +193,8 @@ impl KeyWindow {
     }
 
     fn remember(&mut self, key: Stored, ts: i64) {
-        let t = self.latest.entry(key).or_insert(ts);
-        *t = (*t).max(ts);
+        let t = self.latest.entry(key).or_insert((ts, SEEDED));
+        *t = (t.0.max(ts), SEEDED);
         self.order.push_back((ts, key));
         self.enforce_cap();
     }
@@ -191,12 +220,60 @@ impl KeyWindow {
         let Some((t, key)) = self.order.pop_front() else {
             return false;
         };
-        if self.latest.get(&key) == Some(&t) {
+        if self.latest.get(&key).is_some_and(|e| e.0 == t) {
             self.latest.remove(&key);
             return true;
         }
         false
     }
+}
+
+/// What to do with a keyed record, given what the window saw and the
+/// position below which every row of the partition is settled (stored, or
+/// known rejected and forgotten).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    Write,
+    /// A copy is durable: drop the record.
+    Drop,
+    /// The copy at `copy` is still in flight: write the record on the
+    /// condition that the copy is not stored ([`conditional_excluded`]).
+    WriteUnless { copy: Offset },
+}
+
+pub fn verdict(seen: Seen, settled: crate::offset::NextOffset) -> Verdict {
+    match seen {
+        Seen::New => Verdict::Write,
+        Seen::Duplicate { of } if settled.covers(of) || of == SEEDED => Verdict::Drop,
+        Seen::Duplicate { of } => Verdict::WriteUnless { copy: of },
+    }
+}
+
+/// Which conditional rows of a batch to leave out of its next attempt.
+///
+/// `conditional` lists, ascending, each row written while the copy of its
+/// key it duplicates was not yet durable: `(row, copy)`. A row is left out
+/// when its copy is *covered*: stored, or itself left out for a covered copy
+/// (so a key lands once). A copy in this batch (at or after `first`) is
+/// covered unless ClickHouse `rejected` it (ascending); a copy in an earlier
+/// batch is covered as `earlier` says.
+pub fn conditional_excluded(
+    conditional: &[(Offset, Offset)],
+    first: Offset,
+    rejected: &[Offset],
+    earlier: impl Fn(Offset) -> bool,
+) -> Vec<Offset> {
+    conditional
+        .iter()
+        .filter(|&&(_, copy)| {
+            if copy >= first {
+                rejected.binary_search(&copy).is_err()
+            } else {
+                earlier(copy)
+            }
+        })
+        .map(|&(row, _)| row)
+        .collect()
 }
 
 #[cfg(test)]
@@ -210,12 +287,12 @@ mod tests {
     fn drops_a_key_written_within_the_window() {
         let mut w = KeyWindow::new(Duration::from_secs(3600), 1_000_000);
         let k = key_hash([b"1001".as_slice()]);
-        assert_eq!(w.check(k, Some(0)), Seen::New);
-        assert_eq!(w.check(k, Some(30 * MIN)), Seen::Duplicate);
-        assert_eq!(w.check(k, Some(60 * MIN)), Seen::Duplicate);
+        assert_eq!(w.check(k, Some(0), Offset(0)), Seen::New);
+        assert_eq!(w.check(k, Some(30 * MIN), Offset(0)), Seen::Duplicate { of: Offset(0) });
+        assert_eq!(w.check(k, Some(60 * MIN), Offset(0)), Seen::Duplicate { of: Offset(0) });
         // Past the window the key is forgotten and written again.
-        assert_eq!(w.check(k, Some(61 * MIN)), Seen::New);
-        assert_eq!(w.check(k, Some(62 * MIN)), Seen::Duplicate);
+        assert_eq!(w.check(k, Some(61 * MIN), Offset(0)), Seen::New);
+        assert_eq!(w.check(k, Some(62 * MIN), Offset(0)), Seen::Duplicate { of: Offset(0) });
         assert_eq!(w.len(), 1);
     }
 
@@ -223,29 +300,57 @@ mod tests {
     fn stream_time_not_record_order_expires_keys() {
         let mut w = KeyWindow::new(Duration::from_secs(60), 1_000_000);
         let (a, b) = (key_hash([b"a".as_slice()]), key_hash([b"b".as_slice()]));
-        assert_eq!(w.check(a, Some(10 * MIN)), Seen::New);
+        assert_eq!(w.check(a, Some(10 * MIN), Offset(0)), Seen::New);
         // A late record: older than the stream time, still within the window.
-        assert_eq!(w.check(b, Some(10 * MIN - 30_000)), Seen::New);
-        assert_eq!(w.check(b, None), Seen::Duplicate);
+        assert_eq!(w.check(b, Some(10 * MIN - 30_000), Offset(0)), Seen::New);
+        assert_eq!(w.check(b, None, Offset(0)), Seen::Duplicate { of: Offset(0) });
         // The stream moves on two minutes: both are gone.
         assert_eq!(
-            w.check(key_hash([b"c".as_slice()]), Some(12 * MIN)),
+            w.check(key_hash([b"c".as_slice()]), Some(12 * MIN), Offset(0)),
             Seen::New
         );
         assert_eq!(w.len(), 1);
-        assert_eq!(w.check(a, None), Seen::New);
+        assert_eq!(w.check(a, None, Offset(0)), Seen::New);
     }
 
     #[test]
     fn the_cap_forgets_the_oldest_first() {
         let mut w = KeyWindow::new(Duration::from_secs(3600), 3);
         for i in 0..5u64 {
-            w.check(i as u128, Some(i as i64));
+            w.check(i as u128, Some(i as i64), Offset(0));
         }
         assert_eq!(w.len(), 3);
         assert_eq!(w.evicted_early(), 2);
-        assert_eq!(w.check(0, Some(6)), Seen::New, "evicted early");
-        assert_eq!(w.check(4, Some(6)), Seen::Duplicate);
+        assert_eq!(w.check(0, Some(6), Offset(0)), Seen::New, "evicted early");
+        assert_eq!(w.check(4, Some(6), Offset(0)), Seen::Duplicate { of: Offset(0) });
+    }
+
+    #[test]
+    fn a_rejected_copy_is_forgotten_unless_a_later_copy_stands() {
+        let mut w = KeyWindow::new(Duration::from_secs(3600), 100);
+        assert_eq!(w.check(7, Some(0), Offset(10)), Seen::New);
+        assert_eq!(w.check(7, Some(1), Offset(11)), Seen::Duplicate { of: Offset(10) });
+        w.replace_copy(7, Offset(11));
+        // 10 was rejected, but 11 stands for the key now.
+        w.forget(7, Offset(10));
+        assert_eq!(w.check(7, Some(2), Offset(12)), Seen::Duplicate { of: Offset(11) });
+        w.forget(7, Offset(11));
+        assert_eq!(w.check(7, Some(3), Offset(13)), Seen::New);
+    }
+
+    #[test]
+    fn conditional_rows() {
+        let o = Offset;
+        let cond = [(o(12), o(5)), (o(13), o(11)), (o(14), o(13))];
+        // 5 (earlier batch) is covered, 11 was rejected here, 13 was not.
+        let out = conditional_excluded(&cond, o(10), &[o(11)], |c| c == o(5));
+        assert_eq!(out, vec![o(12), o(14)]);
+        let v = |seen, settled| verdict(seen, NextOffset(settled));
+        use crate::offset::NextOffset;
+        assert_eq!(v(Seen::New, 0), Verdict::Write);
+        assert_eq!(v(Seen::Duplicate { of: o(4) }, 5), Verdict::Drop);
+        assert_eq!(v(Seen::Duplicate { of: SEEDED }, 0), Verdict::Drop);
+        assert_eq!(v(Seen::Duplicate { of: o(5) }, 5), Verdict::WriteUnless { copy: o(5) });
     }
 
     #[test]
@@ -274,12 +379,68 @@ mod tests {
                 stream = stream.max(t);
                 let cutoff = stream - window as i64;
                 let dup = written.iter().any(|&(k, wt)| k == key && wt >= cutoff);
-                let got = w.check(key as u128, ts);
-                prop_assert_eq!(got == Seen::Duplicate, dup, "key {} ts {:?}", key, ts);
+                let got = w.check(key as u128, ts, Offset(0));
+                prop_assert_eq!(got != Seen::New, dup, "key {} ts {:?}", key, ts);
                 if !dup {
                     written.push((key, t));
                 }
             }
+        }
+
+        /// Copies of one key, some of which ClickHouse rejects, read in
+        /// batches that finish in order: exactly the first copy that is not
+        /// rejected lands, whatever the batch boundaries; none if all are.
+        #[test]
+        fn one_copy_of_a_key_lands(
+            bad in prop::collection::vec(any::<bool>(), 1..12),
+            cuts in prop::collection::vec(1usize..4, 1..12),
+        ) {
+            use crate::offset::NextOffset;
+            let mut w = KeyWindow::new(Duration::from_secs(3600), 100);
+            let mut landed: Vec<Offset> = Vec::new();
+            let mut uncovered: Vec<Offset> = Vec::new();
+            let mut settled = NextOffset(0);
+            let (mut i, mut c) = (0usize, 0usize);
+            while i < bad.len() {
+                let end = (i + cuts[c % cuts.len()]).min(bad.len());
+                c += 1;
+                // The consumer thread decides each record as it is read.
+                let mut rows = Vec::new();
+                let mut cond = Vec::new();
+                for j in i..end {
+                    let o = Offset(j as i64);
+                    match verdict(w.check(1, Some(0), o), settled) {
+                        Verdict::Write => rows.push(o),
+                        Verdict::Drop => {}
+                        Verdict::WriteUnless { copy } => {
+                            w.replace_copy(1, o);
+                            rows.push(o);
+                            cond.push((o, copy));
+                        }
+                    }
+                }
+                // The writer: attempts until nothing more is rejected.
+                let mut rejected: Vec<Offset> = Vec::new();
+                let first = Offset(i as i64);
+                loop {
+                    let out = conditional_excluded(&cond, first, &rejected, |x| !uncovered.contains(&x));
+                    let sent: Vec<Offset> = rows.iter().copied()
+                        .filter(|r| !out.contains(r) && !rejected.contains(r)).collect();
+                    match sent.iter().find(|r| bad[r.0 as usize]) {
+                        Some(r) => { rejected.push(*r); rejected.sort(); }
+                        None => { landed.extend(sent); break; }
+                    }
+                }
+                // The completion, back on the consumer thread.
+                for r in &rejected {
+                    w.forget(1, *r);
+                    uncovered.push(*r);
+                }
+                settled = NextOffset(end as i64);
+                i = end;
+            }
+            let want: Vec<Offset> = bad.iter().position(|b| !b).map(|p| Offset(p as i64)).into_iter().collect();
+            prop_assert_eq!(landed, want);
         }
 
         /// The same records give the same answers, whatever came before a
@@ -291,7 +452,7 @@ mod tests {
         ) {
             let window = Duration::from_millis(50);
             let mut first = KeyWindow::new(window, usize::MAX);
-            let answers: Vec<Seen> = records.iter().map(|&(k, t)| first.check(k as u128, Some(t))).collect();
+            let answers: Vec<Seen> = records.iter().map(|&(k, t)| first.check(k as u128, Some(t), Offset(0))).collect();
             let cut = cut.min(records.len());
             // Restart at `cut`: seed every key written before it, and the
             // stream time reached.
@@ -305,7 +466,7 @@ mod tests {
                 second.advance_to(max);
             }
             for (i, &(k, t)) in records.iter().enumerate().skip(cut) {
-                prop_assert_eq!(second.check(k as u128, Some(t)), answers[i]);
+                prop_assert_eq!(second.check(k as u128, Some(t), Offset(0)) == Seen::New, answers[i] == Seen::New);
             }
         }
     }

@@ -10,8 +10,10 @@
 //! - [`batch`]: rows of one partition → a batch cut by rows, bytes or age.
 //! - [`token`]: a batch's rows → deterministic dedup token and query ids.
 //! - [`acks`]: out-of-order batch completions → the in-order durable frontier.
-//! - [`resume`]: committed offset + ClickHouse watermark → where to read from
-//!   and which offsets must be checked before they are inserted.
+//! - [`resume`]: committed offset + ClickHouse watermark + the log's bounds →
+//!   where to read from and which offsets must be checked before they are
+//!   inserted. What ClickHouse holds decides; the reset policy applies only
+//!   where it holds nothing.
 //!   ([`batch::Batch::without`] drops the rows ClickHouse already holds.)
 //! - [`dedup`]: business keys written within a window → drop the repeats.
 //! - [`window`]: ClickHouse's block dedup window in seconds, and its size.
@@ -28,5 +30,5 @@ pub mod window;
 pub use acks::AckTracker;
 pub use batch::{Batch, BatchBuilder, BatchLimits, PartitionId};
 pub use offset::{NextOffset, Offset};
-pub use resume::{resume_plan, ResumePlan};
+pub use resume::{resume_plan, Committed, LogBounds, ResetPolicy, ResumePlan};
 pub use row::{MetadataColumns, RowEncoder, RowError};

@@ -85,6 +85,7 @@ async fn main() -> anyhow::Result<()> {
         password: Default::default(),
         insert_timeout: Duration::from_secs(30),
         settings: Default::default(),
+        read_settings: Default::default(),
     };
     let ch = ClickHouse::connect(
         &cfg,

@@ -1,9 +1,12 @@
-//! ClickHouse failures → [`ChError`], carrying the server's numeric code.
+//! ClickHouse failures → [`ChError`], carrying what the server said.
 //!
 //! The `clickhouse` crate reports a server error as text beginning with
-//! ClickHouse's own `Code: N.` prefix; it is parsed once, here, into
-//! `code: Option<u32>`. Everything downstream classifies by that number
-//! ([`ChError::is_retriable`]), never by message text.
+//! ClickHouse's own `Code: N.` prefix. That text is parsed once, here, into
+//! `code: Option<u32>` and, when the server names the input row it refused
+//! (`(at row N)`, `violated at row N`), into `row: Option<usize>`.
+//! Everything downstream works from those fields, never from message text:
+//! [`ChError::is_retriable`] classifies by code against an allowlist of what
+//! a retry can fix, and the writer finds a refused record by `row`.
 
 use std::fmt;
 
@@ -24,7 +27,11 @@ pub enum ChErrorKind {
 #[derive(Debug, Clone, thiserror::Error)]
 pub struct ChError {
     pub kind: ChErrorKind,
+    /// ClickHouse's exception code (`Code: N.`), for a server answer.
     pub code: Option<u32>,
+    /// The input row the server names as the one it refused, counted from 1
+    /// as ClickHouse prints it; `None` when it names none.
+    pub row: Option<usize>,
     pub message: String,
 }
 
@@ -44,42 +51,72 @@ impl fmt::Display for ChError {
     }
 }
 
-/// Codes that a retry cannot fix: the data, the schema or the permissions
-/// are wrong.
-const PERMANENT: &[u32] = &[
-    6,   // CANNOT_PARSE_TEXT
-    8,   // THERE_IS_NO_COLUMN
-    10,  // NOT_FOUND_COLUMN_IN_BLOCK
-    16,  // NO_SUCH_COLUMN_IN_TABLE
-    20,  // NUMBER_OF_COLUMNS_DOESNT_MATCH
-    25,  // CANNOT_PARSE_ESCAPE_SEQUENCE
-    26,  // CANNOT_PARSE_QUOTED_STRING
-    27,  // CANNOT_PARSE_INPUT_ASSERTION_FAILED
-    36,  // BAD_ARGUMENTS
-    38,  // CANNOT_PARSE_DATE
-    41,  // CANNOT_PARSE_DATETIME
-    43,  // ILLEGAL_TYPE_OF_ARGUMENT
-    44,  // ILLEGAL_COLUMN
-    46,  // UNKNOWN_FUNCTION
-    47,  // UNKNOWN_IDENTIFIER
-    48,  // NOT_IMPLEMENTED
-    53,  // TYPE_MISMATCH
-    60,  // UNKNOWN_TABLE
-    62,  // SYNTAX_ERROR
-    69,  // ARGUMENT_OUT_OF_BOUND
-    70,  // CANNOT_CONVERT_TYPE
-    72,  // CANNOT_PARSE_NUMBER
-    81,  // UNKNOWN_DATABASE
-    115, // UNKNOWN_SETTING
-    117, // INCORRECT_DATA
-    131, // TOO_LARGE_STRING_SIZE
-    164, // READONLY
-    192, // UNKNOWN_USER
-    193, // WRONG_PASSWORD
-    194, // REQUIRED_PASSWORD
-    349, // CANNOT_INSERT_NULL_IN_ORDINARY_COLUMN
-    497, // ACCESS_DENIED
-    516, // AUTHENTICATION_FAILED
+/// Server codes a retry can fix: the server, the network between its nodes,
+/// Keeper or a replica is briefly unable to take the insert, and nothing
+/// about the rows or the table is wrong. Every other server code is
+/// permanent: the same bytes would be refused again.
+///
+/// The starting point is the list the ClickHouse Kafka Connect sink retries
+/// (`Utils.handleException` in ClickHouse/clickhouse-kafka-connect: 3, 107,
+/// 159, 164, 202, 203, 209, 210, 241, 242, 252, 285, 319, 425, 999), minus
+/// 164 `READONLY` (a user's or profile's `readonly` setting: no retry changes
+/// it; a read-only *replica* is 242), plus the other codes of the same
+/// families. Numbers and names as in ClickHouse's `src/Common/ErrorCodes.cpp`
+/// (checked against `errorCodeToName` of 26.9). Sorted, for `binary_search`.
+const RETRIABLE: &[u32] = &[
+    3,    // UNEXPECTED_END_OF_FILE: the request body was cut short on the way
+    95,   // CANNOT_READ_FROM_SOCKET
+    96,   // CANNOT_WRITE_TO_SOCKET
+    107,  // FILE_DOESNT_EXIST: a part's file gone under a merge or on shared storage
+    159,  // TIMEOUT_EXCEEDED
+    173,  // CANNOT_ALLOCATE_MEMORY
+    198,  // DNS_ERROR
+    201,  // QUOTA_EXCEEDED: the quota's interval ends
+    202,  // TOO_MANY_SIMULTANEOUS_QUERIES
+    203,  // NO_FREE_CONNECTION
+    209,  // SOCKET_TIMEOUT
+    210,  // NETWORK_ERROR
+    216,  // QUERY_WITH_SAME_ID_IS_ALREADY_RUNNING: an earlier attempt still runs
+    218,  // TABLE_IS_DROPPED: being dropped or detached; once gone it is 60
+    225,  // NO_ZOOKEEPER
+    236,  // ABORTED
+    241,  // MEMORY_LIMIT_EXCEEDED
+    242,  // TABLE_IS_READ_ONLY: a replica lost its Keeper session
+    243,  // NOT_ENOUGH_SPACE: merges and TTLs free space
+    244,  // UNEXPECTED_ZOOKEEPER_ERROR
+    252,  // TOO_MANY_PARTS: merge back-pressure
+    254,  // NO_ACTIVE_REPLICAS
+    265,  // NO_AVAILABLE_REPLICA
+    279,  // ALL_CONNECTION_TRIES_FAILED
+    285,  // TOO_FEW_LIVE_REPLICAS
+    286,  // UNSATISFIED_QUORUM_FOR_PREVIOUS_WRITE
+    289,  // REPLICA_IS_NOT_IN_QUORUM
+    297,  // SHARD_HAS_NO_CONNECTIONS
+    319,  // UNKNOWN_STATUS_OF_INSERT
+    369,  // ALL_REPLICAS_ARE_STALE
+    384,  // PART_IS_TEMPORARILY_LOCKED
+    394,  // QUERY_WAS_CANCELLED: a server shutting down cancels its queries
+    415,  // ALL_REPLICAS_LOST
+    416,  // REPLICA_STATUS_CHANGED
+    425,  // SYSTEM_ERROR: an errno (too many open files, …)
+    439,  // CANNOT_SCHEDULE_TASK: thread pool full
+    473,  // DEADLOCK_AVOIDED: lock contention with DDL or merges
+    519,  // NO_REMOTE_SHARD_AVAILABLE
+    529,  // NOT_A_LEADER
+    574,  // DISTRIBUTED_TOO_MANY_PENDING_BYTES: Distributed back-pressure
+    733,  // TABLE_IS_BEING_RESTARTED
+    735,  // QUERY_WAS_CANCELLED_BY_CLIENT
+    738,  // PART_IS_LOCKED
+    745,  // SERVER_OVERLOADED
+    749,  // TCP_CONNECTION_LIMIT_REACHED
+    762,  // HTTP_CONNECTION_LIMIT_REACHED
+    777,  // MEMORY_RESERVATION_KILLED
+    778,  // MEMORY_RESERVATION_FAILED
+    904,  // TOO_MANY_UNAVAILABLE_SHARDS
+    999,  // KEEPER_EXCEPTION
+    1017, // ASYNC_INSERT_FLUSH_TIMEOUT
+    1019, // QUERY_SLOT_ACQUISITION_TIMEOUT
+    1020, // MEMORY_RESERVATION_ACQUISITION_TIMEOUT
 ];
 
 impl ChErrorKind {
@@ -97,62 +134,75 @@ impl ChErrorKind {
 
 impl ChError {
     pub fn client(message: impl Into<String>) -> Self {
+        Self::without_code(ChErrorKind::Client, message)
+    }
+
+    /// No answer in time.
+    pub fn timeout(message: impl Into<String>) -> Self {
+        Self::without_code(ChErrorKind::Timeout, message)
+    }
+
+    fn without_code(kind: ChErrorKind, message: impl Into<String>) -> Self {
         Self {
-            kind: ChErrorKind::Client,
+            kind,
             code: None,
+            row: None,
             message: message.into(),
         }
     }
 
-    /// Whether trying again may succeed. Server errors are judged by code;
-    /// timeouts and network failures always may.
+    /// An HTTP error answer (`Code: 60. DB::Exception: …`, or a bare status
+    /// line from something in front of the server), parsed once: its code
+    /// and the row it names. An answer without an exception code (a proxy's
+    /// 502, …) says nothing about the insert: it counts as a network failure.
+    pub fn from_response(text: impl Into<String>) -> Self {
+        let message = text.into();
+        let code = parse_code(&message);
+        match code {
+            Some(_) => Self {
+                kind: ChErrorKind::Server,
+                code,
+                row: parse_row(&message),
+                message,
+            },
+            None => Self::without_code(ChErrorKind::Network, message),
+        }
+    }
+
+    /// Whether trying again may succeed. Server errors are judged by code,
+    /// from the allowlist [`RETRIABLE`]; timeouts and network failures
+    /// always may; anything else never does.
     pub fn is_retriable(&self) -> bool {
         match self.kind {
             ChErrorKind::Timeout | ChErrorKind::Connect | ChErrorKind::Network => true,
-            ChErrorKind::Server => self.code.is_none_or(|c| !PERMANENT.contains(&c)),
+            ChErrorKind::Server => self.code.is_some_and(retriable_code),
             ChErrorKind::Client => false,
         }
     }
+}
+
+/// Whether a retry can fix server code `code` ([`RETRIABLE`]).
+fn retriable_code(code: u32) -> bool {
+    RETRIABLE.binary_search(&code).is_ok()
 }
 
 impl From<clickhouse::error::Error> for ChError {
     fn from(e: clickhouse::error::Error) -> Self {
         use clickhouse::error::Error as E;
         match e {
-            E::TimedOut => Self {
-                kind: ChErrorKind::Timeout,
-                code: None,
-                message: "timed out".into(),
-            },
+            E::TimedOut => Self::timeout("timed out"),
             E::Network(inner) => {
                 let connect = inner
                     .downcast_ref::<hyper_util::client::legacy::Error>()
                     .is_some_and(|e| e.is_connect());
-                Self {
-                    kind: if connect {
-                        ChErrorKind::Connect
-                    } else {
-                        ChErrorKind::Network
-                    },
-                    code: None,
-                    message: error_chain(&*inner),
-                }
-            }
-            E::BadResponse(text) => {
-                let code = parse_code(&text);
-                // An HTTP error without an exception code (a proxy's 502, …)
-                // says nothing about the insert: treat it like the network.
-                let kind = if code.is_some() {
-                    ChErrorKind::Server
+                let kind = if connect {
+                    ChErrorKind::Connect
                 } else {
                     ChErrorKind::Network
                 };
-                Self {
-                    kind,
-                    code,
-                    message: text,
-                }
+                Self::without_code(kind, error_chain(&*inner))
             }
+            E::BadResponse(text) => Self::from_response(text),
             other => Self::client(other.to_string()),
         }
     }
@@ -179,29 +229,115 @@ fn parse_code(text: &str) -> Option<u32> {
     rest[..end].parse().ok()
 }
 
+/// The input row an error names, from 1: `(at row 6)` (a value the input
+/// format cannot parse or the column refuses) or `violated at row 6` (a
+/// `CONSTRAINT … CHECK`). The first mention counts; row 0, a missing number
+/// or one that does not fit are no row.
+fn parse_row(text: &str) -> Option<usize> {
+    ["(at row ", "violated at row "].into_iter().find_map(|marker| {
+        let at = text.find(marker)? + marker.len();
+        let rest = &text[at..];
+        let end = rest
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(rest.len());
+        let closed = match marker {
+            "(at row " => rest[end..].starts_with(')'),
+            _ => true,
+        };
+        let n: usize = rest[..end].parse().ok()?;
+        (closed && n > 0).then_some(n)
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn answer(text: &str) -> ChError {
+        ChError::from(clickhouse::error::Error::BadResponse(text.into()))
+    }
+
+    fn server(code: u32) -> ChError {
+        answer(&format!("Code: {code}. DB::Exception: something. (SOMETHING)"))
+    }
+
     #[test]
     fn codes_are_parsed_and_classified() {
-        let e = ChError::from(clickhouse::error::Error::BadResponse(
-            "Code: 60. DB::Exception: Table default.x does not exist. (UNKNOWN_TABLE)".into(),
-        ));
-        assert_eq!(e.code, Some(60));
+        let e = answer("Code: 60. DB::Exception: Table default.x does not exist. (UNKNOWN_TABLE)");
+        assert_eq!((e.kind, e.code, e.row), (ChErrorKind::Server, Some(60), None));
         assert!(!e.is_retriable());
-        let e = ChError::from(clickhouse::error::Error::BadResponse(
-            "Code: 252. DB::Exception: Too many parts".into(),
-        ));
+        let e = answer("Code: 252. DB::Exception: Too many parts");
         assert_eq!(e.code, Some(252));
         assert!(e.is_retriable());
-        let e = ChError::from(clickhouse::error::Error::BadResponse(
-            "502 Bad Gateway".into(),
-        ));
-        assert_eq!((e.kind, e.code), (ChErrorKind::Network, None));
-        assert!(e.is_retriable());
-        assert!(ChError::from(clickhouse::error::Error::TimedOut).is_retriable());
+        // Only a status header, no body: the crate gives `Code: N`.
+        assert_eq!(answer("Code: 241").code, Some(241));
         assert_eq!(parse_code("Code:  27 ."), Some(27));
         assert_eq!(parse_code("nothing"), None);
+        assert_eq!(parse_code("Code: x"), None);
+    }
+
+    #[test]
+    fn only_what_a_retry_can_fix_is_retried() {
+        for code in [
+            3, 159, 202, 203, 209, 210, 241, 242, 252, 285, 319, 415, 999, 218, 733, 236, 225,
+        ] {
+            assert!(server(code).is_retriable(), "{code} should be retried");
+        }
+        // Data the column refuses, a table or user that is wrong, a read-only
+        // user, our own deadline (`throwIf`), and codes nobody listed.
+        for code in [691, 27, 6, 53, 60, 81, 349, 469, 497, 164, 395, 774, 999_999, 0] {
+            assert!(!server(code).is_retriable(), "{code} should be permanent");
+        }
+    }
+
+    #[test]
+    fn the_allowlist_is_sorted_and_has_no_duplicates() {
+        assert!(RETRIABLE.windows(2).all(|w| w[0] < w[1]));
+    }
+
+    #[test]
+    fn transport_failures_are_retried() {
+        let e = answer("502 Bad Gateway");
+        assert_eq!((e.kind, e.code, e.row), (ChErrorKind::Network, None, None));
+        assert!(e.is_retriable());
+        // A bare status naming a row is still no server answer.
+        assert_eq!(answer("503 Service Unavailable (at row 2)").row, None);
+        assert!(ChError::from(clickhouse::error::Error::TimedOut).is_retriable());
+        assert!(ChError::timeout("no answer").is_retriable());
+        let e = ChError::client("bad config");
+        assert!(!e.is_retriable());
+    }
+
+    #[test]
+    fn the_row_is_parsed_once_where_the_error_is_built() {
+        let e = answer(
+            "Code: 691. DB::Exception: Unknown element 'zz' for enum: \
+             (while reading the value of key e): (at row 6)\n: \
+             While executing JSONEachRowRowInputFormat. (UNKNOWN_ELEMENT_OF_ENUM) (version 26.9.2.1)",
+        );
+        assert_eq!((e.code, e.row), (Some(691), Some(6)));
+        assert!(!e.is_retriable());
+        let e = answer(
+            "Code: 469. DB::Exception: Constraint `c` for table t is violated at row 3. \
+             Expression: (n < 1000). Column values: n = 5000. (VIOLATED_CONSTRAINT)",
+        );
+        assert_eq!((e.code, e.row), (Some(469), Some(3)));
+    }
+
+    #[test]
+    fn row_edge_cases() {
+        assert_eq!(parse_row("(at row 1)"), Some(1));
+        assert_eq!(parse_row("x (at row 12345) y (at row 7)"), Some(12345));
+        assert_eq!(parse_row("(at row 0)"), None);
+        assert_eq!(parse_row("(at row )"), None);
+        assert_eq!(parse_row("(at row 12"), None);
+        assert_eq!(parse_row("(at row 12x)"), None);
+        assert_eq!(parse_row("(at row -1)"), None);
+        assert_eq!(parse_row("(at row 99999999999999999999999999)"), None);
+        assert_eq!(parse_row("at row 5"), None);
+        assert_eq!(parse_row("(AT ROW 5)"), None);
+        assert_eq!(parse_row("is violated at row 4. Expression"), Some(4));
+        assert_eq!(parse_row("is violated at row 0."), None);
+        assert_eq!(parse_row(""), None);
     }
 }

@@ -5,4 +5,4 @@ mod error;
 mod service;
 
 pub use error::{ChError, ChErrorKind};
-pub use service::{ClickHouse, InsertRequest};
+pub use service::{deadline_passed, ClickHouse, InsertRequest};

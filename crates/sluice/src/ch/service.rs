@@ -7,6 +7,24 @@
 //! the sink behaves the same on 25.3 (the documents' version) and 26.x
 //! (which defaults to `async_insert=1`). Settings the server does not know
 //! are left out after asking `system.settings` once at start.
+//!
+//! Replicas: every read the protocol relies on (watermarks, reconciliation,
+//! the key window, the fence) goes through one path with the read settings.
+//! On a `Replicated*` table the defaults make those reads see every
+//! acknowledged insert: quorum inserts, linearized
+//! (`insert_quorum = 'auto'`, `insert_quorum_parallel = 0`), and
+//! `select_sequential_consistency = 1`; on `Shared*` (ClickHouse Cloud) the
+//! latter. The user's `settings` / `read_settings` win over these.
+//!
+//! Late requests: an exactly-once attempt carries an absolute deadline on the
+//! *server's* clock, checked by the server when the query starts (a scalar
+//! `throwIf` over `now64()`, evaluated before any data is read). A request
+//! that reaches the server after its deadline (held in a proxy, queued,
+//! retransmitted) fails without storing anything. [`ClickHouse::fence_attempt`]
+//! then declares an attempt finished only once the server's clock has passed
+//! its deadline and its query id is gone from `system.processes`: from then
+//! on it can neither start nor still be running, whatever the client's clock
+//! says.
 
 use super::error::{ChError, ChErrorKind};
 use crate::config::{ClickHouseConfig, Delivery, Route};
@@ -14,7 +32,17 @@ use bytes::Bytes;
 use sluice_core::dedup::{key_hash, KeyHash};
 use sluice_core::{MetadataColumns, Offset};
 use std::collections::HashMap;
-use std::time::{Duration, Instant};
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// The text of the error an attempt raises when it starts after its deadline.
+pub const DEADLINE_PASSED: &str = "sluice: attempt deadline passed";
+
+/// How far past an attempt's deadline the server's clock must be before the
+/// attempt counts as unable to start: room for the clocks of the nodes behind
+/// one address to disagree, and for a small step of the server's clock.
+const CLOCK_MARGIN_MS: i64 = 1_000;
 
 /// One insert attempt.
 #[derive(Debug, Clone)]
@@ -26,6 +54,9 @@ pub struct InsertRequest {
     pub token: Option<String>,
     /// Unique per attempt, so the attempt can be found and killed.
     pub query_id: String,
+    /// The server-clock instant (Unix ms) after which the attempt must not
+    /// start ([`ClickHouse::deadline`]); `None`: a plain insert.
+    pub deadline_ms: Option<i64>,
 }
 
 #[derive(Clone)]
@@ -33,7 +64,13 @@ pub struct ClickHouse {
     client: clickhouse::Client,
     insert_timeout: Duration,
     insert_settings: Vec<(String, String)>,
+    /// Settings of every protocol read.
+    read_settings: Vec<(String, String)>,
+    /// The user's own settings, which defaults never replace.
+    user_settings: Vec<String>,
     columns: MetadataColumns,
+    /// The server's clock minus the client's, in ms, as last measured.
+    clock_offset_ms: Arc<AtomicI64>,
 }
 
 impl ClickHouse {
@@ -58,6 +95,8 @@ impl ClickHouse {
             ("max_insert_block_size", block.clone()),
             ("min_insert_block_size_rows", block),
             ("max_insert_block_size_bytes", "0".into()),
+            // `INSERT … SELECT FROM input()`: one stream, so one block, one part.
+            ("max_insert_threads", "1".into()),
             ("max_execution_time", secs.clone()),
             ("timeout_overflow_mode", "throw".into()),
             ("http_receive_timeout", secs.clone()),
@@ -85,12 +124,111 @@ impl ClickHouse {
             insert_settings.retain(|(n, _)| n != k);
             insert_settings.push((k.clone(), v.clone()));
         }
-        Ok(Self {
+        let ch = Self {
             client,
             insert_timeout: cfg.insert_timeout,
             insert_settings,
+            read_settings: cfg
+                .read_settings
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+            user_settings: cfg
+                .settings
+                .keys()
+                .chain(cfg.read_settings.keys())
+                .cloned()
+                .collect(),
             columns,
-        })
+            clock_offset_ms: Arc::new(AtomicI64::new(0)),
+        };
+        ch.server_now().await?;
+        Ok(ch)
+    }
+
+    /// The server's clock (Unix ms); also refreshes the estimate of how far
+    /// it is from the client's.
+    pub async fn server_now(&self) -> Result<i64, ChError> {
+        let before = unix_ms();
+        let now: i64 = self
+            .bounded(
+                self.client
+                    .query("SELECT toUnixTimestamp64Milli(now64(3))")
+                    .fetch_one(),
+            )
+            .await?;
+        self.observe_clock(now, before);
+        Ok(now)
+    }
+
+    /// Records a server reading `server_ms` taken by a request sent at
+    /// `sent_ms` (client clock).
+    fn observe_clock(&self, server_ms: i64, sent_ms: i64) {
+        let rtt = unix_ms().saturating_sub(sent_ms).max(0);
+        self.clock_offset_ms
+            .store(server_ms - (sent_ms + rtt / 2), Ordering::Relaxed);
+    }
+
+    /// The deadline for an attempt starting now: `insert_timeout` from now,
+    /// on the server's clock.
+    pub fn deadline(&self) -> i64 {
+        unix_ms()
+            + self.clock_offset_ms.load(Ordering::Relaxed)
+            + self.insert_timeout.as_millis() as i64
+    }
+
+    /// The engine of `route`'s table (empty: no such table).
+    pub async fn engine(&self, route: &Route) -> Result<String, ChError> {
+        let engines: Vec<String> = self
+            .bounded(
+                self.client
+                    .query("SELECT engine FROM system.tables WHERE database = ? AND name = ?")
+                    .bind(&route.database)
+                    .bind(&route.table)
+                    .fetch_all(),
+            )
+            .await?;
+        Ok(engines.into_iter().next().unwrap_or_default())
+    }
+
+    /// Adds the settings that make the protocol's reads consistent on a
+    /// table with `engine` (see the module header), where the user set none.
+    pub fn consistent_for(&mut self, engine: &str) {
+        let (insert, read): (&[(&str, &str)], &[(&str, &str)]) = if engine.starts_with("Replicated")
+        {
+            (
+                &[("insert_quorum", "auto"), ("insert_quorum_parallel", "0")],
+                &[("select_sequential_consistency", "1")],
+            )
+        } else if engine.starts_with("Shared") {
+            (&[], &[("select_sequential_consistency", "1")])
+        } else {
+            (&[], &[])
+        };
+        for (list, wanted) in [
+            (&mut self.insert_settings, insert),
+            (&mut self.read_settings, read),
+        ] {
+            for (k, v) in wanted {
+                if !self.user_settings.iter().any(|u| u == k) && !list.iter().any(|(n, _)| n == k) {
+                    list.push((k.to_string(), v.to_string()));
+                }
+            }
+        }
+    }
+
+    /// A read the protocol relies on, with the read settings.
+    fn read(&self, sql: &str) -> clickhouse::query::Query {
+        let mut q = self.client.query(sql);
+        for (k, v) in &self.read_settings {
+            q = q.with_setting(k, v);
+        }
+        q
+    }
+
+    /// The settings of inserts and of protocol reads, for the start-up log.
+    pub fn settings(&self) -> (&[(String, String)], &[(String, String)]) {
+        (&self.insert_settings, &self.read_settings)
     }
 
     /// The longest an insert can live on the client and on the server.
@@ -159,7 +297,16 @@ impl ClickHouse {
 
     /// Runs one insert attempt, bounded by the insert timeout.
     pub async fn insert(&self, req: InsertRequest) -> Result<(), ChError> {
-        let sql = format!("INSERT INTO {} FORMAT JSONEachRow", req.table);
+        let sql = match req.deadline_ms {
+            // The scalar subquery runs when the query starts, before any row.
+            Some(d) => format!(
+                "INSERT INTO {} SELECT * FROM input() \
+                 WHERE (SELECT throwIf(toUnixTimestamp64Milli(now64(3)) > {d}, '{DEADLINE_PASSED}')) = 0 \
+                 FORMAT JSONEachRow",
+                req.table
+            ),
+            None => format!("INSERT INTO {} FORMAT JSONEachRow", req.table),
+        };
         let mut ins = self
             .client
             .insert_formatted_with(sql)
@@ -178,11 +325,7 @@ impl ClickHouse {
         // A client-side bound on the whole attempt, on top of the crate's.
         match tokio::time::timeout(self.insert_timeout + Duration::from_secs(1), work).await {
             Ok(r) => r.map_err(ChError::from),
-            Err(_) => Err(ChError {
-                kind: ChErrorKind::Timeout,
-                code: None,
-                message: "insert timed out".into(),
-            }),
+            Err(_) => Err(ChError::timeout("insert timed out")),
         }
     }
 
@@ -197,7 +340,7 @@ impl ClickHouse {
             t = route.qualified()
         );
         let rows: Vec<(i32, i64)> = self
-            .bounded(self.client.query(&sql).bind(&route.topic).fetch_all())
+            .bounded(self.read(&sql).bind(&route.topic).fetch_all())
             .await?;
         Ok(rows.into_iter().map(|(p, o)| (p, Offset(o))).collect())
     }
@@ -300,22 +443,68 @@ impl ClickHouse {
             tp = q(&c.topic),
             t = route.qualified()
         );
-        self.client
-            .query(&sql)
+        self.read(&sql)
             .bind(&route.topic)
             .bind(partition)
             .bind(first.0)
             .bind(last.0)
     }
 
-    /// Makes sure the attempt `query_id`, started at `started`, can no longer
-    /// commit. The server is asked to kill it, and sluice waits until it has
-    /// left `system.processes`; then, because a server may not know the query
-    /// by that id (or its bytes may not have arrived yet), until the
-    /// attempt's lifetime bound has passed: after `insert_timeout` the
-    /// server's `max_execution_time` and HTTP timeouts have ended it.
-    pub async fn fence_attempt(&self, query_id: &str, started: Instant) -> Result<(), ChError> {
-        let bound = started + self.insert_timeout + Duration::from_secs(1);
+    /// Makes sure the attempt `query_id`, whose deadline is `deadline_ms` on
+    /// the server's clock, can no longer commit. The server is asked to kill
+    /// it; then sluice waits until the server's clock is past the deadline
+    /// (plus a margin) and the id is gone from `system.processes`: the
+    /// attempt can no longer start, and is not running. Where the process
+    /// list cannot be read, the server's `max_execution_time` (the insert
+    /// timeout) after the deadline bounds a run that started in time.
+    pub async fn fence_attempt(&self, query_id: &str, deadline_ms: i64) -> Result<(), ChError> {
+        let timeout_ms = self.insert_timeout.as_millis() as i64;
+        let give_up = Instant::now() + self.insert_timeout * 3 + Duration::from_secs(5);
+        let mut until = deadline_ms + CLOCK_MARGIN_MS;
+        self.kill(query_id).await;
+        loop {
+            let sent = unix_ms();
+            let seen = self
+                .bounded(
+                    self.read(
+                        "SELECT toUnixTimestamp64Milli(now64(3)), \
+                         (SELECT count() FROM system.processes WHERE query_id = ?)",
+                    )
+                        .bind(query_id)
+                        .fetch_one::<(i64, u64)>(),
+                )
+                .await;
+            let now = match seen {
+                Ok((now, 0)) => now,
+                Ok((now, _)) => {
+                    self.observe_clock(now, sent);
+                    if Instant::now() >= give_up {
+                        return Err(ChError::client(format!(
+                            "insert {query_id} is still running after a kill and three times its timeout"
+                        )));
+                    }
+                    self.kill(query_id).await;
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    continue;
+                }
+                // No view of the processes: the time bound alone decides.
+                Err(e) if e.kind == ChErrorKind::Server => {
+                    until = deadline_ms + timeout_ms + CLOCK_MARGIN_MS;
+                    self.server_now().await?
+                }
+                Err(e) => return Err(e),
+            };
+            self.observe_clock(now, sent);
+            if now > until {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis((until - now + 1).clamp(1, 1_000) as u64)).await;
+        }
+    }
+
+    /// Asks the server to end `query_id` (best effort: it may be gone, or the
+    /// server may not know it).
+    async fn kill(&self, query_id: &str) {
         let _ = self
             .bounded(
                 self.client
@@ -324,31 +513,6 @@ impl ClickHouse {
                     .execute(),
             )
             .await;
-        loop {
-            let running = self
-                .bounded(
-                    self.client
-                        .query("SELECT count() FROM system.processes WHERE query_id = ?")
-                        .bind(query_id)
-                        .fetch_one::<u64>(),
-                )
-                .await;
-            match running {
-                Ok(0) => break,
-                Ok(_) if Instant::now() >= bound + self.insert_timeout => {
-                    return Err(ChError::client(format!(
-                        "insert {query_id} is still running after a kill and twice its timeout"
-                    )));
-                }
-                Ok(_) => {}
-                // No view of the processes: the lifetime bound alone decides.
-                Err(e) if e.kind == ChErrorKind::Server => break,
-                Err(e) => return Err(e),
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-        tokio::time::sleep_until(bound.into()).await;
-        Ok(())
     }
 
     /// A trivial round trip, for readiness.
@@ -376,12 +540,24 @@ async fn bounded<T>(
 ) -> Result<T, ChError> {
     match tokio::time::timeout(limit + Duration::from_secs(5), work).await {
         Ok(r) => r.map_err(ChError::from),
-        Err(_) => Err(ChError {
-            kind: ChErrorKind::Timeout,
-            code: None,
-            message: format!("no answer within {:?}", limit + Duration::from_secs(5)),
-        }),
+        Err(_) => Err(ChError::timeout(format!(
+            "no answer within {:?}",
+            limit + Duration::from_secs(5)
+        ))),
     }
+}
+
+/// The client's wall clock, Unix ms.
+fn unix_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+/// Whether `e` is an attempt refusing to start after its deadline: nothing
+/// of it was stored.
+pub fn deadline_passed(e: &ChError) -> bool {
+    e.kind == ChErrorKind::Server && e.code == Some(395) && e.message.contains(DEADLINE_PASSED)
 }
 
 fn q(ident: &str) -> String {

@@ -105,7 +105,9 @@ pub struct RawKafka {
     /// Heartbeat interval. Default 3s (a third of the session timeout at most).
     #[serde(default, with = "humantime_serde")]
     pub heartbeat_interval: Option<Duration>,
-    /// Where to start when nothing is committed: `earliest` (default) or `latest`.
+    /// Where to start a partition that ClickHouse holds nothing of, when
+    /// nothing is committed either: `earliest` (default) or `latest`. Where
+    /// ClickHouse holds rows, they decide (see `sluice_core::resume`).
     pub auto_offset_reset: Option<String>,
     /// `plaintext`, `ssl`, `sasl_plaintext` or `sasl_ssl`. Default: from
     /// the `tls` and `sasl` sections present.
@@ -140,6 +142,10 @@ pub struct RawClickHouse {
     /// Extra settings sent with every insert.
     #[serde(default)]
     pub settings: BTreeMap<String, String>,
+    /// Extra settings sent with every read the exactly-once protocol relies
+    /// on (the resume watermark, reconciliation, the key window, the fence).
+    #[serde(default)]
+    pub read_settings: BTreeMap<String, String>,
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -275,6 +281,7 @@ pub struct ClickHouseConfig {
     pub password: Secret,
     pub insert_timeout: Duration,
     pub settings: BTreeMap<String, String>,
+    pub read_settings: BTreeMap<String, String>,
 }
 
 /// The password never reaches a log line through `{:?}`.
@@ -287,6 +294,7 @@ impl std::fmt::Debug for ClickHouseConfig {
             .field("password", &self.password)
             .field("insert_timeout", &self.insert_timeout)
             .field("settings", &self.settings)
+            .field("read_settings", &self.read_settings)
             .finish()
     }
 }
@@ -696,6 +704,7 @@ impl RawConfig {
                 password,
                 insert_timeout,
                 settings: self.clickhouse.settings,
+                read_settings: self.clickhouse.read_settings,
             },
             sink: SinkConfig {
                 delivery: o.delivery.or(s.delivery).unwrap_or_default(),

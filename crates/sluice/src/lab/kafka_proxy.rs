@@ -1,5 +1,6 @@
 //! A loopback TCP proxy in front of a Kafka broker that loses produce
-//! acknowledgements, for the `producer-retry` scenario.
+//! acknowledgements, for the `producer-retry` scenario, or refuses offset
+//! commits.
 //!
 //! Bytes flow client → proxy → broker and back as Kafka frames (a 4-byte
 //! big-endian length, then the message). The proxy notes the correlation id
@@ -8,6 +9,11 @@
 //! records, the client never hears so: its delivery times out and the
 //! application puts the records in its retry table — which is how the
 //! documents' pipeline got a second copy of a record at a new offset.
+//!
+//! While [`KafkaProxy::refuse_commits`] is on, an OffsetCommit request (API
+//! key 8) never reaches the broker: the proxy closes that connection, as a
+//! coordinator that went away would. The client's commit fails; its other
+//! connections (fetches, metadata) carry on.
 //!
 //! The broker must advertise the proxy's address, so that clients come back
 //! through it after the metadata request.
@@ -23,6 +29,8 @@ use tokio::net::{TcpListener, TcpStream};
 struct State {
     dropping: AtomicBool,
     dropped: AtomicU32,
+    refusing: AtomicBool,
+    refused: AtomicU32,
 }
 
 pub struct KafkaProxy {
@@ -59,17 +67,38 @@ impl KafkaProxy {
     pub fn dropped(&self) -> u32 {
         self.state.dropped.load(Ordering::SeqCst)
     }
+
+    /// While on, an OffsetCommit request closes its connection instead.
+    pub fn refuse_commits(&self, on: bool) {
+        self.state.refusing.store(on, Ordering::SeqCst);
+    }
+
+    /// How many OffsetCommit requests were refused.
+    pub fn refused(&self) -> u32 {
+        self.state.refused.load(Ordering::SeqCst)
+    }
 }
+
+const PRODUCE: i16 = 0;
+const OFFSET_COMMIT: i16 = 8;
 
 async fn pipe(client: TcpStream, server: TcpStream, st: Arc<State>) {
     let (mut cr, mut cw) = client.into_split();
     let (mut sr, mut sw) = server.into_split();
     let produce: Arc<Mutex<HashSet<i32>>> = Arc::default();
-    let p = produce.clone();
+    let (p, s) = (produce.clone(), st.clone());
+    let cut = tokio_util::sync::CancellationToken::new();
+    let c = cut.clone();
     let upstream = tokio::spawn(async move {
         while let Some(frame) = read_frame(&mut cr).await {
             // Request header: api_key i16, api_version i16, correlation_id i32.
-            if frame.len() >= 12 && i16::from_be_bytes([frame[4], frame[5]]) == 0 {
+            let api = (frame.len() >= 12).then(|| i16::from_be_bytes([frame[4], frame[5]]));
+            if api == Some(OFFSET_COMMIT) && s.refusing.load(Ordering::SeqCst) {
+                s.refused.fetch_add(1, Ordering::SeqCst);
+                c.cancel();
+                return;
+            }
+            if api == Some(PRODUCE) {
                 let id = i32::from_be_bytes([frame[8], frame[9], frame[10], frame[11]]);
                 p.lock().unwrap_or_else(|x| x.into_inner()).insert(id);
             }
@@ -79,7 +108,14 @@ async fn pipe(client: TcpStream, server: TcpStream, st: Arc<State>) {
         }
         let _ = sw.shutdown().await;
     });
-    while let Some(frame) = read_frame(&mut sr).await {
+    loop {
+        let frame = tokio::select! {
+            f = read_frame(&mut sr) => f,
+            _ = cut.cancelled() => None,
+        };
+        let Some(frame) = frame else {
+            break;
+        };
         // Response header: correlation_id i32.
         let id = i32::from_be_bytes([frame[4], frame[5], frame[6], frame[7]]);
         let was_produce = produce
@@ -95,6 +131,7 @@ async fn pipe(client: TcpStream, server: TcpStream, st: Arc<State>) {
         }
     }
     upstream.abort();
+    // With both halves of the client's socket dropped, it is closed.
     let _ = cw.shutdown().await;
 }
 

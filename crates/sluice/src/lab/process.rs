@@ -35,6 +35,10 @@ pub struct RunSpec {
     pub required: Vec<String>,
     /// Larger record values cannot become rows.
     pub max_record_bytes: Option<usize>,
+    /// `[kafka] auto_offset_reset` (`earliest` when unset).
+    pub auto_offset_reset: Option<String>,
+    /// `[kafka] instance_id`: static group membership.
+    pub instance_id: Option<String>,
 }
 
 /// A running `sluice run`.
@@ -63,7 +67,7 @@ brokers = "{brokers}"
 group_id = "{group}"
 session_timeout = "6s"
 heartbeat_interval = "1s"
-
+{kafka_extra}
 [clickhouse]
 url = "{url}"
 insert_timeout = "{it}ms"
@@ -110,6 +114,13 @@ required = {required:?}
                     .max_record_bytes
                     .map(|b| format!("max_record_bytes = {b}\n"))
                     .unwrap_or_default(),
+                kafka_extra = [
+                    ("auto_offset_reset", &self.auto_offset_reset),
+                    ("instance_id", &self.instance_id),
+                ]
+                .iter()
+                .filter_map(|(k, v)| Some(format!("{k} = \"{}\"\n", v.as_ref()?)))
+                .collect::<String>(),
                 dedup = self
                     .dedup_key
                     .as_ref()

@@ -10,6 +10,10 @@
 //! - [`Fault::HoldRequest`]: the request is not forwarded; the client waits
 //!   for `hold`, then is hung up on. The outcome is unknown, nothing landed.
 //! - [`Fault::DropRequest`]: the connection is closed instead of forwarding.
+//! - [`Fault::LateRequest`]: the request is held for `hold`, past the
+//!   client's timeout, and then forwarded whole, as a load balancer, a
+//!   server queue or TCP retransmission can deliver it after the client
+//!   gave up. [`Proxy::late_every`] gives it to every n-th INSERT.
 //!
 //! [`Proxy::set_down`] makes every connection fail at once, as an
 //! unreachable server does.
@@ -26,6 +30,7 @@ pub enum Fault {
     WithholdResponse = 1,
     HoldRequest = 2,
     DropRequest = 3,
+    LateRequest = 4,
 }
 
 #[derive(Default)]
@@ -33,6 +38,11 @@ struct State {
     armed: AtomicU8,
     fired: AtomicU32,
     down: AtomicBool,
+    /// Every n-th INSERT is delivered late (0: none).
+    late_every: AtomicU32,
+    inserts: AtomicU32,
+    /// Late requests not yet delivered to the server.
+    late_pending: AtomicU32,
 }
 
 pub struct Proxy {
@@ -84,6 +94,16 @@ impl Proxy {
         self.state.fired.load(Ordering::SeqCst)
     }
 
+    /// Every `n`-th INSERT from now on is delivered late (0: none).
+    pub fn late_every(&self, n: u32) {
+        self.state.late_every.store(n, Ordering::SeqCst);
+    }
+
+    /// Late requests held and not yet delivered to the server.
+    pub fn late_pending(&self) -> u32 {
+        self.state.late_pending.load(Ordering::SeqCst)
+    }
+
     /// While down, every new connection is closed at once.
     pub fn set_down(&self, down: bool) {
         self.state.down.store(down, Ordering::SeqCst);
@@ -109,13 +129,24 @@ async fn pipe(client: TcpStream, server: TcpStream, st: Arc<State>, hold: Durati
                 break;
             }
             if m.load(Ordering::SeqCst) == 0 && contains(chunk, b"query=INSERT") {
-                let f = s2.armed.swap(0, Ordering::SeqCst);
+                let every = s2.late_every.load(Ordering::SeqCst);
+                let nth = s2.inserts.fetch_add(1, Ordering::SeqCst) + 1;
+                let f = match s2.armed.swap(0, Ordering::SeqCst) {
+                    0 if every > 0 && nth % every == 0 => Fault::LateRequest as u8,
+                    f => f,
+                };
                 if f != 0 {
                     m.store(f, Ordering::SeqCst);
                     s2.fired.fetch_add(1, Ordering::SeqCst);
                 }
             }
             match m.load(Ordering::SeqCst) {
+                x if x == Fault::LateRequest as u8 => {
+                    s2.late_pending.fetch_add(1, Ordering::SeqCst);
+                    deliver_late(chunk.to_vec(), &mut cr, &mut sw, hold).await;
+                    s2.late_pending.fetch_sub(1, Ordering::SeqCst);
+                    break;
+                }
                 x if x == Fault::DropRequest as u8 => break,
                 x if x == Fault::HoldRequest as u8 => {
                     tokio::time::sleep(hold).await;
@@ -135,6 +166,10 @@ async fn pipe(client: TcpStream, server: TcpStream, st: Arc<State>, hold: Durati
             Ok(0) | Err(_) => break,
             Ok(n) => n,
         };
+        if mode.load(Ordering::SeqCst) == Fault::LateRequest as u8 {
+            // The client gave up long ago: the answer goes nowhere.
+            continue;
+        }
         if mode.load(Ordering::SeqCst) == Fault::WithholdResponse as u8 {
             // The server has answered: the insert is committed. Swallow the
             // answer, keep the client waiting, then hang up.
@@ -145,8 +180,37 @@ async fn pipe(client: TcpStream, server: TcpStream, st: Arc<State>, hold: Durati
             break;
         }
     }
-    upstream.abort();
+    if mode.load(Ordering::SeqCst) == Fault::LateRequest as u8 {
+        // The server answered a late request (or hung up): it is delivered.
+        let _ = upstream.await;
+    } else {
+        upstream.abort();
+    }
     let _ = cw.shutdown().await;
+}
+
+/// Holds a request whose first bytes are `held` for `hold`, taking the rest
+/// of it from the client meanwhile (the client may hang up), then sends it
+/// to the server whole.
+async fn deliver_late(
+    mut held: Vec<u8>,
+    client: &mut tokio::net::tcp::OwnedReadHalf,
+    server: &mut tokio::net::tcp::OwnedWriteHalf,
+    hold: Duration,
+) {
+    let until = tokio::time::Instant::now() + hold;
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        match tokio::time::timeout_at(until, client.read(&mut buf)).await {
+            Ok(Ok(n)) if n > 0 => held.extend_from_slice(&buf[..n]),
+            Ok(_) => {
+                tokio::time::sleep_until(until).await;
+                break;
+            }
+            Err(_) => break,
+        }
+    }
+    let _ = server.write_all(&held).await;
 }
 
 fn contains(hay: &[u8], needle: &[u8]) -> bool {

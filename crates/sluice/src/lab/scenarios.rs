@@ -21,6 +21,7 @@ pub const SCENARIOS: &[&str] = &[
     "crash-replay",
     "crash-after-many-batches",
     "unknown-outcome-then-new-boundaries",
+    "late-insert",
     "clickhouse-outage",
     "broker-restart",
     "rebalance",
@@ -155,6 +156,8 @@ impl Run {
             dlq_topic: None,
             required: Vec::new(),
             max_record_bytes: None,
+            auto_offset_reset: None,
+            instance_id: None,
         };
         Ok(Self {
             stack: stack.clone(),
@@ -329,6 +332,29 @@ pub async fn run(
             r.spec.max_batch_rows = 700;
             r.spec.commit_interval = Duration::from_secs(1);
             let sink = r.spec.start()?;
+            r.finish(scenario, vec![sink], n, Instant::now()).await
+        }
+        "late-insert" => {
+            // Every 7th INSERT is held in the proxy past the client's
+            // timeout and then delivered: a load balancer, a server queue or
+            // a retransmission can do this. No dedup window to hide behind.
+            let r = Run::new(stack, mode, p, 0, true).await?;
+            r.produce(0, n).await?;
+            let proxy = r.proxy.as_ref().context("proxy")?;
+            proxy.late_every(7);
+            let mut sink = r.spec.start()?;
+            let deadline = Instant::now() + p.timeout;
+            while r.stack.landed(&r.table).await?.distinct_ids < n
+                && Instant::now() < deadline
+                && sink.is_running()
+            {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            // Every held request reaches the server before the count.
+            proxy.late_every(0);
+            while proxy.late_pending() > 0 && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
             r.finish(scenario, vec![sink], n, Instant::now()).await
         }
         "clickhouse-outage" => {

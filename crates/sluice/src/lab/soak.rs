@@ -133,6 +133,8 @@ pub async fn run(stack: &Stack, o: SoakOptions) -> anyhow::Result<SoakReport> {
         dlq_topic: None,
         required: Vec::new(),
         max_record_bytes: None,
+        auto_offset_reset: None,
+        instance_id: None,
     };
 
     // The producer: `rate` records a second until told to stop; paused

@@ -7,6 +7,13 @@
 //! this thread too, inside `poll` ([`super::handoff`]). On shutdown it stops
 //! fetching, flushes what was read, waits for every insert, commits with a
 //! clean hand-off marker and leaves the group.
+//!
+//! Consumer errors: librdkafka recovers from most of them by itself; those
+//! are logged (at most once per code every ten seconds). A fatal one
+//! (librdkafka's notion, such as a static member fenced by another with its
+//! `group.instance.id`) or one no retry can fix (credentials, authorization,
+//! the group id) stops the process with the cause: it abandons its work,
+//! inserts nothing more and exits non-zero.
 
 use super::dlq::Dlq;
 use super::lease::Lease;
@@ -19,7 +26,8 @@ use crate::http;
 use crate::telemetry::Metrics;
 use anyhow::{anyhow, Context as _};
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
-use rdkafka::types::RDKafkaRespErr;
+use rdkafka::error::KafkaError;
+use rdkafka::types::{RDKafkaErrorCode, RDKafkaRespErr};
 use sluice_core::RowEncoder;
 use std::collections::HashMap;
 use std::future::Future;
@@ -72,15 +80,19 @@ pub async fn run(
     cfg: Config,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let ch = connect_clickhouse(&cfg).await?;
+    let mut ch = connect_clickhouse(&cfg).await?;
     for route in &cfg.routes {
         ch.check_table(route).await.map_err(|e| anyhow!("{e}"))?;
+        let engine = ch.engine(route).await.map_err(|e| anyhow!("{e}"))?;
+        ch.consistent_for(&engine);
         if let Some(d) = &route.dedup {
             ch.check_columns(route, &d.fields)
                 .await
                 .map_err(|e| anyhow!("{e}"))?;
         }
     }
+    let (insert_settings, read_settings) = ch.settings();
+    tracing::info!(?insert_settings, ?read_settings, "ClickHouse settings of inserts and protocol reads");
     let hold = cfg.kafka.heartbeat_interval * 2 + Duration::from_secs(1);
     let encoders: Vec<RowEncoder> = cfg
         .routes
@@ -204,6 +216,16 @@ fn build_consumer(cfg: &Config, sink: Sink) -> anyhow::Result<BaseConsumer<SinkC
     let k = &cfg.kafka;
     // librdkafka's share of the memory bound: its prefetch queue.
     let queued_kb = cfg.sink.kafka_buffer_bytes() / 1024;
+    // Exactly-once seeks every partition to a start of its own (see
+    // `sluice_core::resume`, where `auto_offset_reset` is applied). The
+    // client falls back on its policy only when a position is out of range,
+    // and then the beginning is the one place that skips nothing that
+    // still exists.
+    let reset = if cfg.sink.delivery.is_exactly_once() {
+        "earliest"
+    } else {
+        &k.auto_offset_reset
+    };
     let mut cc = k.client_config();
     cc.set("group.id", &k.group_id)
         .set("enable.auto.commit", "false")
@@ -218,7 +240,7 @@ fn build_consumer(cfg: &Config, sink: Sink) -> anyhow::Result<BaseConsumer<SinkC
             "heartbeat.interval.ms",
             k.heartbeat_interval.as_millis().to_string(),
         )
-        .set("auto.offset.reset", &k.auto_offset_reset)
+        .set("auto.offset.reset", reset)
         .set("queued.max.messages.kbytes", queued_kb.to_string())
         .set("enable.partition.eof", "false")
         .set("statistics.interval.ms", "10000");
@@ -250,6 +272,8 @@ fn poll_loop(consumer: BaseConsumer<SinkContext>) -> anyhow::Result<()> {
     let mut last_sweep = Instant::now();
     let mut last_report = Instant::now();
     let mut last_events = Instant::now();
+    let mut errors = ConsumerErrors::default();
+    let mut kafka_failed = false;
     {
         let mut s = lock(&consumer);
         s.drain_events(&consumer);
@@ -263,7 +287,16 @@ fn poll_loop(consumer: BaseConsumer<SinkContext>) -> anyhow::Result<()> {
         let mut s = lock(&consumer);
         match msg {
             Some(Ok(m)) => s.on_record(&m, now),
-            Some(Err(e)) => tracing::warn!(error = %e, "Kafka consumer error"),
+            Some(Err(e)) => match fatal_cause(&e, consumer.client().fatal_error()) {
+                Some(cause) => {
+                    let group = s.cfg.kafka.group_id.clone();
+                    s.fatal.get_or_insert(anyhow!(
+                        "the Kafka consumer of group {group:?} cannot go on: {cause}; sluice stops"
+                    ));
+                    kafka_failed = true;
+                }
+                None => errors.note(&e, now),
+            },
             None => {}
         }
         if now.duration_since(last_events) >= Duration::from_millis(1) {
@@ -312,14 +345,17 @@ fn poll_loop(consumer: BaseConsumer<SinkContext>) -> anyhow::Result<()> {
     }
     // Graceful stop: flush what was read (a bad record never entered a
     // batch), wait for every insert, commit with a clean hand-off marker,
-    // leave the group.
+    // leave the group. A consumer that cannot go on (fenced, refused) owns
+    // nothing any more: it abandons its work and inserts nothing new.
     let fatal = {
         let mut s = lock(&consumer);
-        s.cut_due(Instant::now(), true);
-        let timeout = s.cfg.clickhouse.insert_timeout * 3;
-        let drained = s.wait_in_flight(&consumer, None, timeout);
-        let marker = if drained { MARK_CLEAN } else { MARK_OPEN };
-        s.commit(&consumer, None, marker, CommitMode::Sync);
+        if !kafka_failed {
+            s.cut_due(Instant::now(), true);
+            let timeout = s.cfg.clickhouse.insert_timeout * 3;
+            let drained = s.wait_in_flight(&consumer, None, timeout);
+            let marker = if drained { MARK_CLEAN } else { MARK_OPEN };
+            s.commit(&consumer, None, marker, CommitMode::Sync);
+        }
         for p in s.parts.values() {
             p.abandon.cancel();
         }
@@ -337,5 +373,121 @@ fn poll_loop(consumer: BaseConsumer<SinkContext>) -> anyhow::Result<()> {
     match fatal {
         Some(e) => Err(e),
         None => Ok(()),
+    }
+}
+
+/// Errors no retry of librdkafka's can fix: the client is refused, or its
+/// group cannot have it. librdkafka keeps retrying them (and reports each
+/// try), so the process would idle for ever with `/ready` at 200.
+const UNUSABLE: &[RDKafkaErrorCode] = &[
+    RDKafkaErrorCode::Fatal,
+    RDKafkaErrorCode::FencedInstanceId,
+    RDKafkaErrorCode::Authentication,
+    RDKafkaErrorCode::SaslAuthenticationFailed,
+    RDKafkaErrorCode::TopicAuthorizationFailed,
+    RDKafkaErrorCode::GroupAuthorizationFailed,
+    RDKafkaErrorCode::ClusterAuthorizationFailed,
+    RDKafkaErrorCode::InvalidGroupId,
+    RDKafkaErrorCode::InconsistentGroupProtocol,
+    RDKafkaErrorCode::InvalidSessionTimeout,
+    RDKafkaErrorCode::GroupMaxSizeReached,
+];
+
+/// Why the consumer cannot go on, if `e` (with the client's fatal error,
+/// `rd_kafka_fatal_error`) says so: librdkafka's fatal errors and
+/// [`UNUSABLE`]. Anything else is transient: librdkafka recovers from it.
+fn fatal_cause(e: &KafkaError, fatal: Option<(RDKafkaErrorCode, String)>) -> Option<String> {
+    if let Some((code, reason)) = fatal {
+        return Some(format!("{code:?}: {reason}"));
+    }
+    let code = e.rdkafka_error_code()?;
+    (matches!(e, KafkaError::MessageConsumptionFatal(_)) || UNUSABLE.contains(&code))
+        .then(|| format!("{code:?}: {e}"))
+}
+
+/// Transient consumer errors, logged at most once per error code every
+/// [`ConsumerErrors::EVERY`], with the count of those not logged since.
+#[derive(Default)]
+struct ConsumerErrors {
+    /// `(code, last logged, not logged since)`.
+    seen: Vec<(Option<RDKafkaErrorCode>, Instant, u64)>,
+}
+
+impl ConsumerErrors {
+    const EVERY: Duration = Duration::from_secs(10);
+
+    fn note(&mut self, e: &KafkaError, now: Instant) {
+        let code = e.rdkafka_error_code();
+        match self.seen.iter_mut().find(|(c, _, _)| *c == code) {
+            Some((_, last, quiet)) if now.duration_since(*last) < Self::EVERY => *quiet += 1,
+            Some((_, last, quiet)) => {
+                tracing::warn!(error = %e, repeats = *quiet, "Kafka consumer error; librdkafka retries it");
+                (*last, *quiet) = (now, 0);
+            }
+            None => {
+                tracing::warn!(error = %e, "Kafka consumer error; librdkafka retries it");
+                self.seen.push((code, now, 0));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fatal_errors_stop_and_transient_ones_do_not() {
+        let fenced = KafkaError::MessageConsumption(RDKafkaErrorCode::FencedInstanceId);
+        assert!(fatal_cause(&fenced, None).is_some_and(|c| c.contains("FencedInstanceId")));
+        // librdkafka's own fatal error: its underlying cause is named.
+        let fatal = KafkaError::MessageConsumptionFatal(RDKafkaErrorCode::Fatal);
+        let cause = fatal_cause(
+            &fatal,
+            Some((
+                RDKafkaErrorCode::FencedInstanceId,
+                "fenced by another consumer".into(),
+            )),
+        );
+        assert_eq!(
+            cause.as_deref(),
+            Some("FencedInstanceId: fenced by another consumer")
+        );
+        for code in [
+            RDKafkaErrorCode::Authentication,
+            RDKafkaErrorCode::GroupAuthorizationFailed,
+            RDKafkaErrorCode::InvalidGroupId,
+        ] {
+            assert!(fatal_cause(&KafkaError::MessageConsumption(code), None).is_some());
+        }
+        for code in [
+            RDKafkaErrorCode::BrokerTransportFailure,
+            RDKafkaErrorCode::AllBrokersDown,
+            RDKafkaErrorCode::UnknownTopicOrPartition,
+            RDKafkaErrorCode::NotCoordinator,
+            RDKafkaErrorCode::RequestTimedOut,
+        ] {
+            assert_eq!(
+                fatal_cause(&KafkaError::MessageConsumption(code), None),
+                None
+            );
+        }
+    }
+
+    #[test]
+    fn transient_errors_are_logged_once_per_interval() {
+        let mut log = ConsumerErrors::default();
+        let t0 = Instant::now();
+        let e = KafkaError::MessageConsumption(RDKafkaErrorCode::BrokerTransportFailure);
+        for i in 0..100 {
+            log.note(&e, t0 + Duration::from_millis(i * 10));
+        }
+        assert_eq!(log.seen.len(), 1);
+        assert_eq!(log.seen[0].2, 99);
+        log.note(&e, t0 + Duration::from_secs(11));
+        assert_eq!(
+            (log.seen[0].1, log.seen[0].2),
+            (t0 + Duration::from_secs(11), 0)
+        );
     }
 }

@@ -11,6 +11,7 @@
 mod dedup;
 mod dlq;
 mod driver;
+mod fates;
 mod handoff;
 mod lease;
 mod state;

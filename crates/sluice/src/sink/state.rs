@@ -12,6 +12,7 @@
 //! until half of it is free.
 
 use super::dlq::{Letter, Pending};
+use super::fates::Fates;
 use super::handoff::Prepared;
 use super::writer::{deliver, Completion, Job, Outcome, WriterCtx};
 use super::SinkContext;
@@ -21,8 +22,7 @@ use anyhow::anyhow;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::message::Message;
 use rdkafka::{Offset as KOffset, TopicPartitionList};
-use sluice_core::dedup::{KeyWindow, Seen};
-use sluice_core::resume::StartAt;
+use sluice_core::dedup::{verdict, KeyWindow, Verdict};
 use sluice_core::{AckTracker, BatchBuilder, NextOffset, Offset, PartitionId, RowEncoder};
 use std::collections::HashMap;
 use std::sync::mpsc;
@@ -72,6 +72,13 @@ pub(super) struct Part {
     pub position: Option<NextOffset>,
     /// DLQ writes for records of the batch being built.
     pub letters: Vec<Pending>,
+    /// Key dedup: rows of the batch being built written on condition,
+    /// `(row, copy)` ([`sluice_core::dedup::Verdict::WriteUnless`]).
+    pub conditional: Vec<(Offset, Offset)>,
+    /// Batches with conditional rows in flight.
+    pub conditional_in_flight: usize,
+    /// What became of this activation's rows, for conditional rows.
+    pub fates: Arc<Fates>,
 }
 
 #[derive(Default, Debug, Clone, Copy)]
@@ -137,6 +144,9 @@ impl Sink {
             keys: None,
             position: None,
             letters: Vec::new(),
+            conditional: Vec::new(),
+            conditional_in_flight: 0,
+            fates: Arc::default(),
         }
     }
 
@@ -183,17 +193,27 @@ impl Sink {
                     encoder.encode(payload, partition, offset.0, buf)
                 })
                 .map(|_| true),
-            Some(window) => part.builder.push_or_skip(offset, now, |buf| {
-                Ok(
-                    match encoder.encode_keyed(payload, partition, offset.0, buf)? {
-                        Some(key) => window.check(key, timestamp) == Seen::New,
-                        None => {
-                            keyless = true;
+            Some(window) => {
+                // Below the frontier every row is settled: stored, or
+                // rejected and forgotten by the window.
+                let settled = part.acks.as_ref().map_or(NextOffset(offset.0), |a| a.frontier());
+                let conditional = &mut part.conditional;
+                part.builder.push_or_skip(offset, now, |buf| {
+                    let Some(key) = encoder.encode_keyed(payload, partition, offset.0, buf)? else {
+                        keyless = true;
+                        return Ok(true);
+                    };
+                    Ok(match verdict(window.check(key, timestamp, offset), settled) {
+                        Verdict::Write => true,
+                        Verdict::Drop => false,
+                        Verdict::WriteUnless { copy } => {
+                            window.replace_copy(key, offset);
+                            conditional.push((offset, copy));
                             true
                         }
-                    },
-                )
-            }),
+                    })
+                })
+            }
         };
         self.stats.dedup_keyless += u64::from(keyless);
         if let Ok(false) = pushed {
@@ -272,6 +292,8 @@ impl Sink {
         };
         let ticket = acks.register(batch.end());
         let letters = std::mem::take(&mut part.letters);
+        let conditional = std::mem::take(&mut part.conditional);
+        part.conditional_in_flight += usize::from(!conditional.is_empty());
         self.in_flight_bytes += batch.bytes();
         telemetry::in_flight_bytes(self.in_flight_bytes);
         self.in_flight += 1;
@@ -285,6 +307,8 @@ impl Sink {
             generation: part.generation,
             abandon: part.abandon.clone(),
             letters,
+            conditional,
+            fates: part.fates.clone(),
         };
         let ctx = self.ctx.clone();
         let tx = self.tx.clone();
@@ -312,15 +336,40 @@ impl Sink {
         self.in_flight_bytes -= c.bytes;
         telemetry::in_flight_bytes(self.in_flight_bytes);
         self.in_flight -= 1;
-        let part = self
+        let mut part = self
             .parts
             .get_mut(&(c.route_idx, c.partition))
             .filter(|p| p.generation == c.generation);
+        if let Some(p) = part.as_mut() {
+            p.conditional_in_flight -= usize::from(c.conditional);
+        }
         match c.outcome {
-            Outcome::Durable { inserted } => {
+            Outcome::Durable {
+                inserted,
+                rejected,
+                excluded,
+            } => {
                 self.stats.rows_inserted += inserted as u64;
-                if let Some(acks) = part.and_then(|p| p.acks.as_mut()) {
-                    acks.ack(c.ticket);
+                self.stats.dlq += rejected.len() as u64;
+                self.stats.dedup_dropped += excluded as u64;
+                for _ in 0..excluded {
+                    self.counters[c.route_idx].dedup_dropped();
+                }
+                if let Some(p) = part {
+                    // A rejected copy does not stand for its key any more.
+                    if let Some(window) = p.keys.as_mut() {
+                        for (offset, key) in &rejected {
+                            if let Some(k) = key {
+                                window.forget(*k, *offset);
+                            }
+                        }
+                    }
+                    if let Some(acks) = p.acks.as_mut() {
+                        acks.ack(c.ticket);
+                        if p.conditional_in_flight == 0 && p.conditional.is_empty() {
+                            p.fates.prune_below(acks.frontier());
+                        }
+                    }
                 }
             }
             Outcome::Abandoned => {}
@@ -457,27 +506,16 @@ impl Sink {
         }
     }
 
-    /// Positions a prepared partition and lets its records flow.
-    pub fn activate(&mut self, consumer: &BaseConsumer<SinkContext>, mut p: Prepared) {
-        let latest = self.cfg.kafka.auto_offset_reset == "latest";
-        let reset_to = if latest {
-            KOffset::End
-        } else {
-            KOffset::Beginning
-        };
+    /// Positions a prepared partition and lets its records flow, once its
+    /// `open` ownership marker is committed: a later owner that finds the
+    /// marker knows the hand-off was not clean and fences. Until then
+    /// (exactly-once) the partition stays paused and inserts nothing; a
+    /// failed seek or marker commit is tried again after a backoff, without
+    /// blocking this thread ([`Sink::retry_prepared`]).
+    pub fn activate(&mut self, consumer: &BaseConsumer<SinkContext>, p: Prepared) {
+        let exactly_once = self.cfg.sink.delivery.is_exactly_once();
         let topic = self.routes[p.key.0].topic.clone();
-        if p.plan.start == StartAt::Reset {
-            // Start at a concrete offset, so the frontier begins there and
-            // not at whichever record happens to come first.
-            match consumer.fetch_watermarks(&topic, p.key.1, Duration::from_secs(10)) {
-                Ok((low, high)) => {
-                    p.plan.start = StartAt::At(NextOffset(if latest { high } else { low }));
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "cannot read the partition's watermarks; starting at the reset policy")
-                }
-            }
-        }
+        let name = format!("{topic}[{}]", p.key.1);
         let Some(part) = self
             .parts
             .get_mut(&p.key)
@@ -485,39 +523,42 @@ impl Sink {
         else {
             return;
         };
-        let target = match p.plan.start {
-            StartAt::At(n) => KOffset::Offset(n.0),
-            StartAt::Reset => reset_to,
-        };
-        if let Err(e) = consumer.seek(&topic, p.key.1, target, Duration::from_secs(10)) {
-            tracing::warn!(partition = %format!("{topic}[{}]", p.key.1), error = %e, "seek failed; retrying");
-            let tx = self.tx.clone();
-            self.handle.spawn(async move {
-                tokio::time::sleep(Duration::from_millis(500)).await;
-                let _ = tx.send(Event::Prepared(p));
-            });
+        let start = p.plan.start;
+        let seek = KOffset::Offset(start.0);
+        if let Err(e) = consumer.seek(&topic, p.key.1, seek, Duration::from_secs(10)) {
+            tracing::warn!(partition = %name, attempt = p.attempts, error = %e, "seek failed; retrying");
+            self.retry_prepared(p);
             return;
+        }
+        let mut marker = TopicPartitionList::new();
+        add_marked(&mut marker, &topic, p.key.1, start, MARK_OPEN);
+        match consumer.commit(&marker, CommitMode::Sync) {
+            Ok(()) => part.committed = Some(start),
+            Err(e) if exactly_once => {
+                tracing::warn!(
+                    partition = %name,
+                    attempt = p.attempts,
+                    error = %e,
+                    "cannot record the ownership marker; the partition stays paused until it is committed"
+                );
+                self.retry_prepared(p);
+                return;
+            }
+            // Nothing fences on it in at-least-once mode.
+            Err(e) => {
+                tracing::warn!(partition = %name, error = %e, "could not record the ownership marker")
+            }
         }
         part.check_through = p.plan.check_through;
         if let Some(d) = &self.routes[p.key.0].dedup {
             part.keys = Some(super::dedup::window(d, p.seeds.as_ref()));
         }
-        if let StartAt::At(n) = p.plan.start {
-            part.position = Some(n);
-            part.acks = Some(AckTracker::new(n));
-            part.committed = Some(n);
-            // Ownership marker before any insert: a later owner that finds
-            // it knows the hand-off was not clean.
-            let mut marker = TopicPartitionList::new();
-            add_marked(&mut marker, &topic, p.key.1, n, MARK_OPEN);
-            if let Err(e) = consumer.commit(&marker, CommitMode::Sync) {
-                tracing::warn!(error = %e, "could not record the ownership marker");
-            }
-        }
+        part.position = Some(start);
+        part.acks = Some(AckTracker::new(start));
         part.phase = Phase::Active;
         tracing::info!(
-            partition = %format!("{topic}[{}]", p.key.1),
-            start = ?p.plan.start,
+            partition = %name,
+            start = start.0,
             check_through = ?p.plan.check_through.map(|o| o.0),
             "partition active"
         );

@@ -3,11 +3,13 @@
 //! In: a [`Job`] (an encoded batch, its table, whether some of its rows may
 //! already be stored). Out: a [`Completion`] sent back to the driver.
 //!
-//! Exactly-once: an attempt whose outcome is unknown (timeout, reset, 5xx)
-//! makes the batch *uncertain*. Before the next attempt the writer makes sure
-//! the earlier one can no longer commit (kill it and wait until it is gone),
-//! asks ClickHouse which offsets of the batch it holds, and inserts only the
-//! missing rows. It never re-sends blind and never skips. No attempt starts
+//! Exactly-once: every attempt carries a deadline on the server's clock
+//! after which the server refuses to start it. An attempt whose outcome is
+//! unknown (timeout, reset, 5xx) makes the batch *uncertain*. Before the
+//! next attempt the writer makes sure the earlier one can no longer commit
+//! (kill it, wait until the server's clock is past its deadline and it is
+//! gone from the process list), asks ClickHouse which offsets of the batch
+//! it holds, and inserts only the missing rows. It never re-sends blind and never skips. No attempt starts
 //! while the process's group membership is in doubt ([`Lease`]) or after the
 //! partition was given up (`abandon`).
 //!
@@ -19,13 +21,20 @@
 //! rest of the batch is tried again (exactly-once: after reconciling). The
 //! batch is durable once its rows are stored and its DLQ writes are
 //! acknowledged.
+//!
+//! Key dedup: a row written while the copy of its key it duplicates was still
+//! in flight is *conditional*; each attempt leaves it out once that copy is
+//! covered ([`conditional_excluded`]), so one copy of the key lands even when
+//! ClickHouse rejects another ([`Fates`]).
 
 use super::dlq::{self, Dlq, Letter, Pending};
+use super::fates::Fates;
 use super::lease::Lease;
-use crate::ch::{ChError, ChErrorKind, ClickHouse, InsertRequest};
+use crate::ch::{deadline_passed, ChError, ChErrorKind, ClickHouse, InsertRequest};
 use crate::config::{Delivery, Route};
 use crate::telemetry;
 use sluice_core::acks::Ticket;
+use sluice_core::dedup::{conditional_excluded, KeyHash};
 use sluice_core::token::{insert_token, query_id};
 use sluice_core::{Batch, Offset, RowEncoder};
 use std::sync::Arc;
@@ -57,6 +66,11 @@ pub struct Job {
     pub abandon: CancellationToken,
     /// DLQ writes for records this batch accounts for.
     pub letters: Vec<Pending>,
+    /// Key dedup: `(row, copy)`, ascending, for rows written on the
+    /// condition that the copy of their key at `copy` is not stored.
+    pub conditional: Vec<(Offset, Offset)>,
+    /// What became of the partition's earlier rows.
+    pub fates: Arc<Fates>,
 }
 
 #[derive(Debug)]
@@ -64,6 +78,11 @@ pub enum Outcome {
     Durable {
         /// Rows inserted by this job (fewer than the batch after reconciliation).
         inserted: usize,
+        /// Rows ClickHouse rejected (sent to the DLQ), with their business
+        /// key on a key dedup route.
+        rejected: Vec<(Offset, Option<KeyHash>)>,
+        /// Conditional rows left out: a copy of their key is stored.
+        excluded: usize,
     },
     Abandoned,
     Failed(ChError),
@@ -77,6 +96,8 @@ pub struct Completion {
     pub ticket: Ticket,
     pub generation: u64,
     pub bytes: usize,
+    /// The batch held conditional rows.
+    pub conditional: bool,
     pub outcome: Outcome,
 }
 
@@ -84,6 +105,14 @@ pub struct Completion {
 pub async fn deliver(mut job: Job, ctx: Arc<WriterCtx>) -> Completion {
     let mut letters = std::mem::take(&mut job.letters);
     let mut outcome = attempt_until_done(&job, &ctx, &mut letters).await;
+    match (&outcome, job.batch.first(), job.batch.last()) {
+        (Outcome::Durable { rejected, .. }, Some(first), Some(last)) => {
+            let uncovered: Vec<Offset> = rejected.iter().map(|r| r.0).collect();
+            job.fates.finish(first, last, &uncovered);
+        }
+        (Outcome::Failed(_) | Outcome::DlqFailed(_), ..) => job.fates.fail(),
+        _ => {}
+    }
     if let (Outcome::Durable { .. }, Some(d)) = (&outcome, &ctx.dlq) {
         match dlq::confirm(letters, d.topic(), &job.abandon).await {
             Ok(true) => {}
@@ -97,6 +126,7 @@ pub async fn deliver(mut job: Job, ctx: Arc<WriterCtx>) -> Completion {
         ticket: job.ticket,
         generation: job.generation,
         bytes: job.batch.bytes(),
+        conditional: !job.conditional.is_empty(),
         outcome,
     }
 }
@@ -104,11 +134,16 @@ pub async fn deliver(mut job: Job, ctx: Arc<WriterCtx>) -> Completion {
 async fn attempt_until_done(job: &Job, ctx: &WriterCtx, letters: &mut Vec<Pending>) -> Outcome {
     let exactly_once = ctx.delivery.is_exactly_once();
     let mut uncertain = exactly_once && job.uncertain;
-    let mut previous: Option<(String, Instant)> = None;
+    // The last attempt whose outcome is unknown: its query id and deadline.
+    let mut previous: Option<(String, i64)> = None;
     let mut backoff = Backoff::new();
     // Rows ClickHouse rejected, sent to the DLQ: never inserted.
     let mut rejected: Vec<Offset> = Vec::new();
     let p = &job.batch.partition;
+    let Some(earlier_uncovered) = earlier_uncovered(job).await else {
+        return Outcome::Abandoned;
+    };
+    let first = job.batch.first().unwrap_or(Offset(i64::MAX));
     for attempt in 0u32.. {
         if exactly_once {
             tokio::select! {
@@ -122,10 +157,13 @@ async fn attempt_until_done(job: &Job, ctx: &WriterCtx, letters: &mut Vec<Pendin
         let Ok(_permit) = ctx.permits.acquire().await else {
             return Outcome::Abandoned;
         };
-        let base = if rejected.is_empty() {
+        let excluded = conditional_excluded(&job.conditional, first, &rejected, |c| {
+            !earlier_uncovered.contains(&c)
+        });
+        let base = if rejected.is_empty() && excluded.is_empty() {
             job.batch.clone()
         } else {
-            job.batch.without(&rejected)
+            job.batch.without(&merged(&rejected, &excluded))
         };
         let batch = if uncertain {
             match reconcile(job, &base, ctx, previous.as_ref()).await {
@@ -140,7 +178,7 @@ async fn attempt_until_done(job: &Job, ctx: &WriterCtx, letters: &mut Vec<Pendin
             base
         };
         if batch.is_empty() {
-            return Outcome::Durable { inserted: 0 };
+            return durable(job, ctx, 0, &rejected, excluded.len());
         }
         // Reconciliation takes time: check again right before the insert.
         if exactly_once && (!ctx.lease.wait_needed().is_zero() || job.abandon.is_cancelled()) {
@@ -165,19 +203,29 @@ async fn attempt_until_done(job: &Job, ctx: &WriterCtx, letters: &mut Vec<Pendin
         };
         let started = Instant::now();
         let req_table = format!("{}.{}", job.route.database, job.route.table);
+        let deadline_ms = exactly_once.then(|| ctx.ch.deadline());
         let req = InsertRequest {
             table: job.route.qualified(),
             body: batch.body().clone(),
             token,
             query_id: qid.clone(),
+            deadline_ms,
         };
         match ctx.ch.insert(req).await {
             Ok(()) => {
                 tracing::debug!(partition = %p, rows = batch.len(), attempt, "inserted");
                 telemetry::batch_inserted(&req_table, batch.len(), started.elapsed());
-                return Outcome::Durable {
-                    inserted: batch.len(),
-                };
+                return durable(job, ctx, batch.len(), &rejected, excluded.len());
+            }
+            Err(e) if deadline_passed(&e) => {
+                // It reached the server too late and stored nothing: the
+                // clocks moved apart, or the request was held on the way.
+                tracing::warn!(partition = %p, attempt, "insert reached ClickHouse after its deadline; retrying");
+                telemetry::insert_retried(&req_table, "deadline");
+                if let Err(e) = ctx.ch.server_now().await {
+                    tracing::warn!(error = %e, "cannot read the server's clock");
+                }
+                backoff.wait().await;
             }
             Err(e) if !e.is_retriable() => {
                 let Some((offset, row)) = rejected_row(&e, &batch) else {
@@ -228,7 +276,7 @@ async fn attempt_until_done(job: &Job, ctx: &WriterCtx, letters: &mut Vec<Pendin
                 if exactly_once && e.kind != ChErrorKind::Connect {
                     // Something may have reached the server: reconcile first.
                     uncertain = true;
-                    previous = Some((qid, started));
+                    previous = deadline_ms.map(|d| (qid, d));
                 }
                 backoff.wait().await;
             }
@@ -237,15 +285,77 @@ async fn attempt_until_done(job: &Job, ctx: &WriterCtx, letters: &mut Vec<Pendin
     Outcome::Abandoned
 }
 
-/// The row a permanent ClickHouse error names (`(at row N)`, from 1).
+/// The record of `batch` a permanent ClickHouse error names ([`ChError::row`],
+/// from 1), with its encoded row.
 fn rejected_row<'b>(e: &ChError, batch: &'b Batch) -> Option<(Offset, &'b [u8])> {
     if e.kind != ChErrorKind::Server {
         return None;
     }
-    let rest = &e.message[e.message.find("(at row ")? + 8..];
-    let digits = &rest[..rest.find(|c: char| !c.is_ascii_digit())?];
-    let n: usize = digits.parse().ok()?;
-    batch.row(n.checked_sub(1)?)
+    batch.row(e.row?.checked_sub(1)?)
+}
+
+/// The copies in earlier batches that conditional rows of `job` depend on
+/// and that turned out not stored; `None` if that will never be known (the
+/// partition was given up, or an earlier batch failed).
+async fn earlier_uncovered(job: &Job) -> Option<Vec<Offset>> {
+    let Some(first) = job.batch.first() else {
+        return Some(Vec::new());
+    };
+    let mut uncovered = Vec::new();
+    for &(_, copy) in job.conditional.iter().filter(|c| c.1 < first) {
+        let covered = tokio::select! {
+            c = job.fates.covered(copy) => c?,
+            _ = job.abandon.cancelled() => return None,
+        };
+        if !covered {
+            uncovered.push(copy);
+        }
+    }
+    Some(uncovered)
+}
+
+/// Two ascending offset lists as one.
+fn merged(a: &[Offset], b: &[Offset]) -> Vec<Offset> {
+    let mut all: Vec<Offset> = a.iter().chain(b).copied().collect();
+    all.sort_unstable();
+    all
+}
+
+/// The outcome of a batch whose rows are stored; a rejected row carries its
+/// business key (read back from the row) so the dedup window can forget it.
+fn durable(
+    job: &Job,
+    ctx: &WriterCtx,
+    inserted: usize,
+    rejected: &[Offset],
+    excluded: usize,
+) -> Outcome {
+    let encoder = &ctx.encoders[job.route_idx];
+    let batch = &job.batch;
+    let rejected = rejected
+        .iter()
+        .map(|&o| {
+            let key = batch
+                .offsets()
+                .position(|x| x == o)
+                .and_then(|i| batch.row(i))
+                .and_then(|(_, row)| encoder.original(row))
+                .and_then(|value| {
+                    let mut scratch = Vec::new();
+                    let p = batch.partition.partition;
+                    encoder
+                        .encode_keyed(Some(&value), p, o.0, &mut scratch)
+                        .ok()
+                        .flatten()
+                });
+            (o, key)
+        })
+        .collect();
+    Outcome::Durable {
+        inserted,
+        rejected,
+        excluded,
+    }
 }
 
 /// Fences the previous attempt, then drops the rows of `batch` ClickHouse
@@ -254,10 +364,10 @@ async fn reconcile(
     job: &Job,
     batch: &Batch,
     ctx: &WriterCtx,
-    previous: Option<&(String, Instant)>,
+    previous: Option<&(String, i64)>,
 ) -> Result<Batch, ChError> {
-    if let Some((qid, started)) = previous {
-        ctx.ch.fence_attempt(qid, *started).await?;
+    if let Some((qid, deadline_ms)) = previous {
+        ctx.ch.fence_attempt(qid, *deadline_ms).await?;
     }
     let (Some(first), Some(last)) = (batch.first(), batch.last()) else {
         return Ok(batch.clone());
@@ -324,12 +434,9 @@ mod tests {
         b.take().unwrap()
     }
 
+    /// A server answer, parsed as the client's errors are.
     fn server(message: &str) -> ChError {
-        ChError {
-            kind: ChErrorKind::Server,
-            code: Some(27),
-            message: message.into(),
-        }
+        ChError::from_response(format!("Code: 27. DB::Exception: {message}"))
     }
 
     #[test]
@@ -352,6 +459,7 @@ mod tests {
         let timeout = ChError {
             kind: ChErrorKind::Timeout,
             code: None,
+            row: Some(1),
             message: "(at row 1)".into(),
         };
         assert_eq!(rejected_row(&timeout, &b), None);

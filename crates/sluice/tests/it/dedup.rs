@@ -145,3 +145,107 @@ async fn resend_sends_only_the_records_the_table_lacks() {
     assert_eq!((got.rows, got.distinct_ids), (1500, 1500));
     assert_eq!(missing_ids(&ch, &table, 1500).await, 0);
 }
+
+/// Key dedup after a rejection (issue 11, item 3): a copy ClickHouse
+/// rejects into the DLQ does not stand for its key, so the corrected record
+/// that follows lands: whether it comes in the same batch as the rejected
+/// copy (`rows_per_batch` 100) or in a later one while the rejected copy is
+/// still in flight or already settled (1 row a batch). Copies of a key whose
+/// row is stored are still dropped.
+async fn a_rejected_copy_does_not_hide_its_key(rows_per_batch: usize) {
+    let topic = unique("dedup_reject");
+    let dlq_topic = unique("dedup_reject_dlq");
+    create_topic(&topic, 1).await;
+    create_topic(&dlq_topic, 1).await;
+    let ch = ch();
+    let db = unique("it");
+    exec(&ch, &format!("CREATE DATABASE IF NOT EXISTS {db}")).await;
+    let table = format!("{db}.events");
+    exec(
+        &ch,
+        &format!(
+            "CREATE TABLE {table} (id UInt64, n UInt64,
+                _topic LowCardinality(String), _partition UInt32, _offset UInt64)
+             ENGINE = MergeTree ORDER BY (_topic, _partition, _offset)
+             SETTINGS non_replicated_deduplication_window = 0"
+        ),
+    )
+    .await;
+    // 1 bad, 2 good, 1 corrected, 2 again (a retry), 3 bad, 3 bad again,
+    // 3 corrected, 3 again.
+    let values: Vec<Option<String>> = [
+        r#"{"id":1,"n":"not-a-number"}"#,
+        r#"{"id":2,"n":2}"#,
+        r#"{"id":1,"n":1}"#,
+        r#"{"id":2,"n":2}"#,
+        r#"{"id":3,"n":"x"}"#,
+        r#"{"id":3,"n":"y"}"#,
+        r#"{"id":3,"n":3}"#,
+        r#"{"id":3,"n":3}"#,
+    ]
+    .iter()
+    .map(|v| Some(v.to_string()))
+    .collect();
+    let (b, t) = (brokers(), topic.clone());
+    tokio::task::spawn_blocking(move || sluice::lab::poison::produce(&b, &t, 1, &values))
+        .await
+        .unwrap()
+        .unwrap();
+    let mut spec = SinkSpec::new(&topic, &table);
+    spec.dedup_key = Some("id");
+    spec.dlq_topic = Some(dlq_topic.clone());
+    spec.max_batch_rows = rows_per_batch;
+    let mut sink = spec.start();
+    let (b, t) = (brokers(), dlq_topic.clone());
+    let dlq = tokio::task::spawn_blocking(move || {
+        sluice::lab::poison::read_dlq(&b, &t, 3, Duration::from_secs(90))
+    })
+    .await
+    .unwrap()
+    .unwrap();
+    let mut rows: Vec<(u64, u64, u64)> = Vec::new();
+    for _ in 0..60 {
+        rows = ch
+            .query(&format!("SELECT id, n, _offset FROM {table} ORDER BY _offset"))
+            .fetch_all()
+            .await
+            .unwrap();
+        if rows.len() >= 3 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    // Let anything late land before judging.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let again: Vec<(u64, u64, u64)> = ch
+        .query(&format!("SELECT id, n, _offset FROM {table} ORDER BY _offset"))
+        .fetch_all()
+        .await
+        .unwrap();
+    assert_eq!(rows, again);
+    assert!(sink.stop(Duration::from_secs(30)), "{}", sink.log_tail());
+    assert_eq!(
+        rows,
+        vec![(2, 2, 1), (1, 1, 2), (3, 3, 6)],
+        "{}",
+        sink.log_tail()
+    );
+    let mut offsets: Vec<i64> = dlq.iter().map(|e| e.offset).collect();
+    offsets.sort();
+    assert_eq!(offsets, vec![0, 4, 5], "{dlq:?}");
+    assert!(dlq.iter().all(|e| e.kind == "rejected"), "{dlq:?}");
+    // The stop line counts the rows that went to the DLQ.
+    let log = std::fs::read_to_string(&sink.log).unwrap();
+    let stop = log.lines().rfind(|l| l.contains("stopped")).unwrap_or("");
+    assert!(stop.contains("dlq=3"), "{stop}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rejected_copy_does_not_hide_its_key_in_one_batch() {
+    a_rejected_copy_does_not_hide_its_key(100).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rejected_copy_does_not_hide_its_key_across_batches() {
+    a_rejected_copy_does_not_hide_its_key(1).await;
+}

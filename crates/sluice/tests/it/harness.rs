@@ -192,6 +192,10 @@ pub struct SinkSpec {
     pub metrics_listen: Option<String>,
     pub dlq_topic: Option<String>,
     pub required: Vec<String>,
+    /// `[kafka] auto_offset_reset` (`earliest` when unset).
+    pub auto_offset_reset: Option<String>,
+    /// `[kafka] instance_id` (static membership).
+    pub instance_id: Option<String>,
 }
 
 impl SinkSpec {
@@ -212,6 +216,8 @@ impl SinkSpec {
             metrics_listen: None,
             dlq_topic: None,
             required: Vec::new(),
+            auto_offset_reset: None,
+            instance_id: None,
         }
     }
 
@@ -234,6 +240,8 @@ impl SinkSpec {
             dlq_topic: self.dlq_topic.clone(),
             required: self.required.clone(),
             max_record_bytes: None,
+            auto_offset_reset: self.auto_offset_reset.clone(),
+            instance_id: self.instance_id.clone(),
         }
         .start_with(env!("CARGO_BIN_EXE_sluice").as_ref())
         .expect("starting sluice")

@@ -36,7 +36,7 @@ fn quick_matrix_exactly_once_is_clean_and_baselines_fail() {
     assert!(out.status.success(), "sluice lab failed: {stderr}");
     let cells: Vec<Cell> = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
     eprintln!("{}", std::fs::read_to_string(&md).unwrap());
-    assert_eq!(cells.len(), 12 * 4, "every scenario × mode: {cells:?}");
+    assert_eq!(cells.len(), 13 * 4, "every scenario × mode: {cells:?}");
     let producer_side = ["producer-retry", "manual-resend"];
     let cell = |s: &str, m: &str| {
         cells
@@ -87,6 +87,10 @@ fn quick_matrix_exactly_once_is_clean_and_baselines_fail() {
             "{m}"
         );
         assert!(cell("crash-replay", m).duplicates > 0, "{m}");
+        // A request delivered after the client gave up lands as well as
+        // its retry: no window catches it.
+        let late = cell("late-insert", m);
+        assert!(late.fault_injected && late.duplicates > 0, "{late:?}");
         // The dedup window catches a same-bytes re-submit while it holds.
         assert_eq!(
             cell("resubmit-after-timeout/window-large", m).duplicates,

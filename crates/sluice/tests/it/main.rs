@@ -16,4 +16,6 @@ mod faults;
 mod lab;
 mod metrics;
 mod ops;
+mod reject;
+mod resume;
 mod send;

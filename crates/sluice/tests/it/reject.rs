@@ -1,0 +1,341 @@
+//! ClickHouse refusing a row: a value its column cannot hold goes to the DLQ
+//! as `rejected`, named by the row the server reports, and every other
+//! record lands once; the sink never stalls retrying a refusal. A permanent
+//! refusal that names no row stops the sink with the cause.
+
+use crate::harness::*;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use sluice::lab::poison;
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+/// One column type family: its column, a value it takes, and a value JSON
+/// can carry but ClickHouse refuses for that column alone (each checked
+/// against the stack's server with the sink's insert settings; the lenient
+/// JSON input reads, e.g., a number for a `Bool` only as 0 or 1, and takes
+/// any JSON value for a `String` but a lone UTF-16 surrogate).
+struct Family {
+    column: &'static str,
+    ty: &'static str,
+    good: &'static str,
+    bad: &'static str,
+}
+
+const FAMILIES: &[Family] = &[
+    Family {
+        column: "e",
+        ty: "Enum8('a' = 1, 'b' = 2)",
+        good: r#""a""#,
+        bad: r#""zz""#,
+    },
+    Family {
+        column: "u",
+        ty: "UUID",
+        good: r#""61f0c404-5cb3-11e7-907b-a6006ad3dba0""#,
+        bad: r#""not-a-uuid""#,
+    },
+    Family {
+        column: "ip4",
+        ty: "IPv4",
+        good: r#""10.0.0.1""#,
+        bad: r#""1.2.3.999""#,
+    },
+    Family {
+        column: "ip6",
+        ty: "IPv6",
+        good: r#""2001:db8::1""#,
+        bad: r#""zz::""#,
+    },
+    Family {
+        column: "b",
+        ty: "Bool",
+        good: "true",
+        bad: "5",
+    },
+    Family {
+        column: "d",
+        ty: "Date",
+        good: r#""2024-01-02""#,
+        bad: r#""yesterday""#,
+    },
+    Family {
+        column: "dt",
+        ty: "DateTime64(3)",
+        good: r#""2024-01-02 03:04:05.678""#,
+        bad: r#""yesterday""#,
+    },
+    Family {
+        column: "dec",
+        ty: "Decimal(9, 2)",
+        good: r#""12.34""#,
+        bad: "12345678.9",
+    },
+    Family {
+        column: "arr",
+        ty: "Array(UInt8)",
+        good: "[1,2]",
+        bad: r#""x""#,
+    },
+    Family {
+        column: "m",
+        ty: "Map(String, UInt8)",
+        good: r#"{"k":1}"#,
+        bad: r#"{"k":"x"}"#,
+    },
+    Family {
+        column: "tup",
+        ty: "Tuple(UInt8, String)",
+        good: r#"[1,"x"]"#,
+        bad: "[1]",
+    },
+    Family {
+        column: "fs",
+        ty: "FixedString(2)",
+        good: r#""ab""#,
+        bad: r#""abc""#,
+    },
+    Family {
+        column: "lc",
+        ty: "LowCardinality(String)",
+        good: r#""x""#,
+        bad: r#""\ud800""#,
+    },
+    Family {
+        column: "nu",
+        ty: "Nullable(UInt8)",
+        good: "null",
+        bad: r#""x""#,
+    },
+    // The table's `CHECK n < 1000`.
+    Family {
+        column: "n",
+        ty: "UInt32",
+        good: "1",
+        bad: "5000",
+    },
+];
+
+/// Good records before each bad one, and after the last.
+const GOOD_RUN: usize = 3;
+
+/// A record value: every family's good value, but `bad`'s bad one.
+fn record(bad: Option<&Family>) -> String {
+    let fields: Vec<String> = FAMILIES
+        .iter()
+        .map(|f| {
+            let v = match bad {
+                Some(b) if b.column == f.column => b.bad,
+                _ => f.good,
+            };
+            format!(r#""{}":{v}"#, f.column)
+        })
+        .collect();
+    format!("{{{}}}", fields.join(","))
+}
+
+async fn create_typed_table(client: &clickhouse::Client) -> String {
+    let db = unique("it");
+    exec(client, &format!("CREATE DATABASE IF NOT EXISTS {db}")).await;
+    let columns: Vec<String> = FAMILIES
+        .iter()
+        .map(|f| format!("{} {}", f.column, f.ty))
+        .collect();
+    exec(
+        client,
+        &format!(
+            "CREATE TABLE {db}.typed (
+                {},
+                _topic LowCardinality(String),
+                _partition UInt32,
+                _offset UInt64,
+                CONSTRAINT c CHECK n < 1000
+            ) ENGINE = MergeTree ORDER BY (_topic, _partition, _offset)
+            SETTINGS non_replicated_deduplication_window = 0",
+            columns.join(",\n")
+        ),
+    )
+    .await;
+    format!("{db}.typed")
+}
+
+/// The group's committed position on partition 0 of `topic`.
+fn committed(group: &str, topic: &str) -> Option<i64> {
+    let c: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers())
+        .set("group.id", group)
+        .create()
+        .ok()?;
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition(topic, 0);
+    let got = c.committed_offsets(tpl, Duration::from_secs(10)).ok()?;
+    match got.find_partition(topic, 0)?.offset() {
+        Offset::Offset(o) => Some(o),
+        _ => None,
+    }
+}
+
+/// The offsets stored in `table`: all of them, and how many distinct.
+async fn stored_offsets(client: &clickhouse::Client, table: &str) -> (Vec<u64>, u64) {
+    client
+        .query(&format!(
+            "SELECT arraySort(groupArray(_offset)), uniqExact(_offset) FROM {table}"
+        ))
+        .fetch_one::<(Vec<u64>, u64)>()
+        .await
+        .unwrap_or_else(|e| panic!("reading {table}: {e}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_refused_value_goes_to_the_dlq_and_the_rest_lands_once() {
+    let topic = unique("reject");
+    let dlq_topic = unique("reject_dlq");
+    create_topic(&topic, 1).await;
+    create_topic(&dlq_topic, 1).await;
+    // GOOD_RUN good records, one bad one per family, …, GOOD_RUN good ones.
+    let mut values = Vec::new();
+    let mut bad_offsets: Vec<(i64, &'static str)> = Vec::new();
+    for f in FAMILIES {
+        values.extend((0..GOOD_RUN).map(|_| Some(record(None))));
+        bad_offsets.push((values.len() as i64, f.column));
+        values.push(Some(record(Some(f))));
+    }
+    values.extend((0..GOOD_RUN).map(|_| Some(record(None))));
+    let total = values.len() as i64;
+    let bad: BTreeSet<i64> = bad_offsets.iter().map(|b| b.0).collect();
+    let good: Vec<u64> = (0..total)
+        .filter(|o| !bad.contains(o))
+        .map(|o| o as u64)
+        .collect();
+    let t = topic.clone();
+    tokio::task::spawn_blocking(move || poison::produce(&brokers(), &t, 1, &values))
+        .await
+        .unwrap()
+        .unwrap();
+
+    let ch = ch();
+    let table = create_typed_table(&ch).await;
+    let mut spec = SinkSpec::new(&topic, &table);
+    spec.dlq_topic = Some(dlq_topic.clone());
+    // Several batches, most holding a bad row not at their start.
+    spec.max_batch_rows = 10;
+    let mut sink = spec.start();
+
+    // The position moves past every record: nothing is retried for ever.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let c = committed(&spec.group, &topic);
+        if c == Some(total) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "committed {c:?}, want {total}; {}",
+            sink.log_tail()
+        );
+        assert!(sink.is_running(), "sluice stopped: {}", sink.log_tail());
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+
+    let (offsets, distinct) = stored_offsets(&ch, &table).await;
+    assert_eq!(
+        (offsets.len(), distinct),
+        (good.len(), good.len() as u64),
+        "{}",
+        sink.log_tail()
+    );
+    assert_eq!(offsets, good, "{}", sink.log_tail());
+
+    let n_bad = bad.len();
+    let d = dlq_topic.clone();
+    let entries = tokio::task::spawn_blocking(move || {
+        poison::read_dlq(&brokers(), &d, n_bad, Duration::from_secs(60))
+    })
+    .await
+    .unwrap()
+    .unwrap();
+    let got: BTreeSet<(i64, String)> = entries
+        .iter()
+        .map(|e| (e.offset, e.kind.clone()))
+        .collect();
+    let want: BTreeSet<(i64, String)> = bad.iter().map(|&o| (o, "rejected".into())).collect();
+    assert_eq!(
+        got,
+        want,
+        "families by offset: {bad_offsets:?}; DLQ: {entries:#?}; {}",
+        sink.log_tail()
+    );
+    assert!(
+        entries
+            .iter()
+            .all(|e| e.source_topic == topic && e.partition == 0),
+        "{entries:#?}"
+    );
+    assert!(
+        entries
+            .iter()
+            .all(|e| e.reason.starts_with("ClickHouse error ")),
+        "{entries:#?}"
+    );
+    let enum_at = bad_offsets[0].0;
+    assert!(
+        entries
+            .iter()
+            .any(|e| e.offset == enum_at && e.reason.contains("ClickHouse error 691")),
+        "{entries:#?}"
+    );
+    // Each bad record once: nothing more arrives.
+    let d = dlq_topic.clone();
+    let again = tokio::task::spawn_blocking(move || {
+        poison::read_dlq(&brokers(), &d, n_bad + 1, Duration::from_secs(5))
+    })
+    .await
+    .unwrap()
+    .unwrap();
+    assert_eq!(again.len(), n_bad, "{again:#?}");
+    assert!(sink.is_running(), "{}", sink.log_tail());
+    sink.stop(Duration::from_secs(30));
+}
+
+/// Waits for the sink to exit and returns its exit code and log.
+fn exit_of(mut sink: Sink, timeout: Duration) -> (Option<i32>, String) {
+    let deadline = Instant::now() + timeout;
+    while sink.is_running() {
+        assert!(
+            Instant::now() < deadline,
+            "sluice kept running: {}",
+            sink.log_tail()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let code = sink.exit_code();
+    (code, std::fs::read_to_string(&sink.log).unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusal_naming_no_row_stops_the_sink_with_its_cause() {
+    let (topic, table, ch) = setup("reject_norow", 1, 50).await;
+    let dlq_topic = unique("reject_norow_dlq");
+    create_topic(&dlq_topic, 1).await;
+    let mut spec = SinkSpec::new(&topic, &table);
+    spec.dlq_topic = Some(dlq_topic);
+    let sink = spec.start();
+    let got = wait_for(&ch, &table, 50, Duration::from_secs(60)).await;
+    assert_eq!(got.distinct_offsets, 50);
+
+    // The table goes away under the running sink: every insert from now on
+    // is refused (UNKNOWN_TABLE), and no row is to blame.
+    exec(&ch, &format!("DROP TABLE {table} SYNC")).await;
+    let t = topic.clone();
+    tokio::task::spawn_blocking(move || produce(&t, 1, 50, 10))
+        .await
+        .unwrap();
+    let (code, log) = tokio::task::spawn_blocking(move || exit_of(sink, Duration::from_secs(90)))
+        .await
+        .unwrap();
+    assert_eq!(code, Some(2), "{log}");
+    assert!(
+        log.contains("ClickHouse error 60") && log.contains("does not exist"),
+        "{log}"
+    );
+}
