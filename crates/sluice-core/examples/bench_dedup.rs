@@ -67,7 +67,11 @@ fn main() {
     let before = rss_bytes();
     let mut w = KeyWindow::new(Duration::from_secs(3600), usize::MAX);
     for k in 0..keys {
-        w.check(xorshift(k) as u128 | ((k as u128) << 64), Some(0));
+        w.check(
+            xorshift(k) as u128 | ((k as u128) << 64),
+            Some(0),
+            Offset(k as i64),
+        );
     }
     let per_key = (rss_bytes().saturating_sub(before)) as f64 / keys as f64;
     assert_eq!(w.len() as u64, keys);
@@ -134,7 +138,7 @@ fn run(records: &[Vec<u8>], enc: &RowEncoder, mut window: Option<KeyWindow>) -> 
                 .map(|_| true),
             Some(w) => b.push_or_skip(o, now, |buf| {
                 Ok(match enc.encode_keyed(Some(r), 0, o.0, buf)? {
-                    Some(k) => w.check(k, Some(i as i64)) == Seen::New,
+                    Some(k) => w.check(k, Some(i as i64), o) == Seen::New,
                     None => true,
                 })
             }),

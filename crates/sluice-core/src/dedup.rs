@@ -16,9 +16,9 @@
 //! forgetting the oldest keys first, which shortens the window and is
 //! counted in [`KeyWindow::evicted_early`].
 
+use crate::offset::Offset;
 use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hash, Hasher};
-use crate::offset::Offset;
 use std::time::Duration;
 use xxhash_rust::xxh3::Xxh3;
 
@@ -45,7 +45,9 @@ pub enum Seen {
     New,
     /// A copy of the key was written within the window, at offset `of`
     /// (below every offset of the partition for a key rebuilt from the table).
-    Duplicate { of: Offset },
+    Duplicate {
+        of: Offset,
+    },
 }
 
 /// The offset recorded for keys rebuilt from the table: durable long ago.
@@ -142,11 +144,19 @@ impl KeyWindow {
         self.remember(Stored::from(key), ts);
     }
 
-    /// The copy at `offset` now stands for `key` (it was written on the
-    /// condition that the copy before it is not stored).
-    pub fn replace_copy(&mut self, key: KeyHash, offset: Offset) {
-        if let Some(e) = self.latest.get_mut(&Stored::from(key)) {
+    /// The copy at `offset`, with timestamp `ts_ms`, now stands for `key`
+    /// (it was written on the condition that the copy before it is not
+    /// stored); the key is remembered from its time on.
+    pub fn replace_copy(&mut self, key: KeyHash, ts_ms: Option<i64>, offset: Offset) {
+        let ts = self.advance(ts_ms);
+        let key = Stored::from(key);
+        if let Some(e) = self.latest.get_mut(&key) {
             e.1 = offset;
+            if ts > e.0 {
+                e.0 = ts;
+                self.order.push_back((ts, key));
+                self.enforce_cap();
+            }
         }
     }
 
@@ -238,7 +248,9 @@ pub enum Verdict {
     Drop,
     /// The copy at `copy` is still in flight: write the record on the
     /// condition that the copy is not stored ([`conditional_excluded`]).
-    WriteUnless { copy: Offset },
+    WriteUnless {
+        copy: Offset,
+    },
 }
 
 pub fn verdict(seen: Seen, settled: crate::offset::NextOffset) -> Verdict {
@@ -288,11 +300,20 @@ mod tests {
         let mut w = KeyWindow::new(Duration::from_secs(3600), 1_000_000);
         let k = key_hash([b"1001".as_slice()]);
         assert_eq!(w.check(k, Some(0), Offset(0)), Seen::New);
-        assert_eq!(w.check(k, Some(30 * MIN), Offset(0)), Seen::Duplicate { of: Offset(0) });
-        assert_eq!(w.check(k, Some(60 * MIN), Offset(0)), Seen::Duplicate { of: Offset(0) });
+        assert_eq!(
+            w.check(k, Some(30 * MIN), Offset(0)),
+            Seen::Duplicate { of: Offset(0) }
+        );
+        assert_eq!(
+            w.check(k, Some(60 * MIN), Offset(0)),
+            Seen::Duplicate { of: Offset(0) }
+        );
         // Past the window the key is forgotten and written again.
         assert_eq!(w.check(k, Some(61 * MIN), Offset(0)), Seen::New);
-        assert_eq!(w.check(k, Some(62 * MIN), Offset(0)), Seen::Duplicate { of: Offset(0) });
+        assert_eq!(
+            w.check(k, Some(62 * MIN), Offset(0)),
+            Seen::Duplicate { of: Offset(0) }
+        );
         assert_eq!(w.len(), 1);
     }
 
@@ -303,7 +324,10 @@ mod tests {
         assert_eq!(w.check(a, Some(10 * MIN), Offset(0)), Seen::New);
         // A late record: older than the stream time, still within the window.
         assert_eq!(w.check(b, Some(10 * MIN - 30_000), Offset(0)), Seen::New);
-        assert_eq!(w.check(b, None, Offset(0)), Seen::Duplicate { of: Offset(0) });
+        assert_eq!(
+            w.check(b, None, Offset(0)),
+            Seen::Duplicate { of: Offset(0) }
+        );
         // The stream moves on two minutes: both are gone.
         assert_eq!(
             w.check(key_hash([b"c".as_slice()]), Some(12 * MIN), Offset(0)),
@@ -322,20 +346,50 @@ mod tests {
         assert_eq!(w.len(), 3);
         assert_eq!(w.evicted_early(), 2);
         assert_eq!(w.check(0, Some(6), Offset(0)), Seen::New, "evicted early");
-        assert_eq!(w.check(4, Some(6), Offset(0)), Seen::Duplicate { of: Offset(0) });
+        assert_eq!(
+            w.check(4, Some(6), Offset(0)),
+            Seen::Duplicate { of: Offset(0) }
+        );
     }
 
     #[test]
     fn a_rejected_copy_is_forgotten_unless_a_later_copy_stands() {
         let mut w = KeyWindow::new(Duration::from_secs(3600), 100);
         assert_eq!(w.check(7, Some(0), Offset(10)), Seen::New);
-        assert_eq!(w.check(7, Some(1), Offset(11)), Seen::Duplicate { of: Offset(10) });
-        w.replace_copy(7, Offset(11));
+        assert_eq!(
+            w.check(7, Some(1), Offset(11)),
+            Seen::Duplicate { of: Offset(10) }
+        );
+        w.replace_copy(7, Some(1), Offset(11));
         // 10 was rejected, but 11 stands for the key now.
         w.forget(7, Offset(10));
-        assert_eq!(w.check(7, Some(2), Offset(12)), Seen::Duplicate { of: Offset(11) });
+        assert_eq!(
+            w.check(7, Some(2), Offset(12)),
+            Seen::Duplicate { of: Offset(11) }
+        );
         w.forget(7, Offset(11));
         assert_eq!(w.check(7, Some(3), Offset(13)), Seen::New);
+    }
+
+    #[test]
+    fn the_copy_that_stands_for_a_key_is_remembered_from_its_own_time() {
+        let mut w = KeyWindow::new(Duration::from_secs(3600), 100);
+        assert_eq!(w.check(7, Some(0), Offset(1)), Seen::New);
+        // 50 minutes later, a copy written while the first is in flight...
+        assert_eq!(
+            w.check(7, Some(50 * MIN), Offset(2)),
+            Seen::Duplicate { of: Offset(1) }
+        );
+        w.replace_copy(7, Some(50 * MIN), Offset(2));
+        // ...the first is rejected, the second stored.
+        w.forget(7, Offset(1));
+        // 70 minutes after the first, 20 after the copy stored: a duplicate.
+        assert_eq!(
+            w.check(7, Some(70 * MIN), Offset(3)),
+            Seen::Duplicate { of: Offset(2) }
+        );
+        // And forgotten a window after the copy's own time.
+        assert_eq!(w.check(7, Some(111 * MIN), Offset(4)), Seen::New);
     }
 
     #[test]
@@ -350,7 +404,10 @@ mod tests {
         assert_eq!(v(Seen::New, 0), Verdict::Write);
         assert_eq!(v(Seen::Duplicate { of: o(4) }, 5), Verdict::Drop);
         assert_eq!(v(Seen::Duplicate { of: SEEDED }, 0), Verdict::Drop);
-        assert_eq!(v(Seen::Duplicate { of: o(5) }, 5), Verdict::WriteUnless { copy: o(5) });
+        assert_eq!(
+            v(Seen::Duplicate { of: o(5) }, 5),
+            Verdict::WriteUnless { copy: o(5) }
+        );
     }
 
     #[test]
@@ -413,7 +470,7 @@ mod tests {
                         Verdict::Write => rows.push(o),
                         Verdict::Drop => {}
                         Verdict::WriteUnless { copy } => {
-                            w.replace_copy(1, o);
+                            w.replace_copy(1, Some(0), o);
                             rows.push(o);
                             cond.push((o, copy));
                         }

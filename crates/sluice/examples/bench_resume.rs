@@ -86,6 +86,7 @@ async fn main() -> anyhow::Result<()> {
         insert_timeout: Duration::from_secs(30),
         settings: Default::default(),
         read_settings: Default::default(),
+        cluster: None,
     };
     let ch = ClickHouse::connect(
         &cfg,

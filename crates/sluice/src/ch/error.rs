@@ -234,19 +234,21 @@ fn parse_code(text: &str) -> Option<u32> {
 /// `CONSTRAINT … CHECK`). The first mention counts; row 0, a missing number
 /// or one that does not fit are no row.
 fn parse_row(text: &str) -> Option<usize> {
-    ["(at row ", "violated at row "].into_iter().find_map(|marker| {
-        let at = text.find(marker)? + marker.len();
-        let rest = &text[at..];
-        let end = rest
-            .find(|c: char| !c.is_ascii_digit())
-            .unwrap_or(rest.len());
-        let closed = match marker {
-            "(at row " => rest[end..].starts_with(')'),
-            _ => true,
-        };
-        let n: usize = rest[..end].parse().ok()?;
-        (closed && n > 0).then_some(n)
-    })
+    ["(at row ", "violated at row "]
+        .into_iter()
+        .find_map(|marker| {
+            let at = text.find(marker)? + marker.len();
+            let rest = &text[at..];
+            let end = rest
+                .find(|c: char| !c.is_ascii_digit())
+                .unwrap_or(rest.len());
+            let closed = match marker {
+                "(at row " => rest[end..].starts_with(')'),
+                _ => true,
+            };
+            let n: usize = rest[..end].parse().ok()?;
+            (closed && n > 0).then_some(n)
+        })
 }
 
 #[cfg(test)]
@@ -258,13 +260,18 @@ mod tests {
     }
 
     fn server(code: u32) -> ChError {
-        answer(&format!("Code: {code}. DB::Exception: something. (SOMETHING)"))
+        answer(&format!(
+            "Code: {code}. DB::Exception: something. (SOMETHING)"
+        ))
     }
 
     #[test]
     fn codes_are_parsed_and_classified() {
         let e = answer("Code: 60. DB::Exception: Table default.x does not exist. (UNKNOWN_TABLE)");
-        assert_eq!((e.kind, e.code, e.row), (ChErrorKind::Server, Some(60), None));
+        assert_eq!(
+            (e.kind, e.code, e.row),
+            (ChErrorKind::Server, Some(60), None)
+        );
         assert!(!e.is_retriable());
         let e = answer("Code: 252. DB::Exception: Too many parts");
         assert_eq!(e.code, Some(252));
@@ -285,7 +292,9 @@ mod tests {
         }
         // Data the column refuses, a table or user that is wrong, a read-only
         // user, our own deadline (`throwIf`), and codes nobody listed.
-        for code in [691, 27, 6, 53, 60, 81, 349, 469, 497, 164, 395, 774, 999_999, 0] {
+        for code in [
+            691, 27, 6, 53, 60, 81, 349, 469, 497, 164, 395, 774, 999_999, 0,
+        ] {
             assert!(!server(code).is_retriable(), "{code} should be permanent");
         }
     }

@@ -32,7 +32,6 @@ use bytes::Bytes;
 use sluice_core::dedup::{key_hash, KeyHash};
 use sluice_core::{MetadataColumns, Offset};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -69,8 +68,11 @@ pub struct ClickHouse {
     /// The user's own settings, which defaults never replace.
     user_settings: Vec<String>,
     columns: MetadataColumns,
-    /// The server's clock minus the client's, in ms, as last measured.
-    clock_offset_ms: Arc<AtomicI64>,
+    /// The server's clock, as measured from here.
+    clock: Arc<ServerClock>,
+    /// Look for attempts in the process lists of every replica of this
+    /// cluster (`clusterAllReplicas`), not only the server answering.
+    cluster: Option<String>,
 }
 
 impl ClickHouse {
@@ -140,16 +142,17 @@ impl ClickHouse {
                 .cloned()
                 .collect(),
             columns,
-            clock_offset_ms: Arc::new(AtomicI64::new(0)),
+            clock: Arc::default(),
+            cluster: cfg.cluster.clone(),
         };
-        ch.server_now().await?;
+        ch.server_now(true).await?;
         Ok(ch)
     }
 
-    /// The server's clock (Unix ms); also refreshes the estimate of how far
-    /// it is from the client's.
-    pub async fn server_now(&self) -> Result<i64, ChError> {
-        let before = unix_ms();
+    /// The server's clock (Unix ms); also a new reading of it, kept if it is
+    /// the most precise one yet (or always, with `force`: the clock moved).
+    pub async fn server_now(&self, force: bool) -> Result<i64, ChError> {
+        let before = Instant::now();
         let now: i64 = self
             .bounded(
                 self.client
@@ -157,24 +160,14 @@ impl ClickHouse {
                     .fetch_one(),
             )
             .await?;
-        self.observe_clock(now, before);
+        self.clock.observe(now, before, Instant::now(), force);
         Ok(now)
-    }
-
-    /// Records a server reading `server_ms` taken by a request sent at
-    /// `sent_ms` (client clock).
-    fn observe_clock(&self, server_ms: i64, sent_ms: i64) {
-        let rtt = unix_ms().saturating_sub(sent_ms).max(0);
-        self.clock_offset_ms
-            .store(server_ms - (sent_ms + rtt / 2), Ordering::Relaxed);
     }
 
     /// The deadline for an attempt starting now: `insert_timeout` from now,
     /// on the server's clock.
     pub fn deadline(&self) -> i64 {
-        unix_ms()
-            + self.clock_offset_ms.load(Ordering::Relaxed)
-            + self.insert_timeout.as_millis() as i64
+        self.clock.now_ms() + self.insert_timeout.as_millis() as i64
     }
 
     /// The engine of `route`'s table (empty: no such table).
@@ -194,27 +187,9 @@ impl ClickHouse {
     /// Adds the settings that make the protocol's reads consistent on a
     /// table with `engine` (see the module header), where the user set none.
     pub fn consistent_for(&mut self, engine: &str) {
-        let (insert, read): (&[(&str, &str)], &[(&str, &str)]) = if engine.starts_with("Replicated")
-        {
-            (
-                &[("insert_quorum", "auto"), ("insert_quorum_parallel", "0")],
-                &[("select_sequential_consistency", "1")],
-            )
-        } else if engine.starts_with("Shared") {
-            (&[], &[("select_sequential_consistency", "1")])
-        } else {
-            (&[], &[])
-        };
-        for (list, wanted) in [
-            (&mut self.insert_settings, insert),
-            (&mut self.read_settings, read),
-        ] {
-            for (k, v) in wanted {
-                if !self.user_settings.iter().any(|u| u == k) && !list.iter().any(|(n, _)| n == k) {
-                    list.push((k.to_string(), v.to_string()));
-                }
-            }
-        }
+        let (insert, read) = consistency_defaults(engine);
+        add_defaults(&mut self.insert_settings, insert, &self.user_settings);
+        add_defaults(&mut self.read_settings, read, &self.user_settings);
     }
 
     /// A read the protocol relies on, with the read settings.
@@ -226,9 +201,14 @@ impl ClickHouse {
         q
     }
 
-    /// The settings of inserts and of protocol reads, for the start-up log.
-    pub fn settings(&self) -> (&[(String, String)], &[(String, String)]) {
-        (&self.insert_settings, &self.read_settings)
+    /// The settings of inserts, for the start-up log.
+    pub fn insert_settings(&self) -> &[(String, String)] {
+        &self.insert_settings
+    }
+
+    /// The settings of protocol reads, for the start-up log.
+    pub fn read_settings(&self) -> &[(String, String)] {
+        &self.read_settings
     }
 
     /// The longest an insert can live on the client and on the server.
@@ -463,21 +443,22 @@ impl ClickHouse {
         let mut until = deadline_ms + CLOCK_MARGIN_MS;
         self.kill(query_id).await;
         loop {
-            let sent = unix_ms();
+            let sent = Instant::now();
             let seen = self
                 .bounded(
-                    self.read(
+                    self.read(&format!(
                         "SELECT toUnixTimestamp64Milli(now64(3)), \
-                         (SELECT count() FROM system.processes WHERE query_id = ?)",
-                    )
-                        .bind(query_id)
-                        .fetch_one::<(i64, u64)>(),
+                         (SELECT count() FROM {} WHERE query_id = ?)",
+                        self.processes()
+                    ))
+                    .bind(query_id)
+                    .fetch_one::<(i64, u64)>(),
                 )
                 .await;
             let now = match seen {
                 Ok((now, 0)) => now,
                 Ok((now, _)) => {
-                    self.observe_clock(now, sent);
+                    self.clock.observe(now, sent, Instant::now(), false);
                     if Instant::now() >= give_up {
                         return Err(ChError::client(format!(
                             "insert {query_id} is still running after a kill and three times its timeout"
@@ -490,29 +471,45 @@ impl ClickHouse {
                 // No view of the processes: the time bound alone decides.
                 Err(e) if e.kind == ChErrorKind::Server => {
                     until = deadline_ms + timeout_ms + CLOCK_MARGIN_MS;
-                    self.server_now().await?
+                    self.server_now(false).await?
                 }
                 Err(e) => return Err(e),
             };
-            self.observe_clock(now, sent);
+            self.clock.observe(now, sent, Instant::now(), false);
             if now > until {
                 return Ok(());
             }
-            tokio::time::sleep(Duration::from_millis((until - now + 1).clamp(1, 1_000) as u64)).await;
+            tokio::time::sleep(Duration::from_millis(
+                (until - now + 1).clamp(1, 1_000) as u64
+            ))
+            .await;
         }
     }
 
-    /// Asks the server to end `query_id` (best effort: it may be gone, or the
-    /// server may not know it).
+    /// Asks the server (every replica of `cluster`) to end `query_id` (best
+    /// effort: it may be gone, or the server may not know it).
     async fn kill(&self, query_id: &str) {
+        let on = self
+            .cluster
+            .as_ref()
+            .map(|c| format!(" ON CLUSTER {}", q(c)))
+            .unwrap_or_default();
         let _ = self
             .bounded(
                 self.client
-                    .query("KILL QUERY WHERE query_id = ? SYNC")
+                    .query(&format!("KILL QUERY{on} WHERE query_id = ? SYNC"))
                     .bind(query_id)
                     .execute(),
             )
             .await;
+    }
+
+    /// The process lists the fence looks in.
+    fn processes(&self) -> String {
+        match &self.cluster {
+            Some(c) => format!("clusterAllReplicas({}, system.processes)", quote_str(c)),
+            None => "system.processes".into(),
+        }
     }
 
     /// A trivial round trip, for readiness.
@@ -547,11 +544,93 @@ async fn bounded<T>(
     }
 }
 
+type Settings = &'static [(&'static str, &'static str)];
+
+/// The settings that make the protocol's reads see every acknowledged insert
+/// on a table with `engine`: `(insert, read)`.
+fn consistency_defaults(engine: &str) -> (Settings, Settings) {
+    if engine.starts_with("Replicated") {
+        (
+            &[("insert_quorum", "auto"), ("insert_quorum_parallel", "0")],
+            &[("select_sequential_consistency", "1")],
+        )
+    } else if engine.starts_with("Shared") {
+        (&[], &[("select_sequential_consistency", "1")])
+    } else {
+        (&[], &[])
+    }
+}
+
+/// Adds each of `wanted` to `list` unless the user set it or it is there.
+fn add_defaults(list: &mut Vec<(String, String)>, wanted: Settings, user: &[String]) {
+    for (k, v) in wanted {
+        if !user.iter().any(|u| u == k) && !list.iter().any(|(n, _)| n == k) {
+            list.push((k.to_string(), v.to_string()));
+        }
+    }
+}
+
 /// The client's wall clock, Unix ms.
 fn unix_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as i64)
+}
+
+/// `'text'`, as a ClickHouse string literal.
+fn quote_str(text: &str) -> String {
+    format!("'{}'", text.replace('\\', "\\\\").replace('\'', "\\'"))
+}
+
+/// How long a reading of the server's clock is preferred over a later one
+/// with a longer round trip.
+const CLOCK_READING_TTL: Duration = Duration::from_secs(300);
+
+/// The server's clock, as read from here: the reading with the shortest round
+/// trip (its error is at most half of it), counted forward on the monotonic
+/// clock, so a step of the client's wall clock changes nothing.
+#[derive(Debug, Default)]
+struct ServerClock(std::sync::Mutex<Option<Reading>>);
+
+#[derive(Debug, Clone, Copy)]
+struct Reading {
+    /// When the server read its clock, on our monotonic clock (mid-trip).
+    at: Instant,
+    server_ms: i64,
+    rtt: Duration,
+}
+
+impl ServerClock {
+    /// A reading `server_ms` by a request sent at `sent` and answered at
+    /// `received`; kept if it is more precise than the one held, or that one
+    /// is old, or `force`.
+    fn observe(&self, server_ms: i64, sent: Instant, received: Instant, force: bool) {
+        let rtt = received.saturating_duration_since(sent);
+        let new = Reading {
+            at: sent + rtt / 2,
+            server_ms,
+            rtt,
+        };
+        let mut held = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let keep_old = held.is_some_and(|old| {
+            !force && old.rtt < rtt && new.at.saturating_duration_since(old.at) < CLOCK_READING_TTL
+        });
+        if !keep_old {
+            *held = Some(new);
+        }
+    }
+
+    /// The server's clock now (Unix ms); the client's wall clock until the
+    /// first reading.
+    fn now_ms(&self) -> i64 {
+        let held = *self.0.lock().unwrap_or_else(|p| p.into_inner());
+        match held {
+            Some(r) => {
+                r.server_ms + Instant::now().saturating_duration_since(r.at).as_millis() as i64
+            }
+            None => unix_ms(),
+        }
+    }
 }
 
 /// Whether `e` is an attempt refusing to start after its deadline: nothing
@@ -562,4 +641,58 @@ pub fn deadline_passed(e: &ChError) -> bool {
 
 fn q(ident: &str) -> String {
     crate::config::quote_ident(ident)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replicated_tables_get_quorum_inserts_and_consistent_reads() {
+        let mut insert = vec![("async_insert".to_string(), "0".to_string())];
+        let mut read = Vec::new();
+        let (i, r) = consistency_defaults("ReplicatedMergeTree");
+        add_defaults(&mut insert, i, &[]);
+        add_defaults(&mut read, r, &[]);
+        assert!(insert.contains(&("insert_quorum".into(), "auto".into())));
+        assert!(insert.contains(&("insert_quorum_parallel".into(), "0".into())));
+        assert_eq!(
+            read,
+            vec![("select_sequential_consistency".into(), "1".into())]
+        );
+        // The user's own choice of a name wins.
+        let mut read = vec![("select_sequential_consistency".to_string(), "0".to_string())];
+        let user = vec![
+            "select_sequential_consistency".to_string(),
+            "insert_quorum".to_string(),
+        ];
+        let mut insert = vec![("insert_quorum".to_string(), "2".to_string())];
+        add_defaults(&mut insert, i, &user);
+        add_defaults(&mut read, r, &user);
+        assert_eq!(
+            read,
+            vec![("select_sequential_consistency".into(), "0".into())]
+        );
+        assert_eq!(insert.len(), 2, "{insert:?}");
+        assert!(!insert.contains(&("insert_quorum".into(), "auto".into())));
+        // Cloud reads; nothing for plain MergeTree.
+        assert_eq!(consistency_defaults("SharedReplacingMergeTree").1.len(), 1);
+        assert_eq!(consistency_defaults("MergeTree"), (&[][..], &[][..]));
+        assert_eq!(
+            consistency_defaults("ReplacingMergeTree"),
+            (&[][..], &[][..])
+        );
+    }
+
+    #[test]
+    fn a_late_attempt_is_recognised_by_its_own_message() {
+        let late = ChError::from(clickhouse::error::Error::BadResponse(format!(
+            "Code: 395. DB::Exception: {DEADLINE_PASSED}: while executing 'FUNCTION throwIf(…)'"
+        )));
+        assert!(deadline_passed(&late));
+        let other = ChError::from(clickhouse::error::Error::BadResponse(
+            "Code: 395. DB::Exception: Value passed to 'throwIf' function is non-zero".into(),
+        ));
+        assert!(!deadline_passed(&other));
+    }
 }

@@ -146,6 +146,11 @@ pub struct RawClickHouse {
     /// on (the resume watermark, reconciliation, the key window, the fence).
     #[serde(default)]
     pub read_settings: BTreeMap<String, String>,
+    /// The cluster whose replicas may run sluice's inserts (several servers
+    /// behind `url`): the fence then looks for an attempt on every replica
+    /// (`clusterAllReplicas`, `KILL QUERY ON CLUSTER`), not only on the
+    /// server that answers.
+    pub cluster: Option<String>,
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -169,8 +174,9 @@ pub struct RawSink {
     #[serde(default, with = "humantime_serde")]
     pub commit_interval: Option<Duration>,
     /// How long a new owner waits before reading ClickHouse when the previous
-    /// owner did not hand the partition over cleanly. Default: insert
-    /// timeout + 5s.
+    /// owner did not hand the partition over cleanly: the previous owner's
+    /// last attempt may start up to an insert timeout after the group let it
+    /// go and run for another. Default: 2 × insert timeout + 5s.
     #[serde(default, with = "humantime_serde")]
     pub fence_wait: Option<Duration>,
     /// A record value larger than this cannot become a row (it goes to the
@@ -282,6 +288,7 @@ pub struct ClickHouseConfig {
     pub insert_timeout: Duration,
     pub settings: BTreeMap<String, String>,
     pub read_settings: BTreeMap<String, String>,
+    pub cluster: Option<String>,
 }
 
 /// The password never reaches a log line through `{:?}`.
@@ -295,6 +302,7 @@ impl std::fmt::Debug for ClickHouseConfig {
             .field("insert_timeout", &self.insert_timeout)
             .field("settings", &self.settings)
             .field("read_settings", &self.read_settings)
+            .field("cluster", &self.cluster)
             .finish()
     }
 }
@@ -705,6 +713,7 @@ impl RawConfig {
                 insert_timeout,
                 settings: self.clickhouse.settings,
                 read_settings: self.clickhouse.read_settings,
+                cluster: self.clickhouse.cluster,
             },
             sink: SinkConfig {
                 delivery: o.delivery.or(s.delivery).unwrap_or_default(),
@@ -718,7 +727,7 @@ impl RawConfig {
                 commit_interval: s.commit_interval.unwrap_or(Duration::from_secs(1)),
                 fence_wait: s
                     .fence_wait
-                    .unwrap_or(insert_timeout + Duration::from_secs(5)),
+                    .unwrap_or(insert_timeout * 2 + Duration::from_secs(5)),
                 max_record_bytes,
                 progress_interval: Some(s.progress_interval.unwrap_or(Duration::from_secs(10)))
                     .filter(|d| !d.is_zero()),
@@ -821,7 +830,7 @@ mod tests {
         let c = load(MIN).unwrap();
         assert_eq!(c.sink.delivery, Delivery::ExactlyOnce);
         assert_eq!(c.routes[0].qualified(), "`shop`.`orders`");
-        assert_eq!(c.sink.fence_wait, Duration::from_secs(35));
+        assert_eq!(c.sink.fence_wait, Duration::from_secs(65));
         assert_eq!(c.kafka.group_id, "sluice");
     }
 

@@ -132,7 +132,7 @@ async fn pipe(client: TcpStream, server: TcpStream, st: Arc<State>, hold: Durati
                 let every = s2.late_every.load(Ordering::SeqCst);
                 let nth = s2.inserts.fetch_add(1, Ordering::SeqCst) + 1;
                 let f = match s2.armed.swap(0, Ordering::SeqCst) {
-                    0 if every > 0 && nth % every == 0 => Fault::LateRequest as u8,
+                    0 if every > 0 && nth.is_multiple_of(every) => Fault::LateRequest as u8,
                     f => f,
                 };
                 if f != 0 {

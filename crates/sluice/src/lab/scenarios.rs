@@ -147,7 +147,7 @@ impl Run {
             delivery,
             max_batch_rows: 1_000,
             insert_timeout: params.insert_timeout,
-            fence_wait: params.insert_timeout + Duration::from_secs(1),
+            fence_wait: params.insert_timeout * 2 + Duration::from_secs(2),
             commit_interval: Duration::from_secs(1),
             max_batch_age: Duration::from_millis(300),
             max_buffered_bytes: 64 << 20,

@@ -54,6 +54,17 @@ impl rdkafka::ClientContext for SinkContext {
 }
 
 impl rdkafka::consumer::ConsumerContext for SinkContext {
+    /// The result of an offset commit: an accepted one proves the group
+    /// coordinator knew this member ([`Lease`]). Never locks the sink: it
+    /// also runs inside sync commits made while the sink is locked.
+    fn commit_callback(
+        &self,
+        result: rdkafka::error::KafkaResult<()>,
+        _offsets: &rdkafka::TopicPartitionList,
+    ) {
+        self.lease.commit_done(result.is_ok());
+    }
+
     fn rebalance(
         &self,
         consumer: &BaseConsumer<Self>,
@@ -91,8 +102,11 @@ pub async fn run(
                 .map_err(|e| anyhow!("{e}"))?;
         }
     }
-    let (insert_settings, read_settings) = ch.settings();
-    tracing::info!(?insert_settings, ?read_settings, "ClickHouse settings of inserts and protocol reads");
+    tracing::info!(
+        insert_settings = ?ch.insert_settings(),
+        read_settings = ?ch.read_settings(),
+        "ClickHouse settings of inserts and protocol reads"
+    );
     let hold = cfg.kafka.heartbeat_interval * 2 + Duration::from_secs(1);
     let encoders: Vec<RowEncoder> = cfg
         .routes
@@ -116,7 +130,11 @@ pub async fn run(
     };
     let ctx = Arc::new(WriterCtx {
         ch,
-        lease: Lease::start(Duration::from_millis(1500), hold),
+        lease: Lease::start(
+            Duration::from_millis(1500),
+            hold,
+            cfg.kafka.session_timeout - cfg.kafka.heartbeat_interval,
+        ),
         delivery: cfg.sink.delivery,
         permits: Semaphore::new(cfg.sink.max_concurrent_inserts),
         dlq,
@@ -156,6 +174,7 @@ pub async fn run(
         fatal: None,
         stopping: stopping.clone(),
         stats: Stats::default(),
+        last_commit: Instant::now(),
     };
     let consumer = build_consumer(&cfg, sink)?;
     // Fail fast, with the address, when the brokers cannot be reached.
@@ -247,8 +266,10 @@ fn build_consumer(cfg: &Config, sink: Sink) -> anyhow::Result<BaseConsumer<SinkC
     if let Some(id) = &k.instance_id {
         cc.set("group.instance.id", id);
     }
+    let lease = sink.ctx.lease.clone();
     cc.create_with_context(SinkContext {
         sink: Mutex::new(sink),
+        lease,
     })
     .with_context(|| format!("creating the Kafka consumer for {}", k.brokers))
 }

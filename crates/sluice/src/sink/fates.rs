@@ -10,8 +10,8 @@
 //! In: [`Fates::finish`] from each writer whose batch became durable,
 //! [`Fates::fail`] when one failed for good. Out: [`Fates::covered`].
 //! Memory: one range per finished batch and one offset per rejected row,
-//! pruned below the committed frontier by the consumer thread once no
-//! conditional batch is in flight.
+//! pruned by the consumer thread below the durable frontier and below the
+//! lowest copy a conditional row still waits on.
 
 use sluice_core::{NextOffset, Offset};
 use std::collections::BTreeSet;
@@ -75,7 +75,8 @@ impl Fates {
         }
     }
 
-    /// Forgets what is below `frontier`: nothing waits on it any more.
+    /// Forgets what is below `frontier`: nothing waits on it any more, and
+    /// nothing will (a new conditional row waits on an unsettled copy).
     pub fn prune_below(&self, frontier: NextOffset) {
         let mut s = self.lock();
         s.settled = s.settled.max(Some(frontier));

@@ -20,7 +20,9 @@ mod writer;
 pub use driver::run;
 
 /// The consumer's context: the sink's state, reachable from rebalance
-/// callbacks. Only the consumer thread locks it.
+/// callbacks (only the consumer thread locks it), and the insert lease,
+/// renewed by commit callbacks.
 struct SinkContext {
     sink: std::sync::Mutex<state::Sink>,
+    lease: lease::Lease,
 }

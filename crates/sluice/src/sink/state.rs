@@ -24,7 +24,7 @@ use rdkafka::message::Message;
 use rdkafka::{Offset as KOffset, TopicPartitionList};
 use sluice_core::dedup::{verdict, KeyWindow, Verdict};
 use sluice_core::{AckTracker, BatchBuilder, NextOffset, Offset, PartitionId, RowEncoder};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -75,8 +75,10 @@ pub(super) struct Part {
     /// Key dedup: rows of the batch being built written on condition,
     /// `(row, copy)` ([`sluice_core::dedup::Verdict::WriteUnless`]).
     pub conditional: Vec<(Offset, Offset)>,
-    /// Batches with conditional rows in flight.
-    pub conditional_in_flight: usize,
+    /// The copies that conditional rows, in flight or being batched, wait
+    /// on (with their counts): [`Fates`] keeps what is at or above the
+    /// lowest.
+    pub waiting: BTreeMap<Offset, usize>,
     /// What became of this activation's rows, for conditional rows.
     pub fates: Arc<Fates>,
 }
@@ -116,6 +118,8 @@ pub(super) struct Sink {
     pub fatal: Option<anyhow::Error>,
     pub stopping: CancellationToken,
     pub stats: Stats,
+    /// When the last offset commit was sent.
+    pub last_commit: Instant,
 }
 
 impl Sink {
@@ -145,7 +149,7 @@ impl Sink {
             position: None,
             letters: Vec::new(),
             conditional: Vec::new(),
-            conditional_in_flight: 0,
+            waiting: BTreeMap::new(),
             fates: Arc::default(),
         }
     }
@@ -196,22 +200,29 @@ impl Sink {
             Some(window) => {
                 // Below the frontier every row is settled: stored, or
                 // rejected and forgotten by the window.
-                let settled = part.acks.as_ref().map_or(NextOffset(offset.0), |a| a.frontier());
+                let settled = part
+                    .acks
+                    .as_ref()
+                    .map_or(NextOffset(offset.0), |a| a.frontier());
                 let conditional = &mut part.conditional;
+                let waiting = &mut part.waiting;
                 part.builder.push_or_skip(offset, now, |buf| {
                     let Some(key) = encoder.encode_keyed(payload, partition, offset.0, buf)? else {
                         keyless = true;
                         return Ok(true);
                     };
-                    Ok(match verdict(window.check(key, timestamp, offset), settled) {
-                        Verdict::Write => true,
-                        Verdict::Drop => false,
-                        Verdict::WriteUnless { copy } => {
-                            window.replace_copy(key, offset);
-                            conditional.push((offset, copy));
-                            true
-                        }
-                    })
+                    Ok(
+                        match verdict(window.check(key, timestamp, offset), settled) {
+                            Verdict::Write => true,
+                            Verdict::Drop => false,
+                            Verdict::WriteUnless { copy } => {
+                                window.replace_copy(key, timestamp, offset);
+                                conditional.push((offset, copy));
+                                *waiting.entry(copy).or_default() += 1;
+                                true
+                            }
+                        },
+                    )
                 })
             }
         };
@@ -293,7 +304,6 @@ impl Sink {
         let ticket = acks.register(batch.end());
         let letters = std::mem::take(&mut part.letters);
         let conditional = std::mem::take(&mut part.conditional);
-        part.conditional_in_flight += usize::from(!conditional.is_empty());
         self.in_flight_bytes += batch.bytes();
         telemetry::in_flight_bytes(self.in_flight_bytes);
         self.in_flight += 1;
@@ -341,7 +351,14 @@ impl Sink {
             .get_mut(&(c.route_idx, c.partition))
             .filter(|p| p.generation == c.generation);
         if let Some(p) = part.as_mut() {
-            p.conditional_in_flight -= usize::from(c.conditional);
+            for copy in &c.copies {
+                if let Some(n) = p.waiting.get_mut(copy) {
+                    *n -= 1;
+                    if *n == 0 {
+                        p.waiting.remove(copy);
+                    }
+                }
+            }
         }
         match c.outcome {
             Outcome::Durable {
@@ -366,9 +383,9 @@ impl Sink {
                     }
                     if let Some(acks) = p.acks.as_mut() {
                         acks.ack(c.ticket);
-                        if p.conditional_in_flight == 0 && p.conditional.is_empty() {
-                            p.fates.prune_below(acks.frontier());
-                        }
+                        let lowest = p.waiting.keys().next().map(|o| NextOffset(o.0));
+                        let below = lowest.map_or(acks.frontier(), |w| w.min(acks.frontier()));
+                        p.fates.prune_below(below);
                     }
                 }
             }
@@ -425,7 +442,9 @@ impl Sink {
     }
 
     /// Commits the durable frontier of `keys` (or of every partition that
-    /// moved), tagged with a hand-off marker.
+    /// moved, and of every one once a heartbeat interval: each accepted
+    /// commit renews the insert [`Lease`](super::lease::Lease)), tagged with
+    /// a hand-off marker.
     pub fn commit(
         &mut self,
         consumer: &BaseConsumer<SinkContext>,
@@ -435,6 +454,7 @@ impl Sink {
     ) {
         let mut tpl = TopicPartitionList::new();
         let mut moved = Vec::new();
+        let renew = self.last_commit.elapsed() >= self.cfg.kafka.heartbeat_interval;
         for (key, part) in &self.parts {
             if keys.is_some_and(|ks| !ks.contains(key)) || part.phase != Phase::Active {
                 continue;
@@ -442,7 +462,7 @@ impl Sink {
             let Some(frontier) = part.acks.as_ref().map(|a| a.frontier()) else {
                 continue;
             };
-            if keys.is_none() && part.committed == Some(frontier) && marker == MARK_OPEN {
+            if keys.is_none() && part.committed == Some(frontier) && marker == MARK_OPEN && !renew {
                 continue;
             }
             add_marked(&mut tpl, &self.routes[key.0].topic, key.1, frontier, marker);
@@ -451,8 +471,14 @@ impl Sink {
         if moved.is_empty() {
             return;
         }
+        let sent = Instant::now();
+        self.last_commit = sent;
+        self.ctx.lease.commit_sent();
         match consumer.commit(&tpl, mode) {
             Ok(()) => {
+                if matches!(mode, CommitMode::Sync) {
+                    self.ctx.lease.confirm(sent);
+                }
                 for (key, frontier) in moved {
                     if let Some(p) = self.parts.get_mut(&key) {
                         p.committed = Some(frontier);
@@ -532,8 +558,13 @@ impl Sink {
         }
         let mut marker = TopicPartitionList::new();
         add_marked(&mut marker, &topic, p.key.1, start, MARK_OPEN);
+        let sent = Instant::now();
+        self.ctx.lease.commit_sent();
         match consumer.commit(&marker, CommitMode::Sync) {
-            Ok(()) => part.committed = Some(start),
+            Ok(()) => {
+                part.committed = Some(start);
+                self.ctx.lease.confirm(sent);
+            }
             Err(e) if exactly_once => {
                 tracing::warn!(
                     partition = %name,

@@ -96,10 +96,13 @@ pub struct Completion {
     pub ticket: Ticket,
     pub generation: u64,
     pub bytes: usize,
-    /// The batch held conditional rows.
-    pub conditional: bool,
+    /// The copies its conditional rows depended on.
+    pub copies: Vec<Offset>,
     pub outcome: Outcome,
 }
+
+/// ClickHouse refuses a query whose id is already running.
+const QUERY_WITH_SAME_ID_IS_ALREADY_RUNNING: u32 = 216;
 
 /// Delivers one batch; always returns a completion.
 pub async fn deliver(mut job: Job, ctx: Arc<WriterCtx>) -> Completion {
@@ -126,7 +129,7 @@ pub async fn deliver(mut job: Job, ctx: Arc<WriterCtx>) -> Completion {
         ticket: job.ticket,
         generation: job.generation,
         bytes: job.batch.bytes(),
-        conditional: !job.conditional.is_empty(),
+        copies: job.conditional.iter().map(|c| c.1).collect(),
         outcome,
     }
 }
@@ -222,7 +225,7 @@ async fn attempt_until_done(job: &Job, ctx: &WriterCtx, letters: &mut Vec<Pendin
                 // clocks moved apart, or the request was held on the way.
                 tracing::warn!(partition = %p, attempt, "insert reached ClickHouse after its deadline; retrying");
                 telemetry::insert_retried(&req_table, "deadline");
-                if let Err(e) = ctx.ch.server_now().await {
+                if let Err(e) = ctx.ch.server_now(true).await {
                     tracing::warn!(error = %e, "cannot read the server's clock");
                 }
                 backoff.wait().await;
@@ -275,8 +278,21 @@ async fn attempt_until_done(job: &Job, ctx: &WriterCtx, letters: &mut Vec<Pendin
                 );
                 if exactly_once && e.kind != ChErrorKind::Connect {
                     // Something may have reached the server: reconcile first.
+                    // An exception the server answered ended the query (a
+                    // view may have failed after the table took the rows):
+                    // nothing to fence, unless it says another query with
+                    // this id (an earlier process's attempt at the same rows,
+                    // started before ours) is running. Anything else may
+                    // still be running.
                     uncertain = true;
-                    previous = deadline_ms.map(|d| (qid, d));
+                    previous = match (e.kind, e.code) {
+                        (ChErrorKind::Server, c)
+                            if c != Some(QUERY_WITH_SAME_ID_IS_ALREADY_RUNNING) =>
+                        {
+                            None
+                        }
+                        _ => deadline_ms.map(|d| (qid, d)),
+                    };
                 }
                 backoff.wait().await;
             }

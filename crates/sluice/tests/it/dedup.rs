@@ -206,7 +206,9 @@ async fn a_rejected_copy_does_not_hide_its_key(rows_per_batch: usize) {
     let mut rows: Vec<(u64, u64, u64)> = Vec::new();
     for _ in 0..60 {
         rows = ch
-            .query(&format!("SELECT id, n, _offset FROM {table} ORDER BY _offset"))
+            .query(&format!(
+                "SELECT id, n, _offset FROM {table} ORDER BY _offset"
+            ))
             .fetch_all()
             .await
             .unwrap();
@@ -218,7 +220,9 @@ async fn a_rejected_copy_does_not_hide_its_key(rows_per_batch: usize) {
     // Let anything late land before judging.
     tokio::time::sleep(Duration::from_secs(3)).await;
     let again: Vec<(u64, u64, u64)> = ch
-        .query(&format!("SELECT id, n, _offset FROM {table} ORDER BY _offset"))
+        .query(&format!(
+            "SELECT id, n, _offset FROM {table} ORDER BY _offset"
+        ))
         .fetch_all()
         .await
         .unwrap();
