@@ -132,7 +132,10 @@ required = {required:?}
         let child = Command::new(exe)
             .args(["run", "--config"])
             .arg(&cfg)
-            .env("SLUICE_LOG", "info")
+            .env(
+                "SLUICE_LOG",
+                std::env::var("SLUICE_TEST_LOG").unwrap_or_else(|_| "info".into()),
+            )
             .env_remove("KAFKA_BROKERS")
             .env_remove("CLICKHOUSE_URL")
             .stdin(Stdio::null())

@@ -73,9 +73,35 @@ impl Dlq {
         &self.topic
     }
 
-    /// Queues `l` for the DLQ. Waits while the producer's queue is full; an
-    /// error here means the record could not even be queued.
+    /// Queues `l` for the DLQ, on the consumer thread. Waits while the
+    /// producer's queue is full; an error here means the record could not
+    /// even be queued.
     pub fn send(&self, l: &Letter<'_>) -> Result<Pending, KafkaError> {
+        loop {
+            match self.try_send(l) {
+                Err(KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull)) => {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// Like [`Self::send`], from an async task: the wait does not block a
+    /// runtime thread.
+    pub async fn send_async(&self, l: &Letter<'_>) -> Result<Pending, KafkaError> {
+        loop {
+            match self.try_send(l) {
+                Err(KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull)) => {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// One try at queueing `l`.
+    fn try_send(&self, l: &Letter<'_>) -> Result<Pending, KafkaError> {
         let partition = l.partition.to_string();
         let offset = l.offset.to_string();
         let ts = l.timestamp.map(|t| t.to_string());
@@ -99,23 +125,14 @@ impl Dlq {
         if let Some(t) = l.timestamp {
             record = record.timestamp(t);
         }
-        let mut record = record;
-        loop {
-            match self.producer.send_result(record) {
-                Ok(delivery) => {
-                    return Ok(Pending {
-                        what: format!("{}[{}]@{}", l.topic, l.partition, l.offset),
-                        topic: l.topic.to_string(),
-                        kind: l.kind,
-                        delivery,
-                    })
-                }
-                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
-                    record = r;
-                    std::thread::sleep(Duration::from_millis(10));
-                }
-                Err((e, _)) => return Err(e),
-            }
+        match self.producer.send_result(record) {
+            Ok(delivery) => Ok(Pending {
+                what: format!("{}[{}]@{}", l.topic, l.partition, l.offset),
+                topic: l.topic.to_string(),
+                kind: l.kind,
+                delivery,
+            }),
+            Err((e, _)) => Err(e),
         }
     }
 }

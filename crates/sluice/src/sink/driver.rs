@@ -62,6 +62,9 @@ impl rdkafka::consumer::ConsumerContext for SinkContext {
         result: rdkafka::error::KafkaResult<()>,
         _offsets: &rdkafka::TopicPartitionList,
     ) {
+        if let Err(e) = &result {
+            tracing::debug!(error = %e, "offset commit failed");
+        }
         self.lease.commit_done(result.is_ok());
     }
 

@@ -250,7 +250,7 @@ async fn attempt_until_done(job: &Job, ctx: &WriterCtx, letters: &mut Vec<Pendin
                     kind: "rejected",
                     reason: &reason,
                 };
-                match d.send(&letter) {
+                match d.send_async(&letter).await {
                     Ok(pending) => letters.push(pending),
                     Err(err) => {
                         return Outcome::DlqFailed(format!(
