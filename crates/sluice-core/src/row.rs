@@ -203,6 +203,15 @@ impl RowEncoder {
         let (Some(start), Some(end)) = (start, end) else {
             return Err(RowError::NotJson("the value is empty".into()));
         };
+        // serde_json checks UTF-8 only in the strings it reads, not in the
+        // values it skips: without this, `{"a":"\xff"}` became a row that
+        // is not JSON (RFC 8259 §8.1).
+        if let Err(e) = std::str::from_utf8(value) {
+            return Err(RowError::NotJson(format!(
+                "invalid UTF-8 at byte {}",
+                e.valid_up_to()
+            )));
+        }
         if value[start] != b'{' {
             // Distinguish "valid JSON, wrong shape" from "not JSON at all".
             return match serde_json::from_slice::<IgnoredAny>(value) {
@@ -484,7 +493,21 @@ mod tests {
             enc(r#"{"a":1,"_\u006fffset":7}"#),
             Err(RowError::ReservedField("_offset".into()))
         );
+        // Invalid UTF-8 is not JSON, in a skipped value as in a field name.
         let e = RowEncoder::new("t", MetadataColumns::default());
+        for v in [
+            &b"{\"a\":\"\xff\"}"[..],
+            b"{\"a\":[{\"b\":\"\xed\xa0\x80\"}]}",
+            b"{\"\xc3\x28\":1}",
+        ] {
+            let mut out = b"x".to_vec();
+            let r = e.encode(Some(v), 0, 0, &mut out);
+            assert!(
+                matches!(&r, Err(RowError::NotJson(m)) if m.contains("UTF-8")),
+                "{r:?}"
+            );
+            assert_eq!(out, b"x");
+        }
         let mut out = vec![];
         assert_eq!(e.encode(None, 0, 0, &mut out), Err(RowError::Tombstone));
         assert!(out.is_empty());

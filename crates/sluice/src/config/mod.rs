@@ -13,6 +13,9 @@ pub mod env;
 pub mod secret;
 pub mod security;
 
+#[cfg(test)]
+mod fuzz_tests;
+
 pub use secret::Secret;
 pub use security::KafkaSecurity;
 
@@ -525,21 +528,15 @@ impl RawConfig {
                 &reset,
             ));
         }
-        let session = self
-            .kafka
-            .session_timeout
+        let session = bounded("kafka.session_timeout", self.kafka.session_timeout)?
             .unwrap_or(Duration::from_secs(10));
-        let heartbeat = self
-            .kafka
-            .heartbeat_interval
+        let heartbeat = bounded("kafka.heartbeat_interval", self.kafka.heartbeat_interval)?
             .unwrap_or_else(|| (session / 3).min(Duration::from_secs(3)));
         if heartbeat * 3 > session {
             return Err(ConfigError::Heartbeat { heartbeat, session });
         }
         let database = self.clickhouse.database.unwrap_or_else(|| "default".into());
-        let insert_timeout = self
-            .clickhouse
-            .insert_timeout
+        let insert_timeout = bounded("clickhouse.insert_timeout", self.clickhouse.insert_timeout)?
             .unwrap_or(Duration::from_secs(30));
         if insert_timeout < Duration::from_secs(1) {
             return Err(invalid(
@@ -557,7 +554,8 @@ impl RawConfig {
                 100_000,
             )?,
             max_bytes: positive("sink.max_batch_bytes", s.max_batch_bytes, 16 << 20)?,
-            max_age: s.max_batch_age.unwrap_or(Duration::from_secs(1)),
+            max_age: bounded("sink.max_batch_age", s.max_batch_age)?
+                .unwrap_or(Duration::from_secs(1)),
             aligned: o.delivery.or(s.delivery) == Some(Delivery::TokenOnly),
         };
         if limits.max_bytes > 1 << 30 {
@@ -724,13 +722,16 @@ impl RawConfig {
                     s.max_concurrent_inserts,
                     4,
                 )?,
-                commit_interval: s.commit_interval.unwrap_or(Duration::from_secs(1)),
-                fence_wait: s
-                    .fence_wait
+                commit_interval: bounded("sink.commit_interval", s.commit_interval)?
+                    .unwrap_or(Duration::from_secs(1)),
+                fence_wait: bounded("sink.fence_wait", s.fence_wait)?
                     .unwrap_or(insert_timeout * 2 + Duration::from_secs(5)),
                 max_record_bytes,
-                progress_interval: Some(s.progress_interval.unwrap_or(Duration::from_secs(10)))
-                    .filter(|d| !d.is_zero()),
+                progress_interval: Some(
+                    bounded("sink.progress_interval", s.progress_interval)?
+                        .unwrap_or(Duration::from_secs(10)),
+                )
+                .filter(|d| !d.is_zero()),
                 columns,
             },
             routes,
@@ -772,7 +773,8 @@ fn key_dedup(
             ));
         }
     }
-    let window = r.dedup_window.unwrap_or(Duration::from_secs(3600));
+    let window = bounded(&format!("route[{i}].dedup_window"), r.dedup_window)?
+        .unwrap_or(Duration::from_secs(3600));
     if window.is_zero() {
         return Err(invalid(
             &format!("route[{i}].dedup_window"),
@@ -796,6 +798,22 @@ fn invalid(field: &str, expected: &'static str, found: &str) -> ConfigError {
         field: field.to_string(),
         expected,
         found: found.to_string(),
+    }
+}
+
+/// The longest a duration setting may be: far past any use, and short
+/// enough that the sink's deadlines (`now + insert_timeout * 3`, `now +
+/// heartbeat_interval * 2`, …) cannot overflow, which panicked.
+const MAX_DURATION: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
+fn bounded(field: &str, v: Option<Duration>) -> Result<Option<Duration>, ConfigError> {
+    match v {
+        Some(d) if d > MAX_DURATION => Err(invalid(
+            field,
+            "at most 100 years",
+            &humantime::format_duration(d).to_string(),
+        )),
+        other => Ok(other),
     }
 }
 
@@ -1060,6 +1078,71 @@ mod tests {
             err(&format!("{MIN}\n[sink]\nmax_record_bytes = 0")).contains("sink.max_record_bytes")
         );
         assert!(err(&format!("{MIN}\n[dlq]\ntopc = 'x'")).contains("unknown field `topc`"));
+    }
+
+    /// A duration past what the sink can add to a clock is refused by
+    /// name; it used to panic here (`heartbeat_interval * 3`, the default
+    /// `fence_wait`) or later in the sink (`now + insert_timeout * 3`).
+    #[test]
+    fn huge_durations_are_refused_not_a_panic() {
+        let err = |t: &str| load(t).unwrap_err().to_string();
+        let k = |extra: &str| MIN.replace("[kafka]", &format!("[kafka]\n{extra}"));
+        let c = |extra: &str| MIN.replace("[clickhouse]", &format!("[clickhouse]\n{extra}"));
+        let sink = |extra: &str| format!("{MIN}\n[sink]\n{extra}");
+        let huge = "'6148914691236517206s'";
+        for (text, want) in [
+            (
+                k(&format!("heartbeat_interval = {huge}")),
+                "kafka.heartbeat_interval",
+            ),
+            (
+                k(&format!("session_timeout = {huge}")),
+                "kafka.session_timeout",
+            ),
+            (
+                c(&format!("insert_timeout = {huge}")),
+                "clickhouse.insert_timeout",
+            ),
+            (
+                c("insert_timeout = '18446744073709551615s'"),
+                "clickhouse.insert_timeout",
+            ),
+            (sink(&format!("fence_wait = {huge}")), "sink.fence_wait"),
+            (
+                sink(&format!("commit_interval = {huge}")),
+                "sink.commit_interval",
+            ),
+            (
+                sink(&format!("max_batch_age = {huge}")),
+                "sink.max_batch_age",
+            ),
+            (
+                sink(&format!("progress_interval = {huge}")),
+                "sink.progress_interval",
+            ),
+            (
+                format!("{MIN}\ndedup_key = ['id']\ndedup_window = {huge}"),
+                "route[0].dedup_window",
+            ),
+        ] {
+            let e = err(&text);
+            assert!(
+                e.contains(want) && e.contains("at most 100 years"),
+                "{want:?} not in {e:?}"
+            );
+        }
+        let e = with_env(
+            MIN,
+            &[("SLUICE_KAFKA_HEARTBEAT_INTERVAL", "6148914691236517206s")],
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("kafka.heartbeat_interval"), "{e}");
+        // 100 years is still taken.
+        let c = load(&c("insert_timeout = '36500d'")).unwrap();
+        assert_eq!(
+            c.sink.fence_wait,
+            Duration::from_secs(2 * 36500 * 86400 + 5)
+        );
     }
 
     /// Every remaining rule has its own message naming the field.

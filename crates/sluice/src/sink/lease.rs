@@ -102,6 +102,26 @@ impl Lease {
         s.confirmed = s.confirmed.max(Some(sent));
     }
 
+    /// How often the proof should be renewed: a third of its life, so that
+    /// a slow commit or a failed one leaves time for the next.
+    pub fn renew_every(&self) -> Duration {
+        self.max_unconfirmed / 3
+    }
+
+    /// An async commit awaits its result. One that waited past a lease's
+    /// life is given up (it proves nothing any more), so commits go on.
+    pub fn commit_in_flight(&self) -> bool {
+        let mut s = self.lock();
+        while s
+            .commits
+            .front()
+            .is_some_and(|sent| sent.elapsed() > self.max_unconfirmed)
+        {
+            s.commits.pop_front();
+        }
+        !s.commits.is_empty()
+    }
+
     /// An async offset commit is being sent now.
     pub fn commit_sent(&self) {
         let mut s = self.lock();
@@ -112,7 +132,8 @@ impl Lease {
 
     /// The result of the oldest async commit still awaited. A success proves
     /// membership as of the oldest send time awaited: never later than the
-    /// commit's own.
+    /// commit's own (librdkafka may also report sync commits here, which
+    /// were sent later still).
     pub fn commit_done(&self, ok: bool) {
         let mut s = self.lock();
         if let Some(sent) = s.commits.pop_front() {
@@ -145,10 +166,19 @@ impl Lease {
 
     /// Waits until an insert may start.
     pub async fn ready(&self) {
+        let since = Instant::now();
+        let mut warned = false;
         loop {
             let wait = self.wait_needed();
             if wait.is_zero() {
                 return;
+            }
+            if !warned && since.elapsed() > self.max_unconfirmed {
+                warned = true;
+                tracing::warn!(
+                    waited_ms = since.elapsed().as_millis() as u64,
+                    "inserts held: no recent word from the group coordinator (an accepted offset commit)"
+                );
             }
             tokio::time::sleep(wait).await;
         }

@@ -433,6 +433,11 @@ impl Sink {
             if left.is_zero() {
                 return false;
             }
+            // No poll here, so no commit result either: keep the insert
+            // lease alive with a sync commit while the batches drain.
+            if self.last_commit.elapsed() >= self.ctx.lease.renew_every() {
+                self.commit(consumer, None, MARK_OPEN, CommitMode::Sync);
+            }
             match self.rx.recv_timeout(left.min(Duration::from_millis(200))) {
                 Ok(e) => self.on_event(consumer, e),
                 Err(mpsc::RecvTimeoutError::Timeout) => {}
@@ -442,9 +447,11 @@ impl Sink {
     }
 
     /// Commits the durable frontier of `keys` (or of every partition that
-    /// moved, and of every one once a heartbeat interval: each accepted
+    /// moved, and of every one a few times a lease's life: each accepted
     /// commit renews the insert [`Lease`](super::lease::Lease)), tagged with
-    /// a hand-off marker.
+    /// a hand-off marker. One async commit at a time: the coordinator answers
+    /// a connection's requests in order, and heartbeats must not queue
+    /// behind a pile of commits.
     pub fn commit(
         &mut self,
         consumer: &BaseConsumer<SinkContext>,
@@ -452,9 +459,13 @@ impl Sink {
         marker: &str,
         mode: CommitMode,
     ) {
+        let sync = matches!(mode, CommitMode::Sync);
+        if !sync && self.ctx.lease.commit_in_flight() {
+            return;
+        }
         let mut tpl = TopicPartitionList::new();
         let mut moved = Vec::new();
-        let renew = self.last_commit.elapsed() >= self.cfg.kafka.heartbeat_interval;
+        let renew = self.last_commit.elapsed() >= self.ctx.lease.renew_every();
         for (key, part) in &self.parts {
             if keys.is_some_and(|ks| !ks.contains(key)) || part.phase != Phase::Active {
                 continue;
@@ -473,10 +484,12 @@ impl Sink {
         }
         let sent = Instant::now();
         self.last_commit = sent;
-        self.ctx.lease.commit_sent();
+        if !sync {
+            self.ctx.lease.commit_sent();
+        }
         match consumer.commit(&tpl, mode) {
             Ok(()) => {
-                if matches!(mode, CommitMode::Sync) {
+                if sync {
                     self.ctx.lease.confirm(sent);
                 }
                 for (key, frontier) in moved {
@@ -485,10 +498,16 @@ impl Sink {
                     }
                 }
             }
-            Err(e) => tracing::warn!(
-                error = %e,
-                "offset commit failed; it is advisory, progress lives in ClickHouse"
-            ),
+            Err(e) => {
+                if !sync {
+                    // Refused before it was sent: no result will come.
+                    self.ctx.lease.commit_done(false);
+                }
+                tracing::warn!(
+                    error = %e,
+                    "offset commit failed; it is advisory, progress lives in ClickHouse"
+                )
+            }
         }
     }
 
@@ -559,7 +578,6 @@ impl Sink {
         let mut marker = TopicPartitionList::new();
         add_marked(&mut marker, &topic, p.key.1, start, MARK_OPEN);
         let sent = Instant::now();
-        self.ctx.lease.commit_sent();
         match consumer.commit(&marker, CommitMode::Sync) {
             Ok(()) => {
                 part.committed = Some(start);
