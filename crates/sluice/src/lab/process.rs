@@ -39,6 +39,8 @@ pub struct RunSpec {
     pub auto_offset_reset: Option<String>,
     /// `[kafka] instance_id`: static group membership.
     pub instance_id: Option<String>,
+    /// `[clickhouse] read_settings`.
+    pub read_settings: Vec<(String, String)>,
 }
 
 /// A running `sluice run`.
@@ -71,6 +73,7 @@ heartbeat_interval = "1s"
 [clickhouse]
 url = "{url}"
 insert_timeout = "{it}ms"
+read_settings = {{ {read_settings} }}
 
 [sink]
 delivery = "{delivery}"
@@ -89,6 +92,12 @@ required = {required:?}
 {dedup}"#,
                 brokers = self.brokers,
                 group = self.group,
+                read_settings = self
+                    .read_settings
+                    .iter()
+                    .map(|(k, v)| format!("{k} = {v:?}"))
+                    .collect::<Vec<_>>()
+                    .join(", "),
                 url = self.clickhouse_url,
                 it = self.insert_timeout.as_millis(),
                 delivery = self.delivery,

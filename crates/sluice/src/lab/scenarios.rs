@@ -158,6 +158,7 @@ impl Run {
             max_record_bytes: None,
             auto_offset_reset: None,
             instance_id: None,
+            read_settings: Vec::new(),
         };
         Ok(Self {
             stack: stack.clone(),

@@ -135,6 +135,7 @@ pub async fn run(stack: &Stack, o: SoakOptions) -> anyhow::Result<SoakReport> {
         max_record_bytes: None,
         auto_offset_reset: None,
         instance_id: None,
+        read_settings: Vec::new(),
     };
 
     // The producer: `rate` records a second until told to stop; paused

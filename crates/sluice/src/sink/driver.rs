@@ -54,20 +54,6 @@ impl rdkafka::ClientContext for SinkContext {
 }
 
 impl rdkafka::consumer::ConsumerContext for SinkContext {
-    /// The result of an offset commit: an accepted one proves the group
-    /// coordinator knew this member ([`Lease`]). Never locks the sink: it
-    /// also runs inside sync commits made while the sink is locked.
-    fn commit_callback(
-        &self,
-        result: rdkafka::error::KafkaResult<()>,
-        _offsets: &rdkafka::TopicPartitionList,
-    ) {
-        if let Err(e) = &result {
-            tracing::debug!(error = %e, "offset commit failed");
-        }
-        self.lease.commit_done(result.is_ok());
-    }
-
     fn rebalance(
         &self,
         consumer: &BaseConsumer<Self>,
@@ -133,11 +119,7 @@ pub async fn run(
     };
     let ctx = Arc::new(WriterCtx {
         ch,
-        lease: Lease::start(
-            Duration::from_millis(1500),
-            hold,
-            cfg.kafka.session_timeout - cfg.kafka.heartbeat_interval,
-        ),
+        lease: Lease::start(Duration::from_millis(1500), hold),
         delivery: cfg.sink.delivery,
         permits: Semaphore::new(cfg.sink.max_concurrent_inserts),
         dlq,
@@ -177,7 +159,6 @@ pub async fn run(
         fatal: None,
         stopping: stopping.clone(),
         stats: Stats::default(),
-        last_commit: Instant::now(),
     };
     let consumer = build_consumer(&cfg, sink)?;
     // Fail fast, with the address, when the brokers cannot be reached.
@@ -269,10 +250,8 @@ fn build_consumer(cfg: &Config, sink: Sink) -> anyhow::Result<BaseConsumer<SinkC
     if let Some(id) = &k.instance_id {
         cc.set("group.instance.id", id);
     }
-    let lease = sink.ctx.lease.clone();
     cc.create_with_context(SinkContext {
         sink: Mutex::new(sink),
-        lease,
     })
     .with_context(|| format!("creating the Kafka consumer for {}", k.brokers))
 }

@@ -20,9 +20,7 @@ mod writer;
 pub use driver::run;
 
 /// The consumer's context: the sink's state, reachable from rebalance
-/// callbacks (only the consumer thread locks it), and the insert lease,
-/// renewed by commit callbacks.
+/// callbacks. Only the consumer thread locks it.
 struct SinkContext {
     sink: std::sync::Mutex<state::Sink>,
-    lease: lease::Lease,
 }

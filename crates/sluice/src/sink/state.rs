@@ -118,8 +118,6 @@ pub(super) struct Sink {
     pub fatal: Option<anyhow::Error>,
     pub stopping: CancellationToken,
     pub stats: Stats,
-    /// When the last offset commit was sent.
-    pub last_commit: Instant,
 }
 
 impl Sink {
@@ -433,11 +431,6 @@ impl Sink {
             if left.is_zero() {
                 return false;
             }
-            // No poll here, so no commit result either: keep the insert
-            // lease alive with a sync commit while the batches drain.
-            if self.last_commit.elapsed() >= self.ctx.lease.renew_every() {
-                self.commit(consumer, None, MARK_OPEN, CommitMode::Sync);
-            }
             match self.rx.recv_timeout(left.min(Duration::from_millis(200))) {
                 Ok(e) => self.on_event(consumer, e),
                 Err(mpsc::RecvTimeoutError::Timeout) => {}
@@ -447,11 +440,7 @@ impl Sink {
     }
 
     /// Commits the durable frontier of `keys` (or of every partition that
-    /// moved, and of every one a few times a lease's life: each accepted
-    /// commit renews the insert [`Lease`](super::lease::Lease)), tagged with
-    /// a hand-off marker. One async commit at a time: the coordinator answers
-    /// a connection's requests in order, and heartbeats must not queue
-    /// behind a pile of commits.
+    /// moved), tagged with a hand-off marker.
     pub fn commit(
         &mut self,
         consumer: &BaseConsumer<SinkContext>,
@@ -459,13 +448,8 @@ impl Sink {
         marker: &str,
         mode: CommitMode,
     ) {
-        let sync = matches!(mode, CommitMode::Sync);
-        if !sync && self.ctx.lease.commit_in_flight() {
-            return;
-        }
         let mut tpl = TopicPartitionList::new();
         let mut moved = Vec::new();
-        let renew = self.last_commit.elapsed() >= self.ctx.lease.renew_every();
         for (key, part) in &self.parts {
             if keys.is_some_and(|ks| !ks.contains(key)) || part.phase != Phase::Active {
                 continue;
@@ -473,7 +457,7 @@ impl Sink {
             let Some(frontier) = part.acks.as_ref().map(|a| a.frontier()) else {
                 continue;
             };
-            if keys.is_none() && part.committed == Some(frontier) && marker == MARK_OPEN && !renew {
+            if keys.is_none() && part.committed == Some(frontier) && marker == MARK_OPEN {
                 continue;
             }
             add_marked(&mut tpl, &self.routes[key.0].topic, key.1, frontier, marker);
@@ -482,32 +466,18 @@ impl Sink {
         if moved.is_empty() {
             return;
         }
-        let sent = Instant::now();
-        self.last_commit = sent;
-        if !sync {
-            self.ctx.lease.commit_sent();
-        }
         match consumer.commit(&tpl, mode) {
             Ok(()) => {
-                if sync {
-                    self.ctx.lease.confirm(sent);
-                }
                 for (key, frontier) in moved {
                     if let Some(p) = self.parts.get_mut(&key) {
                         p.committed = Some(frontier);
                     }
                 }
             }
-            Err(e) => {
-                if !sync {
-                    // Refused before it was sent: no result will come.
-                    self.ctx.lease.commit_done(false);
-                }
-                tracing::warn!(
-                    error = %e,
-                    "offset commit failed; it is advisory, progress lives in ClickHouse"
-                )
-            }
+            Err(e) => tracing::warn!(
+                error = %e,
+                "offset commit failed; it is advisory, progress lives in ClickHouse"
+            ),
         }
     }
 
@@ -577,12 +547,8 @@ impl Sink {
         }
         let mut marker = TopicPartitionList::new();
         add_marked(&mut marker, &topic, p.key.1, start, MARK_OPEN);
-        let sent = Instant::now();
         match consumer.commit(&marker, CommitMode::Sync) {
-            Ok(()) => {
-                part.committed = Some(start);
-                self.ctx.lease.confirm(sent);
-            }
+            Ok(()) => part.committed = Some(start),
             Err(e) if exactly_once => {
                 tracing::warn!(
                     partition = %name,

@@ -196,6 +196,8 @@ pub struct SinkSpec {
     pub auto_offset_reset: Option<String>,
     /// `[kafka] instance_id` (static membership).
     pub instance_id: Option<String>,
+    /// `[clickhouse] read_settings`.
+    pub read_settings: Vec<(String, String)>,
 }
 
 impl SinkSpec {
@@ -218,6 +220,7 @@ impl SinkSpec {
             required: Vec::new(),
             auto_offset_reset: None,
             instance_id: None,
+            read_settings: Vec::new(),
         }
     }
 
@@ -242,6 +245,7 @@ impl SinkSpec {
             max_record_bytes: None,
             auto_offset_reset: self.auto_offset_reset.clone(),
             instance_id: self.instance_id.clone(),
+            read_settings: self.read_settings.clone(),
         }
         .start_with(env!("CARGO_BIN_EXE_sluice").as_ref())
         .expect("starting sluice")
