@@ -101,8 +101,15 @@ pub struct Completion {
     pub outcome: Outcome,
 }
 
-/// ClickHouse refuses a query whose id is already running.
-const QUERY_WITH_SAME_ID_IS_ALREADY_RUNNING: u32 = 216;
+/// Retriable answers a query gives before it starts work: nothing of it
+/// runs on any server any more, so there is nothing to fence. Every other
+/// answer is fenced: an unknown insert status (319), a quorum or shard
+/// timeout (159, 209, 210), a query with the same id still running (216).
+const REFUSED_AT_START: &[u32] = &[
+    202, // TOO_MANY_SIMULTANEOUS_QUERIES
+    203, // NO_FREE_CONNECTION
+    252, // TOO_MANY_PARTS
+];
 
 /// Delivers one batch; always returns a completion.
 pub async fn deliver(mut job: Job, ctx: Arc<WriterCtx>) -> Completion {
@@ -278,19 +285,11 @@ async fn attempt_until_done(job: &Job, ctx: &WriterCtx, letters: &mut Vec<Pendin
                 );
                 if exactly_once && e.kind != ChErrorKind::Connect {
                     // Something may have reached the server: reconcile first.
-                    // An exception the server answered ended the query (a
-                    // view may have failed after the table took the rows):
-                    // nothing to fence, unless it says another query with
-                    // this id (an earlier process's attempt at the same rows,
-                    // started before ours) is running. Anything else may
-                    // still be running.
+                    // A refusal before the query started needs no fence;
+                    // anything else may still be running somewhere.
                     uncertain = true;
                     previous = match (e.kind, e.code) {
-                        (ChErrorKind::Server, c)
-                            if c != Some(QUERY_WITH_SAME_ID_IS_ALREADY_RUNNING) =>
-                        {
-                            None
-                        }
+                        (ChErrorKind::Server, Some(c)) if REFUSED_AT_START.contains(&c) => None,
                         _ => deadline_ms.map(|d| (qid, d)),
                     };
                 }

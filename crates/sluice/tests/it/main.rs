@@ -16,6 +16,7 @@ mod faults;
 mod lab;
 mod metrics;
 mod ops;
+mod reads;
 mod reject;
 mod resume;
 mod send;

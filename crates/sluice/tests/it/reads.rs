@@ -1,0 +1,76 @@
+//! Every read the exactly-once protocol relies on (the resume watermark,
+//! reconciliation, the key window, the fence) carries
+//! `[clickhouse] read_settings`: on a replicated table that is what makes
+//! those reads see every acknowledged insert. Checked through
+//! `system.query_log`, where a `log_comment` read setting marks each one.
+
+use crate::harness::*;
+use sluice::lab::proxy::{Fault, Proxy};
+use std::time::Duration;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_settings_reach_every_protocol_read() {
+    let (topic, table, ch) = setup("reads", 2, 2_000).await;
+    let mark = unique("reads_mark");
+    // The first insert's answer is withheld: the fence and reconciliation run.
+    let upstream = clickhouse_url()
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .to_string();
+    let proxy = Proxy::start(upstream, Duration::from_secs(6))
+        .await
+        .unwrap();
+    proxy.arm(Fault::WithholdResponse);
+    let mut spec = SinkSpec::new(&topic, &table);
+    spec.clickhouse_url = proxy.url.clone();
+    spec.insert_timeout_s = 3;
+    spec.max_batch_rows = 500;
+    spec.dedup_key = Some("id");
+    spec.read_settings = vec![("log_comment".into(), mark.clone())];
+    let mut sink = spec.start();
+    let got = wait_for(&ch, &table, 2_000, Duration::from_secs(120)).await;
+    assert_eq!(got.distinct_offsets, 2_000, "{}", sink.log_tail());
+    // A restart reads the watermark and rebuilds the key window.
+    assert!(sink.stop(Duration::from_secs(60)), "{}", sink.log_tail());
+    let t = topic.clone();
+    tokio::task::spawn_blocking(move || produce(&t, 2, 2_000, 500))
+        .await
+        .unwrap();
+    let mut sink = spec.start();
+    let got = wait_for(&ch, &table, 2_500, Duration::from_secs(120)).await;
+    assert!(sink.stop(Duration::from_secs(60)), "{}", sink.log_tail());
+    assert_eq!((got.rows, got.distinct_offsets), (2_500, 2_500));
+    assert_eq!(proxy.fired(), 1);
+
+    // query_log is flushed every second.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let name = table.split('.').nth(1).unwrap().to_string();
+    let db = table.split('.').next().unwrap().to_string();
+    let reads: Vec<(String, String)> = ch
+        .query(
+            "SELECT query, log_comment FROM system.query_log \
+             WHERE type = 'QueryFinish' AND query NOT LIKE 'INSERT%' \
+               AND query NOT LIKE '%system.columns%' AND query NOT LIKE '%system.tables%' \
+               AND query NOT LIKE '%query_log%' \
+               AND (position(query, ?) > 0 OR log_comment = ?)",
+        )
+        .bind(format!("`{db}`.`{name}`"))
+        .bind(&mark)
+        .fetch_all()
+        .await
+        .unwrap();
+    let unmarked: Vec<&String> = reads
+        .iter()
+        .filter(|(_, c)| *c != mark)
+        .map(|(q, _)| q)
+        .collect();
+    assert!(
+        unmarked.is_empty(),
+        "reads without the read settings: {unmarked:#?}"
+    );
+    let has = |needle: &str| reads.iter().any(|(q, _)| q.contains(needle));
+    assert!(has("max("), "the watermark: {reads:#?}");
+    assert!(has("ORDER BY o"), "reconciliation: {reads:#?}");
+    assert!(has("arrayStringConcat"), "the key window: {reads:#?}");
+    assert!(has("now64(3)), (SELECT count()"), "the fence: {reads:#?}");
+}
