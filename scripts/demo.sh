@@ -34,7 +34,7 @@ cat >"$CFG" <<TOML
 group_id = "demo-$TOPIC"
 
 [clickhouse]
-insert_timeout = "5s"   # bounds every insert; a new owner waits this + 5 s before writing
+insert_timeout = "5s"   # bounds every insert; a new owner waits twice this + 5 s before writing
 
 [sink]
 delivery = "exactly-once"
@@ -43,7 +43,7 @@ delivery = "exactly-once"
 topic = "$TOPIC"
 table = "demo.orders"
 TOML
-echo "== running sluice (config $CFG); it first waits out any previous owner's inserts (fence_wait, 10 s here)"
+echo "== running sluice (config $CFG); it first waits out any previous owner's inserts (fence_wait, 15 s here)"
 target/release/sluice run --config "$CFG" 2>"$REPO/.stack/demo-sluice.log" &
 PID=$!
 trap 'kill $PID 2>/dev/null || true' EXIT
