@@ -4,29 +4,11 @@
 
 use crate::harness::*;
 use crate::metrics::{get, value};
-use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use sluice::lab::fixture::PrivateBroker;
 use sluice::lab::kafka_proxy::KafkaProxy;
 use sluice::lab::poison;
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
-
-/// The group's committed position on partition 0 of `topic`.
-fn committed(brokers: &str, group: &str, topic: &str) -> Option<i64> {
-    let c: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .set("group.id", group)
-        .create()
-        .unwrap();
-    let mut tpl = TopicPartitionList::new();
-    tpl.add_partition(topic, 0);
-    let got = c.committed_offsets(tpl, Duration::from_secs(10)).ok()?;
-    match got.find_partition(topic, 0)?.offset() {
-        Offset::Offset(o) => Some(o),
-        _ => None,
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dlq_unacknowledged_holds_the_position_then_every_record_is_accounted_for() {

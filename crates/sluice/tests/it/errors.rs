@@ -6,21 +6,6 @@ use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedPr
 use rdkafka::ClientConfig;
 use std::time::Duration;
 
-/// Waits for the sink to exit and returns its exit code and log.
-fn exit_of(mut sink: Sink, timeout: Duration) -> (Option<i32>, String) {
-    let deadline = std::time::Instant::now() + timeout;
-    while sink.is_running() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "sluice kept running: {}",
-            sink.log_tail()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    let code = sink.exit_code();
-    (code, std::fs::read_to_string(&sink.log).unwrap())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn missing_table_is_named() {
     let topic = unique("notable");

@@ -263,3 +263,36 @@ pub fn free_port() -> u16 {
         .unwrap()
         .port()
 }
+
+/// Waits for the sink to exit; its exit code and log.
+pub fn exit_of(mut sink: Sink, timeout: Duration) -> (Option<i32>, String) {
+    let deadline = Instant::now() + timeout;
+    while sink.is_running() {
+        assert!(
+            Instant::now() < deadline,
+            "sluice kept running: {}",
+            sink.log_tail()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let code = sink.exit_code();
+    (code, std::fs::read_to_string(&sink.log).unwrap())
+}
+
+/// The committed position of `group` on partition 0 of `topic`.
+pub fn committed(brokers: &str, group: &str, topic: &str) -> Option<i64> {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+    let c: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("group.id", group)
+        .create()
+        .ok()?;
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition(topic, 0);
+    let got = c.committed_offsets(tpl, Duration::from_secs(10)).ok()?;
+    match got.find_partition(topic, 0)?.offset() {
+        Offset::Offset(o) => Some(o),
+        _ => None,
+    }
+}

@@ -5,7 +5,7 @@
 
 use crate::harness::*;
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use rdkafka::ClientConfig;
 use sluice::lab::poison;
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
@@ -159,22 +159,6 @@ async fn create_typed_table(client: &clickhouse::Client) -> String {
     format!("{db}.typed")
 }
 
-/// The group's committed position on partition 0 of `topic`.
-fn committed(group: &str, topic: &str) -> Option<i64> {
-    let c: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", brokers())
-        .set("group.id", group)
-        .create()
-        .ok()?;
-    let mut tpl = TopicPartitionList::new();
-    tpl.add_partition(topic, 0);
-    let got = c.committed_offsets(tpl, Duration::from_secs(10)).ok()?;
-    match got.find_partition(topic, 0)?.offset() {
-        Offset::Offset(o) => Some(o),
-        _ => None,
-    }
-}
-
 /// How many records partition 0 of `topic` holds (its producer is
 /// idempotent, not transactional: one offset per record).
 fn dlq_len(topic: &str) -> i64 {
@@ -237,7 +221,7 @@ async fn each_refused_value_goes_to_the_dlq_and_the_rest_lands_once() {
     // The position moves past every record: nothing is retried for ever.
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
-        let c = committed(&spec.group, &topic);
+        let c = committed(&brokers(), &spec.group, &topic);
         if c == Some(total) {
             break;
         }
@@ -298,21 +282,6 @@ async fn each_refused_value_goes_to_the_dlq_and_the_rest_lands_once() {
     assert_eq!(dlq_len(&dlq_topic), n_bad as i64);
     assert!(sink.is_running(), "{}", sink.log_tail());
     sink.stop(Duration::from_secs(30));
-}
-
-/// Waits for the sink to exit and returns its exit code and log.
-fn exit_of(mut sink: Sink, timeout: Duration) -> (Option<i32>, String) {
-    let deadline = Instant::now() + timeout;
-    while sink.is_running() {
-        assert!(
-            Instant::now() < deadline,
-            "sluice kept running: {}",
-            sink.log_tail()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    let code = sink.exit_code();
-    (code, std::fs::read_to_string(&sink.log).unwrap())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
