@@ -242,6 +242,32 @@ pub struct Config {
     pub dlq: Option<String>,
 }
 
+/// What a new owner's fence allows for beyond the previous owner's last
+/// inserts and lease: clocks that run at slightly different rates.
+const FENCE_MARGIN: Duration = Duration::from_secs(5);
+const MAX_LEASE: Duration = Duration::from_secs(10);
+const MIN_LEASE: Duration = Duration::from_secs(2);
+
+impl Config {
+    /// How long a writer goes on without reading its own ownership marker
+    /// back: what the new owner's fence leaves after the previous owner's
+    /// last inserts (`2 × insert_timeout`) and a margin, at most 10 s and
+    /// at least 2 s ([`Config::fence_is_short`] says when the floor cuts in).
+    pub fn lease(&self) -> Duration {
+        self.sink
+            .fence_wait
+            .saturating_sub(self.clickhouse.insert_timeout * 2 + FENCE_MARGIN)
+            .clamp(MIN_LEASE, MAX_LEASE)
+    }
+
+    /// The fence that covers a previous owner's last inserts and lease,
+    /// when `fence_wait` is shorter than that.
+    pub fn fence_is_short(&self) -> Option<Duration> {
+        let safe = self.clickhouse.insert_timeout * 2 + MIN_LEASE + FENCE_MARGIN;
+        (self.sink.fence_wait < safe).then_some(safe)
+    }
+}
+
 #[derive(Clone)]
 pub struct KafkaConfig {
     pub brokers: String,
@@ -725,7 +751,7 @@ impl RawConfig {
                 commit_interval: bounded("sink.commit_interval", s.commit_interval)?
                     .unwrap_or(Duration::from_secs(1)),
                 fence_wait: bounded("sink.fence_wait", s.fence_wait)?
-                    .unwrap_or(insert_timeout * 2 + Duration::from_secs(5)),
+                    .unwrap_or(insert_timeout * 2 + MAX_LEASE + FENCE_MARGIN),
                 max_record_bytes,
                 progress_interval: Some(
                     bounded("sink.progress_interval", s.progress_interval)?
@@ -848,7 +874,9 @@ mod tests {
         let c = load(MIN).unwrap();
         assert_eq!(c.sink.delivery, Delivery::ExactlyOnce);
         assert_eq!(c.routes[0].qualified(), "`shop`.`orders`");
-        assert_eq!(c.sink.fence_wait, Duration::from_secs(65));
+        assert_eq!(c.sink.fence_wait, Duration::from_secs(75));
+        assert_eq!(c.lease(), Duration::from_secs(10));
+        assert_eq!(c.fence_is_short(), None);
         assert_eq!(c.kafka.group_id, "sluice");
     }
 
@@ -1141,8 +1169,35 @@ mod tests {
         let c = load(&c("insert_timeout = '36500d'")).unwrap();
         assert_eq!(
             c.sink.fence_wait,
-            Duration::from_secs(2 * 36500 * 86400 + 5)
+            Duration::from_secs(2 * 36500 * 86400 + 15)
         );
+        assert_eq!(c.lease(), Duration::from_secs(10));
+    }
+
+    /// The lease is what the fence leaves after the last inserts and the
+    /// margin, within 2 s and 10 s; a fence too short for 2 s is reported.
+    #[test]
+    fn the_lease_fits_in_the_fence() {
+        let with = |it: &str, fw: &str| {
+            load(&format!(
+                "{}\n[sink]\nfence_wait = '{fw}'",
+                MIN.replace(
+                    "[clickhouse]",
+                    &format!("[clickhouse]\ninsert_timeout = '{it}'")
+                )
+            ))
+            .unwrap()
+        };
+        let c = with("5s", "19s");
+        assert_eq!(
+            (c.lease(), c.fence_is_short()),
+            (Duration::from_secs(4), None)
+        );
+        let c = with("5s", "60s");
+        assert_eq!(c.lease(), Duration::from_secs(10));
+        let c = with("5s", "6s");
+        assert_eq!(c.lease(), Duration::from_secs(2));
+        assert_eq!(c.fence_is_short(), Some(Duration::from_secs(17)));
     }
 
     /// Every remaining rule has its own message naming the field.

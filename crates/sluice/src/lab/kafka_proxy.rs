@@ -15,6 +15,13 @@
 //! coordinator that went away would. The client's commit fails; its other
 //! connections (fetches, metadata) carry on.
 //!
+//! While [`KafkaProxy::cut_off_group`] names a client id, every group
+//! request from that client (OffsetCommit, OffsetFetch, FindCoordinator,
+//! JoinGroup, Heartbeat, LeaveGroup, SyncGroup: API keys 8 to 14) is
+//! swallowed: it never reaches the broker and is never answered, as in a
+//! network partition between a member and its group coordinator only. Its
+//! fetches and metadata requests go through.
+//!
 //! The broker must advertise the proxy's address, so that clients come back
 //! through it after the metadata request.
 
@@ -31,6 +38,8 @@ struct State {
     dropped: AtomicU32,
     refusing: AtomicBool,
     refused: AtomicU32,
+    cut_off: Mutex<Option<String>>,
+    swallowed: AtomicU32,
 }
 
 pub struct KafkaProxy {
@@ -77,6 +86,28 @@ impl KafkaProxy {
     pub fn refused(&self) -> u32 {
         self.state.refused.load(Ordering::SeqCst)
     }
+
+    /// Swallows every group request from the client with this
+    /// `client.id` (none with `None`).
+    pub fn cut_off_group(&self, client_id: Option<&str>) {
+        *self.state.cut_off.lock().unwrap_or_else(|x| x.into_inner()) = client_id.map(String::from);
+    }
+
+    /// How many group requests were swallowed.
+    pub fn swallowed(&self) -> u32 {
+        self.state.swallowed.load(Ordering::SeqCst)
+    }
+}
+
+/// Whether `frame` is a group request (API keys 8 to 14) from `client`.
+fn is_group_request_of(frame: &[u8], client: &str) -> bool {
+    // Request header v1+: api_key i16, api_version i16, correlation_id i32,
+    // client_id as an i16 length and its bytes.
+    if frame.len() < 14 || !(8..=14).contains(&i16::from_be_bytes([frame[4], frame[5]])) {
+        return false;
+    }
+    let n = i16::from_be_bytes([frame[12], frame[13]]);
+    usize::try_from(n).is_ok_and(|n| frame.get(14..14 + n) == Some(client.as_bytes()))
 }
 
 const PRODUCE: i16 = 0;
@@ -97,6 +128,11 @@ async fn pipe(client: TcpStream, server: TcpStream, st: Arc<State>) {
                 s.refused.fetch_add(1, Ordering::SeqCst);
                 c.cancel();
                 return;
+            }
+            let cut_off = s.cut_off.lock().unwrap_or_else(|x| x.into_inner()).clone();
+            if cut_off.is_some_and(|c| is_group_request_of(&frame, &c)) {
+                s.swallowed.fetch_add(1, Ordering::SeqCst);
+                continue;
             }
             if api == Some(PRODUCE) {
                 let id = i32::from_be_bytes([frame[8], frame[9], frame[10], frame[11]]);

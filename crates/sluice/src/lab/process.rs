@@ -41,6 +41,8 @@ pub struct RunSpec {
     pub instance_id: Option<String>,
     /// `[clickhouse] read_settings`.
     pub read_settings: Vec<(String, String)>,
+    /// `[kafka] properties`: librdkafka settings passed through.
+    pub kafka_properties: Vec<(String, String)>,
 }
 
 /// A running `sluice run`.
@@ -129,6 +131,14 @@ required = {required:?}
                 ]
                 .iter()
                 .filter_map(|(k, v)| Some(format!("{k} = \"{}\"\n", v.as_ref()?)))
+                .chain((!self.kafka_properties.is_empty()).then(|| {
+                    let p: Vec<String> = self
+                        .kafka_properties
+                        .iter()
+                        .map(|(k, v)| format!("{k:?} = {v:?}"))
+                        .collect();
+                    format!("properties = {{ {} }}\n", p.join(", "))
+                }))
                 .collect::<String>(),
                 dedup = self
                     .dedup_key

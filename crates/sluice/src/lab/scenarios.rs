@@ -159,6 +159,7 @@ impl Run {
             auto_offset_reset: None,
             instance_id: None,
             read_settings: Vec::new(),
+            kafka_properties: Vec::new(),
         };
         Ok(Self {
             stack: stack.clone(),

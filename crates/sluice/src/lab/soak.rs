@@ -136,6 +136,7 @@ pub async fn run(stack: &Stack, o: SoakOptions) -> anyhow::Result<SoakReport> {
         auto_offset_reset: None,
         instance_id: None,
         read_settings: Vec::new(),
+        kafka_properties: Vec::new(),
     };
 
     // The producer: `rate` records a second until told to stop; paused

@@ -6,7 +6,7 @@
 //! commits the durable frontier every `commit_interval`. Rebalances run on
 //! this thread too, inside `poll` ([`super::handoff`]). On shutdown it stops
 //! fetching, flushes what was read, waits for every insert, commits with a
-//! clean hand-off marker and leaves the group.
+//! and marks the hand-off clean and leaves the group.
 //!
 //! Consumer errors: librdkafka recovers from most of them by itself; those
 //! are logged (at most once per code every ten seconds). A fatal one
@@ -16,12 +16,14 @@
 //! inserts nothing more and exits non-zero.
 
 use super::dlq::Dlq;
+use super::lease::renew;
 use super::lease::Lease;
-use super::state::{Phase, Sink, Stats, MARK_CLEAN, MARK_OPEN};
+use super::owners::{new_owner, register_group, Owners};
+use super::state::{Phase, Sink, Stats};
 use super::writer::WriterCtx;
 use super::SinkContext;
 use crate::ch::ClickHouse;
-use crate::config::Config;
+use crate::config::{Config, Route};
 use crate::http;
 use crate::telemetry::Metrics;
 use anyhow::{anyhow, Context as _};
@@ -96,7 +98,14 @@ pub async fn run(
         read_settings = ?ch.read_settings(),
         "ClickHouse settings of inserts and protocol reads"
     );
-    let hold = cfg.kafka.heartbeat_interval * 2 + Duration::from_secs(1);
+    if let (true, Some(safe)) = (cfg.sink.delivery.is_exactly_once(), cfg.fence_is_short()) {
+        tracing::warn!(
+            fence_wait = ?cfg.sink.fence_wait,
+            safe = ?safe,
+            "sink.fence_wait is shorter than 2 × insert_timeout + a 2 s lease + 5 s: \
+             a previous owner's last insert can land after this process starts writing"
+        );
+    }
     let encoders: Vec<RowEncoder> = cfg
         .routes
         .iter()
@@ -119,7 +128,7 @@ pub async fn run(
     };
     let ctx = Arc::new(WriterCtx {
         ch,
-        lease: Lease::start(Duration::from_millis(1500), hold),
+        lease: Lease::new(cfg.lease()),
         delivery: cfg.sink.delivery,
         permits: Semaphore::new(cfg.sink.max_concurrent_inserts),
         dlq,
@@ -127,6 +136,26 @@ pub async fn run(
     });
     let stopping = CancellationToken::new();
     let (tx, rx) = mpsc::channel();
+    let me = new_owner();
+    let routes: Vec<Arc<Route>> = cfg.routes.iter().cloned().map(Arc::new).collect();
+    let owners = Owners::new(&cfg.kafka, routes.clone())
+        .context("creating the client of the register of owners")?;
+    if cfg.sink.delivery.is_exactly_once() {
+        tracing::info!(
+            owner = me,
+            register = %register_group(&cfg.kafka.group_id),
+            lease = ?cfg.lease(),
+            fence_wait = ?cfg.sink.fence_wait,
+            "ownership"
+        );
+        tokio::spawn(renew(
+            ctx.lease.clone(),
+            owners.clone(),
+            me,
+            tx.clone(),
+            stopping.clone(),
+        ));
+    }
     let ready = Arc::new(AtomicBool::new(false));
     if let Some(addr) = cfg.metrics_listen {
         let metrics = Metrics::install().map_err(|e| anyhow!(e))?;
@@ -139,7 +168,7 @@ pub async fn run(
     }
 
     let sink = Sink {
-        routes: cfg.routes.iter().cloned().map(Arc::new).collect(),
+        routes,
         encoders,
         counters: cfg
             .routes
@@ -159,6 +188,9 @@ pub async fn run(
         fatal: None,
         stopping: stopping.clone(),
         stats: Stats::default(),
+        owners,
+        me,
+        taken: HashMap::new(),
     };
     let consumer = build_consumer(&cfg, sink)?;
     // Fail fast, with the address, when the brokers cannot be reached.
@@ -319,7 +351,7 @@ fn poll_loop(consumer: BaseConsumer<SinkContext>) -> anyhow::Result<()> {
         }
         if now.duration_since(last_commit) >= commit_interval {
             last_commit = now;
-            s.commit(&consumer, None, MARK_OPEN, CommitMode::Async);
+            s.commit(&consumer, None, CommitMode::Async);
         }
         if progress_every.is_some_and(|every| now.duration_since(last_report) >= every) {
             let st = s.stats;
@@ -347,7 +379,7 @@ fn poll_loop(consumer: BaseConsumer<SinkContext>) -> anyhow::Result<()> {
         }
     }
     // Graceful stop: flush what was read (a bad record never entered a
-    // batch), wait for every insert, commit with a clean hand-off marker,
+    // batch), wait for every insert, commit, mark the hand-off clean,
     // leave the group. A consumer that cannot go on (fenced, refused) owns
     // nothing any more: it abandons its work and inserts nothing new.
     let fatal = {
@@ -356,8 +388,10 @@ fn poll_loop(consumer: BaseConsumer<SinkContext>) -> anyhow::Result<()> {
             s.cut_due(Instant::now(), true);
             let timeout = s.cfg.clickhouse.insert_timeout * 3;
             let drained = s.wait_in_flight(&consumer, None, timeout);
-            let marker = if drained { MARK_CLEAN } else { MARK_OPEN };
-            s.commit(&consumer, None, marker, CommitMode::Sync);
+            s.commit(&consumer, None, CommitMode::Sync);
+            if drained {
+                s.hand_off_clean(None);
+            }
         }
         for p in s.parts.values() {
             p.abandon.cancel();

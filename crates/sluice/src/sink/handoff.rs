@@ -3,22 +3,33 @@
 //! Assign (exactly-once): the partitions are taken at once (so the group
 //! sees them owned) but paused; nothing else happens in the rebalance
 //! callback. A task, off the consumer thread, reads the group's committed
-//! positions and hand-off markers, waits out `fence_wait` unless the
-//! previous owner handed over cleanly (an unreadable marker is not a clean
-//! one), reads the watermarks from ClickHouse and the log's bounds from the
-//! broker, and plans each partition with [`resume_plan`]: what ClickHouse
-//! holds decides, the reset policy applies only where it holds nothing. The
-//! plans come back as [`Prepared`] events; the consumer thread seeks,
-//! commits an `open` marker and only then resumes each partition
-//! ([`Sink::activate`]). A failed seek or marker commit is retried with
-//! backoff ([`Sink::retry_prepared`]); the partition stays paused meanwhile.
+//! positions until it knows them, then *claims* each partition: it writes
+//! this process into the register of owners ([`super::owners`]) and reads
+//! it back. From that read it waits out `fence_wait`, unless every
+//! previous owner left cleanly: the previous owner stops writing within a
+//! lease of the claim ([`super::lease`]), and its last inserts end within
+//! `2 × insert_timeout` after that. A partition that is someone else's in
+//! the register after the fence was claimed by another owner meanwhile; it
+//! is claimed again. A claim that cannot be written or read back is tried
+//! again; the partition stays paused meanwhile. Then the task reads the
+//! watermarks from ClickHouse and the log's bounds from the broker, and
+//! plans each partition with [`resume_plan`]: what ClickHouse holds
+//! decides, the reset policy applies only where it holds nothing. The
+//! plans come back as [`Prepared`] events; the consumer thread seeks and
+//! resumes each partition ([`Sink::activate`]).
+//!
+//! Taken: the lease found another owner in the register for an active
+//! partition ([`Sink::on_taken`]). Its work is abandoned at once; while the
+//! group still assigns it here it is prepared again, after a whole fence.
 //!
 //! Revoke: stop batching the partitions, wait for their in-flight inserts,
-//! commit their frontier with a `clean` marker. If the assignment was lost
-//! instead, abandon their work at once: the group has already moved on.
+//! commit their frontier and mark them clean in the register. If the
+//! assignment was lost instead, abandon their work at once: the group has
+//! already moved on.
 
 use super::dedup::{rebuild, Seeds};
-use super::state::{Event, Key, Phase, Sink, MARK_CLEAN, MARK_OPEN};
+use super::owners::{Owner, Owners};
+use super::state::{Event, Key, Phase, Sink};
 use super::SinkContext;
 use crate::ch::ClickHouse;
 use crate::config::{KafkaConfig, Route};
@@ -40,7 +51,10 @@ pub(super) struct Prepared {
     pub plan: ResumePlan,
     /// Keys for the partition's dedup window, when its route has one.
     pub seeds: Option<Seeds>,
-    /// Failed attempts to activate it (seek or ownership marker).
+    /// The send time of the read that last showed this process in the
+    /// register for it: where its lease starts.
+    pub confirmed: Instant,
+    /// Failed attempts to activate it (seek).
     pub attempts: u32,
 }
 
@@ -77,8 +91,15 @@ impl Sink {
             return Ok(());
         }
         consumer.pause(tpl)?;
+        self.prepare(&keys, Duration::ZERO);
+        Ok(())
+    }
+
+    /// Starts preparing `keys` (paused by the caller) off the consumer
+    /// thread, after `wait`.
+    fn prepare(&mut self, keys: &[Key], wait: Duration) {
         let mut parts: BTreeMap<usize, Vec<(Key, u64)>> = BTreeMap::new();
-        for &(ri, p) in &keys {
+        for &(ri, p) in keys {
             let mut part = self.new_part(ri, p, Phase::Preparing);
             part.paused = true;
             parts
@@ -93,17 +114,51 @@ impl Sink {
             routes: self.routes.clone(),
             tx: self.tx.clone(),
             stopping: self.stopping.clone(),
-            exactly_once,
+            exactly_once: self.cfg.sink.delivery.is_exactly_once(),
             fence_wait: self.cfg.sink.fence_wait,
             reset: if self.cfg.kafka.auto_offset_reset == "latest" {
                 ResetPolicy::Latest
             } else {
                 ResetPolicy::Earliest
             },
+            owners: self.owners.clone(),
+            me: self.me,
+            wait,
             parts,
         };
         self.handle.spawn(prep.run());
-        Ok(())
+    }
+
+    /// Another owner is in the register for a partition this process was
+    /// writing: give it up at once and, since the group still assigns it
+    /// here, prepare it again. It waits a fence first, doubled each time
+    /// it is taken again (up to 32 fences) until the group revokes it: two
+    /// owners that a broken coordinator both believes in would otherwise
+    /// take it from each other for ever, each writing a moment.
+    pub(super) fn on_taken(
+        &mut self,
+        consumer: &BaseConsumer<SinkContext>,
+        key: Key,
+        generation: u64,
+    ) {
+        let Some(part) = self
+            .parts
+            .remove(&key)
+            .filter(|p| p.generation == generation)
+        else {
+            return;
+        };
+        part.abandon.cancel();
+        self.ctx.lease.release(key);
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition(&self.routes[key.0].topic, key.1);
+        if let Err(e) = consumer.pause(&tpl) {
+            tracing::warn!(error = %e, "pause failed");
+        }
+        let n = self.taken.entry(key).or_default();
+        *n += 1;
+        let wait = self.cfg.sink.fence_wait * 2u32.pow((*n - 1).min(5));
+        self.prepare(&[key], wait);
     }
 
     /// Sends `p` back to the consumer thread after a backoff that grows
@@ -147,52 +202,31 @@ impl Sink {
         if !lost {
             let timeout = self.cfg.clickhouse.insert_timeout * 3;
             let drained = self.wait_in_flight(consumer, Some(&keys), timeout);
-            let marker = if drained { MARK_CLEAN } else { MARK_OPEN };
-            self.commit(consumer, Some(&keys), marker, CommitMode::Sync);
+            self.commit(consumer, Some(&keys), CommitMode::Sync);
+            if drained {
+                self.hand_off_clean(Some(&keys));
+            }
         }
         for k in &keys {
             if let Some(p) = self.parts.remove(k) {
                 p.abandon.cancel();
             }
+            self.ctx.lease.release(*k);
+            self.taken.remove(k);
         }
         consumer.incremental_unassign(tpl)
     }
 }
 
-/// What the group committed for one partition, and its hand-off marker.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Commit {
-    position: Committed,
-    marker: String,
-}
-
-impl Commit {
-    const UNKNOWN: Commit = Commit {
-        position: Committed::Unknown,
-        marker: String::new(),
-    };
-
-    /// From one element of a committed-offsets answer.
-    fn from_answer(offset: KOffset, error: KafkaResult<()>, metadata: &str) -> Commit {
-        let position = match (error, offset) {
-            (Err(_), _) => Committed::Unknown,
-            (Ok(()), KOffset::Offset(n)) if n >= 0 => Committed::At(NextOffset(n)),
-            (Ok(()), KOffset::Invalid) => Committed::Nothing,
-            // Not a position a commit can hold: do not guess.
-            (Ok(()), _) => Committed::Unknown,
-        };
-        Commit {
-            marker: match position {
-                Committed::Unknown => String::new(),
-                _ => metadata.to_string(),
-            },
-            position,
-        }
-    }
-
-    /// The previous owner drained and said so.
-    fn is_clean(&self) -> bool {
-        !matches!(self.position, Committed::Unknown) && self.marker == MARK_CLEAN
+/// What the group committed for one partition, from one element of a
+/// committed-offsets answer.
+fn committed_of(offset: KOffset, error: KafkaResult<()>) -> Committed {
+    match (error, offset) {
+        (Err(_), _) => Committed::Unknown,
+        (Ok(()), KOffset::Offset(n)) if n >= 0 => Committed::At(NextOffset(n)),
+        (Ok(()), KOffset::Invalid) => Committed::Nothing,
+        // Not a position a commit can hold: do not guess.
+        (Ok(()), _) => Committed::Unknown,
     }
 }
 
@@ -201,11 +235,17 @@ struct Preparation {
     ch: ClickHouse,
     kafka: KafkaConfig,
     routes: Vec<Arc<Route>>,
+    owners: Owners,
     tx: mpsc::Sender<Event>,
     stopping: CancellationToken,
     exactly_once: bool,
     fence_wait: Duration,
     reset: ResetPolicy,
+    /// This process's id in the register.
+    me: u64,
+    /// How long to wait before claiming: a partition just taken from this
+    /// process waits (see [`Sink::on_taken`]).
+    wait: Duration,
     /// Per route: the partitions and their generations.
     parts: BTreeMap<usize, Vec<(Key, u64)>>,
 }
@@ -231,32 +271,153 @@ impl Preparation {
         tokio::task::spawn_blocking(move || drop(lookup));
     }
 
+    /// Claims, fences and plans every partition, in rounds: a partition
+    /// that could not be claimed, or that someone else claimed while this
+    /// process fenced, is claimed again.
     async fn prepare(&self, lookup: &Lookup) {
-        let Some(commits) = self.committed(lookup).await else {
-            return;
-        };
-        // A partition missing from the answer has no known marker.
-        let clean = self
-            .parts
-            .values()
-            .flatten()
-            .all(|(key, _)| commits.get(key).is_some_and(Commit::is_clean));
-        let fence = if clean || !self.exactly_once {
-            Duration::ZERO
-        } else {
-            self.fence_wait
-        };
-        if !fence.is_zero() {
+        if !self.wait.is_zero() {
             tracing::info!(
-                wait_ms = fence.as_millis() as u64,
-                "no clean hand-off; waiting out the previous owner's inserts before reading ClickHouse"
+                wait_ms = self.wait.as_millis() as u64,
+                "the partition was taken; waiting before claiming it back"
+            );
+            if !self.sleep(self.wait).await {
+                return;
+            }
+        }
+        let mut pending: Vec<(Key, u64)> = self.parts.values().flatten().copied().collect();
+        let mut backoff = Duration::from_millis(500);
+        loop {
+            let Some(commits) = self.committed(lookup, &pending).await else {
+                return;
+            };
+            let ours = if self.exactly_once {
+                match self.claim(&pending).await {
+                    Some(ours) => ours,
+                    None => return,
+                }
+            } else {
+                pending.iter().map(|&p| (p, Instant::now())).collect()
+            };
+            pending.retain(|p| !ours.iter().any(|(o, _)| o == p));
+            if !self.plan(lookup, &ours, &commits).await {
+                return;
+            }
+            if pending.is_empty() {
+                return;
+            }
+            if !self.sleep(backoff).await {
+                return;
+            }
+            backoff = (backoff * 2).min(Duration::from_secs(5));
+        }
+    }
+
+    /// Writes this process into the register for `pending`, reads it back,
+    /// fences (unless every previous owner left cleanly), and returns the
+    /// partitions still this process's after the fence, each with the send
+    /// time of the read that showed it (where its lease starts).
+    ///
+    /// The fence counts from a read that shows the claim stored: an owner
+    /// that read itself in the register before then stops writing within
+    /// a lease, and its last inserts end within `2 × insert_timeout`.
+    async fn claim(&self, pending: &[(Key, u64)]) -> Option<Vec<((Key, u64), Instant)>> {
+        let keys: Vec<Key> = pending.iter().map(|(k, _)| *k).collect();
+        let before = self.read_owners(&keys).await?;
+        let clean = keys.iter().all(|k| before.get(k) == Some(&Owner::Clean));
+        let (owners, me) = (self.owners.clone(), self.me);
+        let ks = keys.clone();
+        if let Err(e) = blocking(move || owners.write(ks, me)).await {
+            tracing::warn!(
+                error = %format!("{e:#}"),
+                "cannot record the ownership marker (the claim) yet; the partitions wait"
+            );
+            return Some(Vec::new());
+        }
+        let (after, read_at) = self.read_owners_at(&keys).await?;
+        let claimed: Vec<(Key, u64)> = pending
+            .iter()
+            .filter(|(k, _)| after.get(k) == Some(&Owner::Process(self.me)))
+            .copied()
+            .collect();
+        if claimed.len() < pending.len() {
+            tracing::warn!(
+                lost = pending.len() - claimed.len(),
+                "another owner claimed partitions at the same time; claiming them again"
             );
         }
-        tokio::select! {
-            _ = tokio::time::sleep(fence) => {}
-            _ = self.stopping.cancelled() => return,
+        if clean || claimed.is_empty() {
+            return Some(claimed.into_iter().map(|p| (p, read_at)).collect());
         }
+        tracing::info!(
+            wait_ms = self.fence_wait.as_millis() as u64,
+            "no clean hand-off; claimed, waiting out the previous owner's inserts before reading ClickHouse"
+        );
+        let fence_end = Instant::now() + self.fence_wait;
+        if !self.sleep(self.fence_wait).await {
+            return None;
+        }
+        debug_assert!(Instant::now() >= fence_end);
+        let keys: Vec<Key> = claimed.iter().map(|(k, _)| *k).collect();
+        let (after, read_at) = self.read_owners_at(&keys).await?;
+        let ours: Vec<((Key, u64), Instant)> = claimed
+            .iter()
+            .filter(|(k, _)| after.get(k) == Some(&Owner::Process(self.me)))
+            .map(|&p| (p, read_at))
+            .collect();
+        if ours.len() < claimed.len() {
+            tracing::warn!(
+                lost = claimed.len() - ours.len(),
+                "another owner claimed partitions during the fence; claiming them again"
+            );
+        }
+        Some(ours)
+    }
+
+    /// The register's entries for `keys`, read until every one is known.
+    /// `None` when stopping.
+    async fn read_owners(&self, keys: &[Key]) -> Option<HashMap<Key, Owner>> {
+        Some(self.read_owners_at(keys).await?.0)
+    }
+
+    /// [`Self::read_owners`], with the time the read that answered was sent.
+    async fn read_owners_at(&self, keys: &[Key]) -> Option<(HashMap<Key, Owner>, Instant)> {
+        let mut backoff = Duration::from_millis(200);
+        loop {
+            let (owners, ks) = (self.owners.clone(), keys.to_vec());
+            let sent = Instant::now();
+            match blocking(move || owners.read(ks, Duration::from_secs(5))).await {
+                Ok(o) if keys.iter().all(|k| o.contains_key(k)) => return Some((o, sent)),
+                Ok(_) => {
+                    tracing::warn!("some ownership markers cannot be read yet; the partitions wait")
+                }
+                Err(e) => {
+                    tracing::warn!(error = %format!("{e:#}"), "cannot read the ownership markers yet; the partitions wait")
+                }
+            }
+            if !self.sleep(backoff).await {
+                return None;
+            }
+            backoff = (backoff * 2).min(Duration::from_secs(5));
+        }
+    }
+
+    /// Plans `keys` from `commits` and what ClickHouse holds, and hands
+    /// each plan to the consumer thread. False when stopping.
+    async fn plan(
+        &self,
+        lookup: &Lookup,
+        keys: &[((Key, u64), Instant)],
+        commits: &HashMap<Key, Committed>,
+    ) -> bool {
         for (ri, parts) in &self.parts {
+            let parts: Vec<((Key, u64), Instant)> = keys
+                .iter()
+                .filter(|(p, _)| parts.contains(p))
+                .copied()
+                .collect();
+            if parts.is_empty() {
+                continue;
+            }
             let route = &self.routes[*ri];
             let Some(marks) = self
                 .retry("read watermarks", || async {
@@ -267,28 +428,13 @@ impl Preparation {
                 })
                 .await
             else {
-                return;
+                return false;
             };
-            for &(key, generation) in parts {
-                let commit = commits.get(&key).cloned().unwrap_or(Commit::UNKNOWN);
+            for ((key, generation), confirmed) in parts {
+                let position = commits.get(&key).copied().unwrap_or(Committed::Unknown);
                 let w = marks.get(&key.1).copied();
-                let Some(log) = self
-                    .retry("read the partition's log bounds", || {
-                        let (lookup, topic) = (lookup.clone(), route.topic.clone());
-                        async move {
-                            let (low, high) = blocking(move || {
-                                lookup.fetch_watermarks(&topic, key.1, Duration::from_secs(5))
-                            })
-                            .await?;
-                            Ok::<_, anyhow::Error>(LogBounds {
-                                low: NextOffset(low),
-                                high: NextOffset(high),
-                            })
-                        }
-                    })
-                    .await
-                else {
-                    return;
+                let Some(log) = self.log_bounds(lookup, key).await else {
+                    return false;
                 };
                 let Some(seeds) = self
                     .retry("rebuild the key dedup window", || {
@@ -296,16 +442,12 @@ impl Preparation {
                     })
                     .await
                 else {
-                    return;
+                    return false;
                 };
                 // At-least-once comes here for the dedup window only: it
                 // resumes where committed and reconciles nothing.
-                let mut plan = resume_plan(
-                    commit.position,
-                    w.filter(|_| self.exactly_once),
-                    log,
-                    self.reset,
-                );
+                let mut plan =
+                    resume_plan(position, w.filter(|_| self.exactly_once), log, self.reset);
                 // If ClickHouse holds every offset of the zone, nothing there
                 // needs reading again.
                 if let Some((first, last)) = plan.zone() {
@@ -318,8 +460,7 @@ impl Preparation {
                 }
                 tracing::info!(
                     partition = %format!("{}[{}]", route.topic, key.1),
-                    committed = ?commit.position,
-                    marker = %commit.marker,
+                    committed = ?position,
                     watermark = ?w.map(|w| w.0),
                     log_low = log.low.0,
                     log_high = log.high.0,
@@ -332,51 +473,86 @@ impl Preparation {
                     generation,
                     plan,
                     seeds,
+                    confirmed,
                     attempts: 0,
                 }));
             }
         }
+        true
     }
 
-    /// Every partition's commit. A failure to read them is not "nothing
-    /// committed": after a few tries they are [`Committed::Unknown`], which
-    /// fences and lets ClickHouse decide. `None` when stopping.
-    async fn committed(&self, lookup: &Lookup) -> Option<HashMap<Key, Commit>> {
-        let mut tpl = TopicPartitionList::new();
-        for (ri, parts) in &self.parts {
-            for (key, _) in parts {
-                tpl.add_partition(&self.routes[*ri].topic, key.1);
+    /// The bounds of a partition's log, retried until read.
+    async fn log_bounds(&self, lookup: &Lookup, key: Key) -> Option<LogBounds> {
+        let topic = &self.routes[key.0].topic;
+        self.retry("read the partition's log bounds", || {
+            let (lookup, topic) = (lookup.clone(), topic.clone());
+            async move {
+                let (low, high) = blocking(move || {
+                    lookup.fetch_watermarks(&topic, key.1, Duration::from_secs(5))
+                })
+                .await?;
+                Ok::<_, anyhow::Error>(LogBounds {
+                    low: NextOffset(low),
+                    high: NextOffset(high),
+                })
             }
+        })
+        .await
+    }
+
+    /// Sleeps `d`; false if stopping first.
+    async fn sleep(&self, d: Duration) -> bool {
+        tokio::select! {
+            _ = tokio::time::sleep(d) => true,
+            _ = self.stopping.cancelled() => false,
         }
+    }
+
+    /// The group's commits of `keys`, read until every one is known: a
+    /// failure to read is not "nothing committed". The partitions wait
+    /// meanwhile. `None` when stopping.
+    async fn committed(
+        &self,
+        lookup: &Lookup,
+        keys: &[(Key, u64)],
+    ) -> Option<HashMap<Key, Committed>> {
         let mut backoff = Duration::from_millis(300);
-        for attempt in 1..=3 {
-            let (l, t) = (lookup.clone(), tpl.clone());
-            match blocking(move || l.committed_offsets(t, Duration::from_secs(5))).await {
+        for attempt in 1u32.. {
+            let mut tpl = TopicPartitionList::new();
+            for ((ri, p), _) in keys {
+                tpl.add_partition(&self.routes[*ri].topic, *p);
+            }
+            let l = lookup.clone();
+            match blocking(move || l.committed_offsets(tpl, Duration::from_secs(5))).await {
                 Ok(list) => {
                     let mut out = HashMap::new();
                     for e in list.elements() {
                         let Some(ri) = self.routes.iter().position(|r| r.topic == e.topic()) else {
                             continue;
                         };
-                        let commit = Commit::from_answer(e.offset(), e.error(), e.metadata());
-                        out.insert((ri, e.partition()), commit);
+                        out.insert((ri, e.partition()), committed_of(e.offset(), e.error()));
                     }
-                    return Some(out);
+                    let known = keys
+                        .iter()
+                        .all(|(k, _)| out.get(k).is_some_and(|c| !matches!(c, Committed::Unknown)));
+                    if known {
+                        return Some(out);
+                    }
+                    tracing::warn!(
+                        attempt,
+                        "some committed offsets cannot be read yet; the partitions wait"
+                    );
                 }
                 Err(e) => {
-                    tracing::warn!(attempt, error = %e, "cannot read the committed offsets");
-                    tokio::select! {
-                        _ = tokio::time::sleep(backoff) => {}
-                        _ = self.stopping.cancelled() => return None,
-                    }
-                    backoff *= 2;
+                    tracing::warn!(attempt, error = %e, "cannot read the committed offsets yet; the partitions wait")
                 }
             }
+            if !self.sleep(backoff).await {
+                return None;
+            }
+            backoff = (backoff * 2).min(Duration::from_secs(5));
         }
-        tracing::warn!(
-            "the committed offsets are unknown: fencing, and starting where ClickHouse says"
-        );
-        Some(HashMap::new())
+        None
     }
 
     /// Runs `f` until it succeeds, with backoff; `None` once stopping.
@@ -406,7 +582,7 @@ impl Preparation {
 }
 
 /// A client that shares the group's id without joining it.
-fn lookup_client(kafka: &KafkaConfig) -> KafkaResult<Lookup> {
+pub(super) fn lookup_client(kafka: &KafkaConfig) -> KafkaResult<Lookup> {
     let mut cc = kafka.client_config();
     cc.set("group.id", &kafka.group_id)
         .set("enable.auto.commit", "false")
@@ -430,27 +606,19 @@ mod tests {
     use rdkafka::types::RDKafkaErrorCode;
 
     #[test]
-    fn a_commit_that_cannot_be_read_is_unknown_and_not_clean() {
+    fn a_commit_is_a_position_nothing_or_unknown() {
         let failed = Err(KafkaError::OffsetFetch(
             RDKafkaErrorCode::CoordinatorNotAvailable,
         ));
-        let c = Commit::from_answer(KOffset::Offset(10), failed, MARK_CLEAN);
-        assert_eq!(c.position, Committed::Unknown);
-        assert!(!c.is_clean());
-        assert!(!Commit::UNKNOWN.is_clean());
-        let c = Commit::from_answer(KOffset::Stored, Ok(()), MARK_CLEAN);
-        assert_eq!(c.position, Committed::Unknown);
-    }
-
-    #[test]
-    fn a_commit_is_a_position_nothing_or_unknown() {
-        let c = Commit::from_answer(KOffset::Offset(10), Ok(()), MARK_CLEAN);
-        assert_eq!(c.position, Committed::At(NextOffset(10)));
-        assert!(c.is_clean());
-        let c = Commit::from_answer(KOffset::Offset(10), Ok(()), MARK_OPEN);
-        assert!(!c.is_clean());
-        let c = Commit::from_answer(KOffset::Invalid, Ok(()), "");
-        assert_eq!(c.position, Committed::Nothing);
-        assert!(!c.is_clean());
+        assert_eq!(
+            committed_of(KOffset::Offset(10), failed),
+            Committed::Unknown
+        );
+        assert_eq!(committed_of(KOffset::Stored, Ok(())), Committed::Unknown);
+        assert_eq!(
+            committed_of(KOffset::Offset(10), Ok(())),
+            Committed::At(NextOffset(10))
+        );
+        assert_eq!(committed_of(KOffset::Invalid, Ok(())), Committed::Nothing);
     }
 }

@@ -1,90 +1,207 @@
-//! Fencing by time: may this process start an insert right now?
+//! Fencing by time: may this process write a partition right now?
 //!
-//! Kafka cannot fence a write into ClickHouse, so sluice fences by time, as
-//! leases do. A ticker thread notes the monotonic clock every 100
-//! milliseconds. If the process was frozen (SIGSTOP, a VM pause, a stalled
-//! host), the ticker sees the gap when it wakes and inserts are held for long
-//! enough that librdkafka can learn whether the group moved on and revoke
-//! the partitions first. An insert task that runs before the ticker wakes
-//! sees a stale tick and waits too, so there is no race on wake-up.
+//! Kafka cannot fence a write into ClickHouse, and a member cut off from
+//! the group coordinator (or frozen, or stuck in a rebalance) may never
+//! hear that its partitions moved. So a writer holds a lease per partition
+//! and stops on its own clock:
+//!
+//! - The lease starts from the read that last showed this process in the
+//!   register of owners ([`super::owners`]) when the partition was claimed
+//!   ([`Lease::hold`]), and lasts [`crate::config::Config::lease`].
+//! - [`renew`] reads the register every quarter of the lease. A partition
+//!   still this process's gets its lease extended from the moment the read
+//!   was *sent*; one that is someone else's (or clean) is taken: its lease
+//!   ends at once and the consumer thread gives it up ([`Event::Taken`]).
+//!   One the broker forgot (offset retention) is written again; the next
+//!   read renews it.
+//! - An insert attempt starts, and a commit is sent, only under a live
+//!   lease. Unreachable coordinator, frozen process, lost partition: the
+//!   reads stop succeeding and the lease runs out.
+//!
+//! A new owner claims the partition (writes itself into the register)
+//! before its fence, and its fence lasts `2 × insert_timeout + lease + 5 s`: every
+//! attempt this process started under a lease read before the claim has
+//! ended by then, on the server's clock (see [`super::handoff`]).
 
-use std::sync::Arc;
-use std::sync::Mutex;
+use super::owners::{Owner, Owners};
+use super::state::{Event, Key};
+use std::collections::HashMap;
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
 
-/// Far below the 1.5 s gap that counts as a freeze, and rare enough to cost
-/// nothing measurable (50 wake-ups a second showed up in the profile).
-const TICK: Duration = Duration::from_millis(100);
-
-#[derive(Debug)]
-struct State {
-    last_tick: Instant,
-    held_until: Instant,
-    gaps: u64,
+#[derive(Debug, Clone, Copy)]
+struct Held {
+    generation: u64,
+    until: Instant,
 }
 
-/// Shared view of whether the process has been running continuously.
+/// The leases of this process's active partitions.
 #[derive(Debug, Clone)]
 pub struct Lease {
-    state: Arc<Mutex<State>>,
-    max_gap: Duration,
+    held: Arc<Mutex<HashMap<Key, Held>>>,
+    term: Duration,
 }
 
 impl Lease {
-    /// Starts the ticker. A gap longer than `max_gap` holds inserts for `hold`.
-    pub fn start(max_gap: Duration, hold: Duration) -> Self {
-        let now = Instant::now();
-        let state = Arc::new(Mutex::new(State {
-            last_tick: now,
-            held_until: now,
-            gaps: 0,
-        }));
-        let weak = Arc::downgrade(&state);
-        std::thread::Builder::new()
-            .name("sluice-lease".into())
-            .spawn(move || {
-                while let Some(state) = weak.upgrade() {
-                    {
-                        let now = Instant::now();
-                        let mut s = state.lock().unwrap_or_else(|p| p.into_inner());
-                        if now.duration_since(s.last_tick) > max_gap {
-                            s.held_until = now + hold;
-                            s.gaps += 1;
-                            tracing::warn!(
-                                gap_ms = now.duration_since(s.last_tick).as_millis() as u64,
-                                hold_ms = hold.as_millis() as u64,
-                                "process was frozen; holding inserts until group membership is confirmed"
-                            );
-                        }
-                        s.last_tick = now;
-                    }
-                    drop(state);
-                    std::thread::sleep(TICK);
-                }
-            })
-            .ok();
-        Self { state, max_gap }
-    }
-
-    /// How long to wait before an insert may start; zero if it may start now.
-    pub fn wait_needed(&self) -> Duration {
-        let now = Instant::now();
-        let s = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        if now.duration_since(s.last_tick) > self.max_gap {
-            // The ticker has not run since the freeze: it will set the hold.
-            return TICK;
+    pub fn new(term: Duration) -> Self {
+        Self {
+            held: Arc::default(),
+            term,
         }
-        s.held_until.saturating_duration_since(now)
     }
 
-    /// Waits until an insert may start.
-    pub async fn ready(&self) {
-        loop {
-            let wait = self.wait_needed();
-            if wait.is_zero() {
-                return;
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Key, Held>> {
+        self.held.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// `key` (this `generation` of it) is ours since a read of the register
+    /// sent at `sent`.
+    pub fn hold(&self, key: Key, generation: u64, sent: Instant) {
+        let until = sent + self.term;
+        self.lock().insert(key, Held { generation, until });
+    }
+
+    /// `key` is ours no more (revoked, lost, taken).
+    pub fn release(&self, key: Key) {
+        self.lock().remove(&key);
+    }
+
+    /// Ends the lease of this generation of `key`; false if it had none.
+    fn give_up(&self, key: Key, generation: u64) -> bool {
+        let mut held = self.lock();
+        if held.get(&key).is_some_and(|h| h.generation == generation) {
+            held.remove(&key);
+            return true;
+        }
+        false
+    }
+
+    /// A read sent at `sent` found us in the register for `key`.
+    fn renew(&self, key: Key, generation: u64, sent: Instant) {
+        if let Some(h) = self.lock().get_mut(&key) {
+            if h.generation == generation {
+                h.until = h.until.max(sent + self.term);
             }
-            tokio::time::sleep(wait).await;
         }
+    }
+
+    /// Whether this generation of `key` may write right now.
+    pub fn live(&self, key: Key, generation: u64) -> bool {
+        self.lock()
+            .get(&key)
+            .is_some_and(|h| h.generation == generation && Instant::now() < h.until)
+    }
+
+    /// Waits until this generation of `key` may write. It may never: the
+    /// caller also waits for the partition to be given up.
+    pub async fn ready(&self, key: Key, generation: u64) {
+        while !self.live(key, generation) {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    fn snapshot(&self) -> Vec<(Key, u64)> {
+        self.lock()
+            .iter()
+            .map(|(k, h)| (*k, h.generation))
+            .collect()
+    }
+}
+
+/// Keeps the leases of `lease` fresh until `stopping`: see the module
+/// header. `me` is this process's id in the register.
+pub(super) async fn renew(
+    lease: Lease,
+    owners: Owners,
+    me: u64,
+    tx: mpsc::Sender<Event>,
+    stopping: CancellationToken,
+) {
+    let every = lease.term / 4;
+    let mut failing = false;
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(every) => {}
+            _ = stopping.cancelled() => return,
+        }
+        let held = lease.snapshot();
+        if held.is_empty() {
+            continue;
+        }
+        let (o, keys, timeout) = (
+            owners.clone(),
+            held.iter().map(|(k, _)| *k).collect::<Vec<_>>(),
+            lease.term,
+        );
+        let sent = Instant::now();
+        let answer = tokio::task::spawn_blocking(move || o.read(keys, timeout)).await;
+        let found = match answer {
+            Ok(Ok(found)) => found,
+            Ok(Err(e)) => {
+                if !failing {
+                    tracing::warn!(error = %e, "cannot read the register of owners; inserts stop when the lease runs out");
+                }
+                failing = true;
+                continue;
+            }
+            Err(_) => continue,
+        };
+        if failing {
+            tracing::info!("the register of owners is readable again");
+            failing = false;
+        }
+        let mut forgotten = Vec::new();
+        for (key, generation) in held {
+            match found.get(&key) {
+                None => {}
+                Some(Owner::Process(id)) if *id == me => lease.renew(key, generation, sent),
+                Some(Owner::Nobody) => forgotten.push(key),
+                Some(other) if lease.give_up(key, generation) => {
+                    tracing::warn!(
+                        partition = %owners.name(key),
+                        owner = ?other,
+                        "another owner claimed the partition; this process stops writing it"
+                    );
+                    let _ = tx.send(Event::Taken { key, generation });
+                }
+                Some(_) => {}
+            }
+        }
+        if !forgotten.is_empty() {
+            let o = owners.clone();
+            if let Ok(Err(e)) = tokio::task::spawn_blocking(move || o.write(forgotten, me)).await {
+                tracing::warn!(error = %e, "cannot write this process into the register again");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lease_runs_from_the_send_time_of_its_last_confirmation() {
+        let lease = Lease::new(Duration::from_secs(10));
+        let key = (0, 3);
+        assert!(!lease.live(key, 1));
+        let long_ago = Instant::now() - Duration::from_secs(11);
+        lease.hold(key, 1, long_ago);
+        assert!(!lease.live(key, 1), "expired");
+        lease.renew(key, 2, Instant::now());
+        assert!(
+            !lease.live(key, 1),
+            "another generation's read renews nothing"
+        );
+        lease.renew(key, 1, Instant::now());
+        assert!(lease.live(key, 1));
+        assert!(!lease.live(key, 2));
+        lease.renew(key, 1, long_ago);
+        assert!(lease.live(key, 1), "an older read never shortens it");
+        lease.release(key);
+        assert!(!lease.live(key, 1));
+        lease.renew(key, 1, Instant::now());
+        assert!(!lease.live(key, 1), "a released lease is not renewed");
     }
 }

@@ -14,6 +14,7 @@
 use super::dlq::{Letter, Pending};
 use super::fates::Fates;
 use super::handoff::Prepared;
+use super::owners::Owners;
 use super::writer::{deliver, Completion, Job, Outcome, WriterCtx};
 use super::SinkContext;
 use crate::config::{Config, Route};
@@ -31,9 +32,6 @@ use std::time::{Duration, Instant};
 use tokio::runtime::Handle;
 use tokio_util::sync::CancellationToken;
 
-pub(super) const MARK_OPEN: &str = "sluice:open";
-pub(super) const MARK_CLEAN: &str = "sluice:clean";
-
 pub(super) type Key = (usize, i32);
 
 /// A batch is cut once it accounts for this many DLQ writes.
@@ -43,6 +41,11 @@ const MAX_LETTERS_PER_BATCH: usize = 10_000;
 pub(super) enum Event {
     Completion(Completion),
     Prepared(Prepared),
+    /// Another owner is in the register for this generation of the partition.
+    Taken {
+        key: Key,
+        generation: u64,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -118,6 +121,12 @@ pub(super) struct Sink {
     pub fatal: Option<anyhow::Error>,
     pub stopping: CancellationToken,
     pub stats: Stats,
+    /// The register of owners, and this process's id in it.
+    pub owners: Owners,
+    pub me: u64,
+    /// How often each partition was taken from this process since the
+    /// group last assigned it ([`Sink::on_taken`]).
+    pub taken: HashMap<Key, u32>,
 }
 
 impl Sink {
@@ -337,6 +346,7 @@ impl Sink {
         match e {
             Event::Completion(c) => self.on_completion(c),
             Event::Prepared(p) => self.activate(consumer, p),
+            Event::Taken { key, generation } => self.on_taken(consumer, key, generation),
         }
     }
 
@@ -440,12 +450,12 @@ impl Sink {
     }
 
     /// Commits the durable frontier of `keys` (or of every partition that
-    /// moved), tagged with a hand-off marker.
+    /// moved). In exactly-once mode only partitions under a live lease
+    /// commit: one whose lease ran out may have a new owner.
     pub fn commit(
         &mut self,
         consumer: &BaseConsumer<SinkContext>,
         keys: Option<&[Key]>,
-        marker: &str,
         mode: CommitMode,
     ) {
         let mut tpl = TopicPartitionList::new();
@@ -457,10 +467,11 @@ impl Sink {
             let Some(frontier) = part.acks.as_ref().map(|a| a.frontier()) else {
                 continue;
             };
-            if keys.is_none() && part.committed == Some(frontier) && marker == MARK_OPEN {
+            if part.committed == Some(frontier) || !self.may_write(*key, part.generation) {
                 continue;
             }
-            add_marked(&mut tpl, &self.routes[key.0].topic, key.1, frontier, marker);
+            let mut e = tpl.add_partition(&self.routes[key.0].topic, key.1);
+            let _ = e.set_offset(KOffset::Offset(frontier.0));
             moved.push((*key, frontier));
         }
         if moved.is_empty() {
@@ -478,6 +489,34 @@ impl Sink {
                 error = %e,
                 "offset commit failed; it is advisory, progress lives in ClickHouse"
             ),
+        }
+    }
+
+    /// Whether this generation of `key` may insert and commit: always in
+    /// at-least-once mode, under a live lease in exactly-once mode.
+    fn may_write(&self, key: Key, generation: u64) -> bool {
+        !self.cfg.sink.delivery.is_exactly_once() || self.ctx.lease.live(key, generation)
+    }
+
+    /// Marks `keys` (or every partition) clean in the register, after
+    /// their inserts drained: the next owner need not fence. Only where
+    /// this process still holds the lease; blocks for the commit.
+    pub fn hand_off_clean(&mut self, keys: Option<&[Key]>) {
+        if !self.cfg.sink.delivery.is_exactly_once() {
+            return;
+        }
+        let clean: Vec<Key> = self
+            .parts
+            .iter()
+            .filter(|(k, p)| {
+                keys.is_none_or(|ks| ks.contains(k))
+                    && p.phase == Phase::Active
+                    && self.ctx.lease.live(**k, p.generation)
+            })
+            .map(|(k, _)| *k)
+            .collect();
+        if let Err(e) = self.owners.write(clean, 0) {
+            tracing::warn!(error = %e, "cannot mark the hand-off clean; the next owner fences");
         }
     }
 
@@ -521,12 +560,10 @@ impl Sink {
         }
     }
 
-    /// Positions a prepared partition and lets its records flow, once its
-    /// `open` ownership marker is committed: a later owner that finds the
-    /// marker knows the hand-off was not clean and fences. Until then
-    /// (exactly-once) the partition stays paused and inserts nothing; a
-    /// failed seek or marker commit is tried again after a backoff, without
-    /// blocking this thread ([`Sink::retry_prepared`]).
+    /// Positions a prepared partition (claimed and fenced, in exactly-once
+    /// mode) and lets its records flow; its lease starts from the read that
+    /// last showed this process in the register. A failed seek is tried
+    /// again after a backoff ([`Sink::retry_prepared`]).
     pub fn activate(&mut self, consumer: &BaseConsumer<SinkContext>, p: Prepared) {
         let exactly_once = self.cfg.sink.delivery.is_exactly_once();
         let topic = self.routes[p.key.0].topic.clone();
@@ -545,24 +582,8 @@ impl Sink {
             self.retry_prepared(p);
             return;
         }
-        let mut marker = TopicPartitionList::new();
-        add_marked(&mut marker, &topic, p.key.1, start, MARK_OPEN);
-        match consumer.commit(&marker, CommitMode::Sync) {
-            Ok(()) => part.committed = Some(start),
-            Err(e) if exactly_once => {
-                tracing::warn!(
-                    partition = %name,
-                    attempt = p.attempts,
-                    error = %e,
-                    "cannot record the ownership marker; the partition stays paused until it is committed"
-                );
-                self.retry_prepared(p);
-                return;
-            }
-            // Nothing fences on it in at-least-once mode.
-            Err(e) => {
-                tracing::warn!(partition = %name, error = %e, "could not record the ownership marker")
-            }
+        if exactly_once {
+            self.ctx.lease.hold(p.key, p.generation, p.confirmed);
         }
         part.check_through = p.plan.check_through;
         if let Some(d) = &self.routes[p.key.0].dedup {
@@ -578,16 +599,4 @@ impl Sink {
             "partition active"
         );
     }
-}
-
-pub(super) fn add_marked(
-    tpl: &mut TopicPartitionList,
-    topic: &str,
-    p: i32,
-    at: NextOffset,
-    marker: &str,
-) {
-    let mut e = tpl.add_partition(topic, p);
-    let _ = e.set_offset(KOffset::Offset(at.0));
-    e.set_metadata(marker);
 }

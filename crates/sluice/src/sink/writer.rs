@@ -154,10 +154,11 @@ async fn attempt_until_done(job: &Job, ctx: &WriterCtx, letters: &mut Vec<Pendin
         return Outcome::Abandoned;
     };
     let first = job.batch.first().unwrap_or(Offset(i64::MAX));
+    let key = (job.route_idx, p.partition);
     for attempt in 0u32.. {
         if exactly_once {
             tokio::select! {
-                _ = ctx.lease.ready() => {}
+                _ = ctx.lease.ready(key, job.generation) => {}
                 _ = job.abandon.cancelled() => return Outcome::Abandoned,
             }
         }
@@ -191,7 +192,7 @@ async fn attempt_until_done(job: &Job, ctx: &WriterCtx, letters: &mut Vec<Pendin
             return durable(job, ctx, 0, &rejected, excluded.len());
         }
         // Reconciliation takes time: check again right before the insert.
-        if exactly_once && (!ctx.lease.wait_needed().is_zero() || job.abandon.is_cancelled()) {
+        if exactly_once && (!ctx.lease.live(key, job.generation) || job.abandon.is_cancelled()) {
             continue;
         }
         let token = exactly_once.then(|| {

@@ -198,6 +198,8 @@ pub struct SinkSpec {
     pub instance_id: Option<String>,
     /// `[clickhouse] read_settings`.
     pub read_settings: Vec<(String, String)>,
+    /// `[kafka] properties`.
+    pub kafka_properties: Vec<(String, String)>,
 }
 
 impl SinkSpec {
@@ -221,6 +223,7 @@ impl SinkSpec {
             auto_offset_reset: None,
             instance_id: None,
             read_settings: Vec::new(),
+            kafka_properties: Vec::new(),
         }
     }
 
@@ -246,6 +249,7 @@ impl SinkSpec {
             auto_offset_reset: self.auto_offset_reset.clone(),
             instance_id: self.instance_id.clone(),
             read_settings: self.read_settings.clone(),
+            kafka_properties: self.kafka_properties.clone(),
         }
         .start_with(env!("CARGO_BIN_EXE_sluice").as_ref())
         .expect("starting sluice")

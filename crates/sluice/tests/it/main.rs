@@ -8,6 +8,7 @@
 mod harness;
 
 mod check;
+mod coordinator;
 mod dedup;
 mod delivery;
 mod dlq;
