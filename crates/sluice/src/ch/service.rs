@@ -167,7 +167,15 @@ impl ClickHouse {
     /// The deadline for an attempt starting now: `insert_timeout` from now,
     /// on the server's clock.
     pub fn deadline(&self) -> i64 {
-        self.clock.now_ms() + self.insert_timeout.as_millis() as i64
+        self.deadline_by(Instant::now())
+    }
+
+    /// The deadline of an attempt that must start by `latest` (a lease's
+    /// end) on our clock: `insert_timeout` after the earlier of now and
+    /// `latest`, on the server's clock. A process stopped between checking
+    /// its lease and sending the attempt gets a deadline already past.
+    pub fn deadline_by(&self, latest: Instant) -> i64 {
+        self.clock.ms_at(latest.min(Instant::now())) + self.insert_timeout.as_millis() as i64
     }
 
     /// The engine of `route`'s table (empty: no such table).
@@ -587,14 +595,17 @@ fn quote_str(text: &str) -> String {
 const CLOCK_READING_TTL: Duration = Duration::from_secs(300);
 
 /// The server's clock, as read from here: the reading with the shortest round
-/// trip (its error is at most half of it), counted forward on the monotonic
-/// clock, so a step of the client's wall clock changes nothing.
+/// trip, counted forward on the monotonic clock, so a step of the client's
+/// wall clock changes nothing. A reading is placed at the moment its answer
+/// arrived: the server read its clock before that, so the estimate is never
+/// ahead of the server (it is behind by at most the round trip), and a
+/// deadline built on it never ends later than meant.
 #[derive(Debug, Default)]
 struct ServerClock(std::sync::Mutex<Option<Reading>>);
 
 #[derive(Debug, Clone, Copy)]
 struct Reading {
-    /// When the server read its clock, on our monotonic clock (mid-trip).
+    /// When its answer arrived, on our monotonic clock.
     at: Instant,
     server_ms: i64,
     rtt: Duration,
@@ -607,7 +618,7 @@ impl ServerClock {
     fn observe(&self, server_ms: i64, sent: Instant, received: Instant, force: bool) {
         let rtt = received.saturating_duration_since(sent);
         let new = Reading {
-            at: sent + rtt / 2,
+            at: received,
             server_ms,
             rtt,
         };
@@ -620,15 +631,14 @@ impl ServerClock {
         }
     }
 
-    /// The server's clock now (Unix ms); the client's wall clock until the
-    /// first reading.
-    fn now_ms(&self) -> i64 {
+    /// The server's clock at `t` on ours (Unix ms); the client's wall clock
+    /// until the first reading.
+    fn ms_at(&self, t: Instant) -> i64 {
         let held = *self.0.lock().unwrap_or_else(|p| p.into_inner());
         match held {
-            Some(r) => {
-                r.server_ms + Instant::now().saturating_duration_since(r.at).as_millis() as i64
-            }
-            None => unix_ms(),
+            Some(r) if t >= r.at => r.server_ms + t.duration_since(r.at).as_millis() as i64,
+            Some(r) => r.server_ms - r.at.duration_since(t).as_millis() as i64,
+            None => unix_ms() - Instant::now().saturating_duration_since(t).as_millis() as i64,
         }
     }
 }

@@ -26,6 +26,7 @@ pub const SCENARIOS: &[&str] = &[
     "broker-restart",
     "rebalance",
     "zombie",
+    "coordinator-partition",
     "producer-retry",
     "manual-resend",
     "poison-records",
@@ -147,7 +148,8 @@ impl Run {
             delivery,
             max_batch_rows: 1_000,
             insert_timeout: params.insert_timeout,
-            fence_wait: params.insert_timeout * 2 + Duration::from_secs(2),
+            // The shortest safe fence: a 2 s lease and the 5 s margin.
+            fence_wait: params.insert_timeout * 2 + Duration::from_secs(7),
             commit_interval: Duration::from_secs(1),
             max_batch_age: Duration::from_millis(300),
             max_buffered_bytes: 64 << 20,
@@ -431,6 +433,44 @@ pub async fn run(
             tokio::time::sleep(Duration::from_secs(6)).await;
             a.stop(Duration::from_secs(60));
             r.finish(scenario, vec![b], n, Instant::now()).await
+        }
+        "coordinator-partition" => {
+            // A broker of our own behind a proxy that can cut one member
+            // off from its group coordinator.
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+            let front = listener.local_addr()?.to_string();
+            let broker = super::fixture::PrivateBroker::start_advertising(Some(front)).await?;
+            let proxy = super::kafka_proxy::KafkaProxy::start(listener, broker.brokers())?;
+            let own = Stack {
+                brokers: proxy.addr.clone(),
+                clickhouse_url: stack.clickhouse_url.clone(),
+            };
+            let mut r = Run::new(&own, mode, p, 0, false).await?;
+            // Both members use one static instance id: the second one to
+            // join takes the first one's partitions at once (tansu tells
+            // the first nothing), the way a coordinator that never hears
+            // from a member again would hand its partitions on.
+            r.spec.instance_id = Some(Stack::unique("member"));
+            let member = |client: &str| {
+                let mut s = r.spec.clone();
+                s.kafka_properties = vec![("client.id".into(), client.into())];
+                s
+            };
+            r.produce(0, n / 2).await?;
+            let mut a = member("lab-owner-a").start()?;
+            r.wait_rows(&mut a, n / 8).await?;
+            // A still reaches the partition leader and ClickHouse, not the
+            // coordinator: no heartbeat, no commit, no offset read.
+            proxy.cut_off_group(Some("lab-owner-a"));
+            let b = member("lab-owner-b").start()?;
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            r.produce(n / 2, n - n / 2).await?;
+            let fault_end = Instant::now();
+            let mut cell = r.finish(scenario, vec![a, b], n, fault_end).await?;
+            cell.fault_injected = proxy.swallowed() > 0;
+            drop(r);
+            drop(broker);
+            Ok(cell)
         }
         "producer-retry" => {
             // A broker of our own behind a proxy that can lose produce acks.

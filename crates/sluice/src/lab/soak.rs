@@ -121,10 +121,8 @@ pub async fn run(stack: &Stack, o: SoakOptions) -> anyhow::Result<SoakReport> {
         delivery: "exactly-once",
         max_batch_rows: 2_000,
         insert_timeout,
-        // tansu has no rebalance barrier: an old owner hears of a rebalance
-        // up to ~10 s late, so a new owner waits longer than on Kafka (as in
-        // the rebalance scenario).
-        fence_wait: Duration::from_secs(15),
+        // 2 × insert_timeout + a 2 s lease + 5 s.
+        fence_wait: Duration::from_secs(17),
         commit_interval: Duration::from_secs(1),
         max_batch_age: Duration::from_millis(500),
         max_buffered_bytes: 64 << 20,

@@ -137,6 +137,10 @@ pub async fn run(
     let stopping = CancellationToken::new();
     let (tx, rx) = mpsc::channel();
     let me = new_owner();
+    // Leases are renewed until the consumer thread is done: a graceful stop
+    // still inserts and reconciles what it has read.
+    let renewing = CancellationToken::new();
+    let _stop_renewing = renewing.clone().drop_guard();
     let routes: Vec<Arc<Route>> = cfg.routes.iter().cloned().map(Arc::new).collect();
     let owners = Owners::new(&cfg.kafka, routes.clone())
         .context("creating the client of the register of owners")?;
@@ -153,7 +157,7 @@ pub async fn run(
             owners.clone(),
             me,
             tx.clone(),
-            stopping.clone(),
+            renewing.clone(),
         ));
     }
     let ready = Arc::new(AtomicBool::new(false));

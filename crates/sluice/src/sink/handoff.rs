@@ -28,7 +28,7 @@
 //! already moved on.
 
 use super::dedup::{rebuild, Seeds};
-use super::owners::{Owner, Owners};
+use super::owners::{jitter, Owner, Owners};
 use super::state::{Event, Key, Phase, Sink};
 use super::SinkContext;
 use crate::ch::ClickHouse;
@@ -99,6 +99,7 @@ impl Sink {
     /// thread, after `wait`.
     fn prepare(&mut self, keys: &[Key], wait: Duration) {
         let mut parts: BTreeMap<usize, Vec<(Key, u64)>> = BTreeMap::new();
+        let mut given_up = HashMap::new();
         for &(ri, p) in keys {
             let mut part = self.new_part(ri, p, Phase::Preparing);
             part.paused = true;
@@ -106,6 +107,7 @@ impl Sink {
                 .entry(ri)
                 .or_default()
                 .push(((ri, p), part.generation));
+            given_up.insert(((ri, p), part.generation), part.abandon.clone());
             self.parts.insert((ri, p), part);
         }
         let prep = Preparation {
@@ -124,6 +126,7 @@ impl Sink {
             owners: self.owners.clone(),
             me: self.me,
             wait,
+            given_up,
             parts,
         };
         self.handle.spawn(prep.run());
@@ -132,7 +135,7 @@ impl Sink {
     /// Another owner is in the register for a partition this process was
     /// writing: give it up at once and, since the group still assigns it
     /// here, prepare it again. It waits a fence first, doubled each time
-    /// it is taken again (up to 32 fences) until the group revokes it: two
+    /// it is taken again soon after it went active (up to 32 fences): two
     /// owners that a broken coordinator both believes in would otherwise
     /// take it from each other for ever, each writing a moment.
     pub(super) fn on_taken(
@@ -150,6 +153,10 @@ impl Sink {
         };
         part.abandon.cancel();
         self.ctx.lease.release(key);
+        let settled = self.cfg.sink.fence_wait * 2;
+        if part.active_since.is_some_and(|t| t.elapsed() > settled) {
+            self.taken.remove(&key);
+        }
         let mut tpl = TopicPartitionList::new();
         tpl.add_partition(&self.routes[key.0].topic, key.1);
         if let Err(e) = consumer.pause(&tpl) {
@@ -248,7 +255,15 @@ struct Preparation {
     wait: Duration,
     /// Per route: the partitions and their generations.
     parts: BTreeMap<usize, Vec<(Key, u64)>>,
+    /// Cancelled when this generation of a partition is given up (revoked,
+    /// lost, taken): its preparation stops claiming it.
+    given_up: HashMap<(Key, u64), CancellationToken>,
 }
+
+/// How long a claim on a clean partition settles before it is read back:
+/// a claimer that read `clean` and wrote within this long has its claim
+/// stored by then, so of two claimers only the last one reads itself back.
+const SETTLE: Duration = Duration::from_secs(2);
 
 /// Reads the group's offsets and the log's bounds without joining the
 /// group: a client of its own with the group's id, used off the consumer
@@ -287,6 +302,10 @@ impl Preparation {
         let mut pending: Vec<(Key, u64)> = self.parts.values().flatten().copied().collect();
         let mut backoff = Duration::from_millis(500);
         loop {
+            pending.retain(|p| self.current(p));
+            if pending.is_empty() {
+                return;
+            }
             let Some(commits) = self.committed(lookup, &pending).await else {
                 return;
             };
@@ -305,11 +324,17 @@ impl Preparation {
             if pending.is_empty() {
                 return;
             }
-            if !self.sleep(backoff).await {
+            // Two claimers that keep losing to each other drift apart.
+            if !self.sleep(backoff + jitter(backoff)).await {
                 return;
             }
             backoff = (backoff * 2).min(Duration::from_secs(5));
         }
+    }
+
+    /// Whether this generation of the partition is still being prepared.
+    fn current(&self, p: &(Key, u64)) -> bool {
+        self.given_up.get(p).is_some_and(|t| !t.is_cancelled())
     }
 
     /// Writes this process into the register for `pending`, reads it back,
@@ -320,9 +345,15 @@ impl Preparation {
     /// The fence counts from a read that shows the claim stored: an owner
     /// that read itself in the register before then stops writing within
     /// a lease, and its last inserts end within `2 × insert_timeout`.
+    ///
+    /// A clean hand-off skips the fence, but only when the claim was stored
+    /// within [`SETTLE`] of the read that showed `clean`, and is read back
+    /// [`SETTLE`] later: two claimers that both read `clean` cannot both
+    /// read themselves back then (Fischer's mutual exclusion, with the
+    /// write's own duration as its bound).
     async fn claim(&self, pending: &[(Key, u64)]) -> Option<Vec<((Key, u64), Instant)>> {
         let keys: Vec<Key> = pending.iter().map(|(k, _)| *k).collect();
-        let before = self.read_owners(&keys).await?;
+        let (before, read_sent) = self.read_owners_at(&keys).await?;
         let clean = keys.iter().all(|k| before.get(k) == Some(&Owner::Clean));
         let (owners, me) = (self.owners.clone(), self.me);
         let ks = keys.clone();
@@ -332,6 +363,10 @@ impl Preparation {
                 "cannot record the ownership marker (the claim) yet; the partitions wait"
             );
             return Some(Vec::new());
+        }
+        let clean = clean && read_sent.elapsed() <= SETTLE;
+        if clean && !self.sleep(SETTLE).await {
+            return None;
         }
         let (after, read_at) = self.read_owners_at(&keys).await?;
         let claimed: Vec<(Key, u64)> = pending
@@ -362,6 +397,7 @@ impl Preparation {
         let ours: Vec<((Key, u64), Instant)> = claimed
             .iter()
             .filter(|(k, _)| after.get(k) == Some(&Owner::Process(self.me)))
+            .filter(|p| self.current(p))
             .map(|&p| (p, read_at))
             .collect();
         if ours.len() < claimed.len() {
@@ -373,13 +409,8 @@ impl Preparation {
         Some(ours)
     }
 
-    /// The register's entries for `keys`, read until every one is known.
-    /// `None` when stopping.
-    async fn read_owners(&self, keys: &[Key]) -> Option<HashMap<Key, Owner>> {
-        Some(self.read_owners_at(keys).await?.0)
-    }
-
-    /// [`Self::read_owners`], with the time the read that answered was sent.
+    /// The register's entries for `keys`, read until every one is known,
+    /// with the time the read that answered was sent. `None` when stopping.
     async fn read_owners_at(&self, keys: &[Key]) -> Option<(HashMap<Key, Owner>, Instant)> {
         let mut backoff = Duration::from_millis(200);
         loop {
@@ -412,7 +443,7 @@ impl Preparation {
         for (ri, parts) in &self.parts {
             let parts: Vec<((Key, u64), Instant)> = keys
                 .iter()
-                .filter(|(p, _)| parts.contains(p))
+                .filter(|(p, _)| parts.contains(p) && self.current(p))
                 .copied()
                 .collect();
             if parts.is_empty() {

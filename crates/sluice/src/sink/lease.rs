@@ -34,6 +34,8 @@ use tokio_util::sync::CancellationToken;
 struct Held {
     generation: u64,
     until: Instant,
+    /// Renewals sent before this do not count ([`Lease::suspect`]).
+    suspect_since: Option<Instant>,
 }
 
 /// The leases of this process's active partitions.
@@ -59,7 +61,14 @@ impl Lease {
     /// sent at `sent`.
     pub fn hold(&self, key: Key, generation: u64, sent: Instant) {
         let until = sent + self.term;
-        self.lock().insert(key, Held { generation, until });
+        self.lock().insert(
+            key,
+            Held {
+                generation,
+                until,
+                suspect_since: None,
+            },
+        );
     }
 
     /// `key` is ours no more (revoked, lost, taken).
@@ -80,17 +89,36 @@ impl Lease {
     /// A read sent at `sent` found us in the register for `key`.
     fn renew(&self, key: Key, generation: u64, sent: Instant) {
         if let Some(h) = self.lock().get_mut(&key) {
-            if h.generation == generation {
+            if h.generation == generation && h.suspect_since.is_none_or(|s| sent >= s) {
                 h.until = h.until.max(sent + self.term);
+                h.suspect_since = None;
             }
         }
     }
 
     /// Whether this generation of `key` may write right now.
     pub fn live(&self, key: Key, generation: u64) -> bool {
+        self.until(key, generation).is_some()
+    }
+
+    /// When the live lease of this generation of `key` ends; `None` if it
+    /// has none.
+    pub fn until(&self, key: Key, generation: u64) -> Option<Instant> {
         self.lock()
             .get(&key)
-            .is_some_and(|h| h.generation == generation && Instant::now() < h.until)
+            .filter(|h| h.generation == generation && Instant::now() < h.until)
+            .map(|h| h.until)
+    }
+
+    /// Ends the lease of this generation of `key` until a renewal read sent
+    /// from now on confirms it: our clock may not be trusted.
+    pub fn suspect(&self, key: Key, generation: u64) {
+        if let Some(h) = self.lock().get_mut(&key) {
+            if h.generation == generation {
+                h.until = h.until.min(Instant::now());
+                h.suspect_since = Some(Instant::now());
+            }
+        }
     }
 
     /// Waits until this generation of `key` may write. It may never: the
@@ -199,6 +227,16 @@ mod tests {
         assert!(!lease.live(key, 2));
         lease.renew(key, 1, long_ago);
         assert!(lease.live(key, 1), "an older read never shortens it");
+        let before = Instant::now();
+        lease.suspect(key, 1);
+        assert!(!lease.live(key, 1), "a suspect lease ends at once");
+        lease.renew(key, 1, before);
+        assert!(
+            !lease.live(key, 1),
+            "a read sent before the suspicion renews nothing"
+        );
+        lease.renew(key, 1, Instant::now());
+        assert!(lease.live(key, 1));
         lease.release(key);
         assert!(!lease.live(key, 1));
         lease.renew(key, 1, Instant::now());

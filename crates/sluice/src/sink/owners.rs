@@ -114,14 +114,22 @@ pub(super) fn register_group(group: &str) -> String {
     format!("{group}.sluice-owners")
 }
 
-/// An id for this process as an owner: 63 random bits (the standard
-/// library's hasher keys), never 0.
+/// An id for this process as an owner: 63 random bits, never 0.
 pub(super) fn new_owner() -> u64 {
+    (random() >> 1).max(1)
+}
+
+/// A random duration below `max`.
+pub(super) fn jitter(max: Duration) -> Duration {
+    Duration::from_nanos(random() % (max.as_nanos() as u64).max(1))
+}
+
+/// 64 random bits, from the standard library's randomly keyed hasher.
+fn random() -> u64 {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos());
-    let bits = std::collections::hash_map::RandomState::new().hash_one((std::process::id(), nanos));
-    (bits >> 1).max(1)
+    std::collections::hash_map::RandomState::new().hash_one((std::process::id(), nanos))
 }
 
 #[cfg(test)]

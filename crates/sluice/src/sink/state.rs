@@ -84,6 +84,8 @@ pub(super) struct Part {
     pub waiting: BTreeMap<Offset, usize>,
     /// What became of this activation's rows, for conditional rows.
     pub fates: Arc<Fates>,
+    /// When it went active.
+    pub active_since: Option<Instant>,
 }
 
 #[derive(Default, Debug, Clone, Copy)]
@@ -158,6 +160,7 @@ impl Sink {
             conditional: Vec::new(),
             waiting: BTreeMap::new(),
             fates: Arc::default(),
+            active_since: None,
         }
     }
 
@@ -592,6 +595,7 @@ impl Sink {
         part.position = Some(start);
         part.acks = Some(AckTracker::new(start));
         part.phase = Phase::Active;
+        part.active_since = Some(Instant::now());
         tracing::info!(
             partition = %name,
             start = start.0,

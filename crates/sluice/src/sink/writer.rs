@@ -191,8 +191,10 @@ async fn attempt_until_done(job: &Job, ctx: &WriterCtx, letters: &mut Vec<Pendin
         if batch.is_empty() {
             return durable(job, ctx, 0, &rejected, excluded.len());
         }
-        // Reconciliation takes time: check again right before the insert.
-        if exactly_once && (!ctx.lease.live(key, job.generation) || job.abandon.is_cancelled()) {
+        // Reconciliation takes time: check again right before the insert,
+        // and let the deadline end with the lease.
+        let lease_end = ctx.lease.until(key, job.generation);
+        if exactly_once && (lease_end.is_none() || job.abandon.is_cancelled()) {
             continue;
         }
         let token = exactly_once.then(|| {
@@ -214,7 +216,9 @@ async fn attempt_until_done(job: &Job, ctx: &WriterCtx, letters: &mut Vec<Pendin
         };
         let started = Instant::now();
         let req_table = format!("{}.{}", job.route.database, job.route.table);
-        let deadline_ms = exactly_once.then(|| ctx.ch.deadline());
+        let deadline_ms = lease_end
+            .filter(|_| exactly_once)
+            .map(|end| ctx.ch.deadline_by(end));
         let req = InsertRequest {
             table: job.route.qualified(),
             body: batch.body().clone(),
@@ -233,6 +237,9 @@ async fn attempt_until_done(job: &Job, ctx: &WriterCtx, letters: &mut Vec<Pendin
                 // clocks moved apart, or the request was held on the way.
                 tracing::warn!(partition = %p, attempt, "insert reached ClickHouse after its deadline; retrying");
                 telemetry::insert_retried(&req_table, "deadline");
+                // Our clock may have stood still (a suspended VM): trust the
+                // lease again only after a renewal read sent from now on.
+                ctx.lease.suspect(key, job.generation);
                 if let Err(e) = ctx.ch.server_now(true).await {
                     tracing::warn!(error = %e, "cannot read the server's clock");
                 }

@@ -245,9 +245,11 @@ async fn frozen_instance_wakes_up_without_writing() {
     assert!(a.stop(Duration::from_secs(60)), "{}", a.log_tail());
     assert!(b.stop(Duration::from_secs(60)), "{}", b.log_tail());
     let log = std::fs::read_to_string(&a.log).unwrap();
+    // A wakes with its leases run out: it learns it lost its partitions
+    // from librdkafka, or from the register of owners, before it writes.
     assert!(
-        log.contains("process was frozen"),
-        "A must notice the freeze: {}",
+        log.contains("lost=true") || log.contains("another owner claimed the partition"),
+        "A must notice it lost its partitions: {}",
         a.log_tail()
     );
     assert_eq!(missing_ids(&ch, &table, n).await, 0, "{got:?}");

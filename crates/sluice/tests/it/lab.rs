@@ -36,7 +36,7 @@ fn quick_matrix_exactly_once_is_clean_and_baselines_fail() {
     assert!(out.status.success(), "sluice lab failed: {stderr}");
     let cells: Vec<Cell> = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
     eprintln!("{}", std::fs::read_to_string(&md).unwrap());
-    assert_eq!(cells.len(), 13 * 4, "every scenario × mode: {cells:?}");
+    assert_eq!(cells.len(), 14 * 4, "every scenario × mode: {cells:?}");
     let producer_side = ["producer-retry", "manual-resend"];
     let cell = |s: &str, m: &str| {
         cells
@@ -91,6 +91,9 @@ fn quick_matrix_exactly_once_is_clean_and_baselines_fail() {
         // its retry: no window catches it.
         let late = cell("late-insert", m);
         assert!(late.fault_injected && late.duplicates > 0, "{late:?}");
+        // An owner nobody stops writes beside the one the group chose.
+        let cut = cell("coordinator-partition", m);
+        assert!(cut.fault_injected && cut.duplicates > 0, "{cut:?}");
         // The dedup window catches a same-bytes re-submit while it holds.
         assert_eq!(
             cell("resubmit-after-timeout/window-large", m).duplicates,
