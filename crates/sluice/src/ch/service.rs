@@ -12,7 +12,8 @@
 //! the key window, the fence) goes through one path with the read settings.
 //! On a `Replicated*` table the defaults make those reads see every
 //! acknowledged insert: quorum inserts, linearized
-//! (`insert_quorum = 'auto'`, `insert_quorum_parallel = 0`), and
+//! (`insert_quorum = 'auto'`, `insert_quorum_parallel = 0`,
+//! `insert_quorum_timeout` = `insert_timeout`), and
 //! `select_sequential_consistency = 1`; on `Shared*` (ClickHouse Cloud) the
 //! latter. The user's `settings` / `read_settings` win over these.
 //!
@@ -198,6 +199,15 @@ impl ClickHouse {
         let (insert, read) = consistency_defaults(engine);
         add_defaults(&mut self.insert_settings, insert, &self.user_settings);
         add_defaults(&mut self.read_settings, read, &self.user_settings);
+        if engine.starts_with("Replicated") {
+            // A part that missed its quorum must not turn up after the
+            // insert's own bound: wait for the quorum no longer than that.
+            let ms = self.insert_timeout.as_millis().to_string();
+            self.insert_settings
+                .retain(|(n, _)| n != "insert_quorum_timeout");
+            self.insert_settings
+                .push(("insert_quorum_timeout".into(), ms));
+        }
     }
 
     /// A read the protocol relies on, with the read settings.

@@ -584,6 +584,22 @@ impl RawConfig {
                 .unwrap_or(Duration::from_secs(1)),
             aligned: o.delivery.or(s.delivery) == Some(Delivery::TokenOnly),
         };
+        if o.delivery
+            .or(s.delivery)
+            .unwrap_or_default()
+            .is_exactly_once()
+        {
+            if let Some(name) = PROTOCOL_SETTINGS
+                .iter()
+                .find(|n| self.clickhouse.settings.contains_key(**n))
+            {
+                return Err(invalid(
+                    &format!("clickhouse.settings.{name}"),
+                    "not set: exactly-once sets it (its bounds come from clickhouse.insert_timeout)",
+                    &self.clickhouse.settings[*name],
+                ));
+            }
+        }
         if limits.max_bytes > 1 << 30 {
             return Err(invalid(
                 "sink.max_batch_bytes",
@@ -818,6 +834,16 @@ fn key_dedup(
         )?,
     }))
 }
+
+/// Insert settings exactly-once relies on: a bound on a running insert,
+/// one part per insert, synchronous inserts, a bound on a quorum insert.
+const PROTOCOL_SETTINGS: &[&str] = &[
+    "max_execution_time",
+    "timeout_overflow_mode",
+    "max_insert_threads",
+    "async_insert",
+    "insert_quorum_timeout",
+];
 
 fn invalid(field: &str, expected: &'static str, found: &str) -> ConfigError {
     ConfigError::Invalid {
@@ -1215,6 +1241,14 @@ mod tests {
             ),
             (k("session_timeout = 'soon'"), "session_timeout"),
             (c("insert_timeout = '500ms'"), "clickhouse.insert_timeout"),
+            (
+                c("settings = { max_execution_time = '0' }"),
+                "clickhouse.settings.max_execution_time",
+            ),
+            (
+                c("settings = { async_insert = '1' }"),
+                "clickhouse.settings.async_insert",
+            ),
             (sink("max_batch_bytes = 2000000000"), "sink.max_batch_bytes"),
             (
                 sink("max_concurrent_inserts = 0"),
