@@ -423,6 +423,21 @@ class InsertSelectInputTest(unittest.TestCase):
         self.assertEqual(st, 200, body)
         self.assertEqual(self.rows(), "[(1,'dflt',2),(2,'dflt',4)]")
 
+    def test_a_violated_check_is_reported_and_stores_nothing(self):
+        # chDB's streaming insert drops such a block silently; the server must say 469.
+        st, body, _ = self.s.q("CREATE TABLE db.c (n UInt32, s String DEFAULT 'd', CONSTRAINT c CHECK n < 10) "
+                               "ENGINE = MergeTree ORDER BY n")
+        self.assertEqual(st, 200, body)
+        st, body, h = self.s.q("INSERT INTO db.c FORMAT JSONEachRow", b'{"n":1}\n{"n":50}\n', async_insert=0)
+        self.assertEqual((st, h.get("X-ClickHouse-Exception-Code")), (500, "469"), body)
+        self.assertEqual(self.s.value("SELECT count() FROM db.c"), "0")
+        st, body, h = self.s.q("INSERT INTO db.c FORMAT JSONEachRow", b'{"n":1}\n\n{"n":2,"s":"x"}\n',
+                               async_insert=0)
+        self.assertEqual(st, 200, body)
+        self.assertEqual(json.loads(h["X-ClickHouse-Summary"])["written_rows"], "2")
+        self.assertEqual(self.s.value("SELECT groupArray((n, s)) FROM (SELECT * FROM db.c ORDER BY n)"),
+                         "[(1,'d'),(2,'x')]")
+
     def test_settings_apply_to_insert_select(self):
         st, body, _ = self.s.q("INSERT INTO db.t SELECT a, toString(getSetting('max_execution_time')) "
                                "FROM input('a UInt64') FORMAT JSONEachRow", b'{"a":1}\n', max_execution_time=7)

@@ -57,6 +57,8 @@ fn names_a_setting(f: &str) -> bool {
         || route_field(f)
         || f.strip_prefix("kafka.properties.\"")
             .is_some_and(|k| k.ends_with('"'))
+        || f.strip_prefix("clickhouse.settings.")
+            .is_some_and(|k| !k.is_empty())
 }
 
 /// Loads `text` with `vars` the way `sluice` does and checks the outcome.

@@ -12,6 +12,7 @@ pub mod kafka_proxy;
 pub mod poison;
 pub mod process;
 pub mod proxy;
+pub mod reject;
 pub mod report;
 pub mod scenarios;
 pub mod soak;

@@ -30,6 +30,7 @@ pub const SCENARIOS: &[&str] = &[
     "producer-retry",
     "manual-resend",
     "poison-records",
+    "reject-every-type",
 ];
 
 /// Scenarios whose copies are made before Kafka (same key, new offset):
@@ -520,6 +521,61 @@ pub async fn run(
                 .await?;
             let mut cell = r.finish(scenario, vec![sink], n, Instant::now()).await?;
             cell.fault_injected = again.sent == n - n / 2;
+            Ok(cell)
+        }
+        "reject-every-type" => {
+            use super::{poison, reject};
+            let mut r = Run::new(stack, mode, p, 0, false).await?;
+            // A table with a column of every type family instead.
+            let db = Stack::unique("lab");
+            let ch = stack.ch();
+            ch.query(&format!("CREATE DATABASE IF NOT EXISTS {db}"))
+                .execute()
+                .await?;
+            ch.query(&reject::table_ddl(&db)).execute().await?;
+            r.table = format!("{db}.typed");
+            r.spec.table = r.table.clone();
+            let dlq_topic = Stack::unique("lab_dlq");
+            stack.create_topic(&dlq_topic, 1).await?;
+            r.spec.dlq_topic = Some(dlq_topic.clone());
+            let (values, refused) = reject::mix(n, 50);
+            let (brokers, topic) = (stack.brokers.clone(), r.spec.topic.clone());
+            tokio::task::spawn_blocking(move || {
+                poison::produce(&brokers, &topic, PARTITIONS, &values)
+            })
+            .await??;
+            let sink = r.spec.start()?;
+            let good = n - refused.len() as u64;
+            let mut cell = r.finish(scenario, vec![sink], good, Instant::now()).await?;
+            let (brokers, t) = (stack.brokers.clone(), dlq_topic.clone());
+            let (want, timeout) = (refused.len(), p.timeout);
+            let entries =
+                tokio::task::spawn_blocking(move || poison::read_dlq(&brokers, &t, want, timeout))
+                    .await??;
+            let sources: std::collections::BTreeSet<(i32, i64)> = entries
+                .iter()
+                .filter(|e| e.source_topic == r.spec.topic)
+                .map(|e| (e.partition, e.offset))
+                .collect();
+            // Record i went to partition i % PARTITIONS, at offset i / PARTITIONS.
+            let expected: std::collections::BTreeSet<(i32, i64)> = refused
+                .iter()
+                .map(|&i| {
+                    (
+                        (i % PARTITIONS as u64) as i32,
+                        (i / PARTITIONS as u64) as i64,
+                    )
+                })
+                .collect();
+            let in_dlq = sources.len() as u64;
+            let stored = cell.rows - cell.duplicates;
+            cell.produced = n;
+            cell.missing = n.saturating_sub(stored + in_dlq);
+            cell.duplicates += entries.len() as u64 - in_dlq;
+            cell.dlq = Some(in_dlq);
+            // Exactly the refused records reached the DLQ, each as `rejected`.
+            cell.fault_injected =
+                sources == expected && entries.iter().all(|e| e.kind == "rejected");
             Ok(cell)
         }
         "poison-records" => {

@@ -518,8 +518,12 @@ impl Sink {
             })
             .map(|(k, _)| *k)
             .collect();
-        if let Err(e) = self.owners.write(clean, 0) {
-            tracing::warn!(error = %e, "cannot mark the hand-off clean; the next owner fences");
+        match self.owners.write(clean.iter().copied(), 0) {
+            // No longer this process's: nothing may be written under them.
+            Ok(()) => clean.iter().for_each(|k| self.ctx.lease.release(*k)),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot mark the hand-off clean; the next owner fences")
+            }
         }
     }
 

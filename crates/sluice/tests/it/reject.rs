@@ -7,155 +7,17 @@ use crate::harness::*;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::ClientConfig;
 use sluice::lab::poison;
+use sluice::lab::reject::{self, FAMILIES};
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
-
-/// One column type family: its column, a value it takes, and a value JSON
-/// can carry but ClickHouse refuses for that column alone (each checked
-/// against the stack's server with the sink's insert settings; the lenient
-/// JSON input reads, e.g., a number for a `Bool` only as 0 or 1, and takes
-/// any JSON value for a `String` but a lone UTF-16 surrogate).
-struct Family {
-    column: &'static str,
-    ty: &'static str,
-    good: &'static str,
-    bad: &'static str,
-}
-
-const FAMILIES: &[Family] = &[
-    Family {
-        column: "e",
-        ty: "Enum8('a' = 1, 'b' = 2)",
-        good: r#""a""#,
-        bad: r#""zz""#,
-    },
-    Family {
-        column: "u",
-        ty: "UUID",
-        good: r#""61f0c404-5cb3-11e7-907b-a6006ad3dba0""#,
-        bad: r#""not-a-uuid""#,
-    },
-    Family {
-        column: "ip4",
-        ty: "IPv4",
-        good: r#""10.0.0.1""#,
-        bad: r#""1.2.3.999""#,
-    },
-    Family {
-        column: "ip6",
-        ty: "IPv6",
-        good: r#""2001:db8::1""#,
-        bad: r#""zz::""#,
-    },
-    Family {
-        column: "b",
-        ty: "Bool",
-        good: "true",
-        bad: "5",
-    },
-    Family {
-        column: "d",
-        ty: "Date",
-        good: r#""2024-01-02""#,
-        bad: r#""yesterday""#,
-    },
-    Family {
-        column: "dt",
-        ty: "DateTime64(3)",
-        good: r#""2024-01-02 03:04:05.678""#,
-        bad: r#""yesterday""#,
-    },
-    Family {
-        column: "dec",
-        ty: "Decimal(9, 2)",
-        good: r#""12.34""#,
-        bad: "12345678.9",
-    },
-    Family {
-        column: "arr",
-        ty: "Array(UInt8)",
-        good: "[1,2]",
-        bad: r#""x""#,
-    },
-    Family {
-        column: "m",
-        ty: "Map(String, UInt8)",
-        good: r#"{"k":1}"#,
-        bad: r#"{"k":"x"}"#,
-    },
-    Family {
-        column: "tup",
-        ty: "Tuple(UInt8, String)",
-        good: r#"[1,"x"]"#,
-        bad: "[1]",
-    },
-    Family {
-        column: "fs",
-        ty: "FixedString(2)",
-        good: r#""ab""#,
-        bad: r#""abc""#,
-    },
-    Family {
-        column: "lc",
-        ty: "LowCardinality(String)",
-        good: r#""x""#,
-        bad: r#""\ud800""#,
-    },
-    Family {
-        column: "nu",
-        ty: "Nullable(UInt8)",
-        good: "null",
-        bad: r#""x""#,
-    },
-    // The table's `CHECK n < 1000`.
-    Family {
-        column: "n",
-        ty: "UInt32",
-        good: "1",
-        bad: "5000",
-    },
-];
 
 /// Good records before each bad one, and after the last.
 const GOOD_RUN: usize = 3;
 
-/// A record value: every family's good value, but `bad`'s bad one.
-fn record(bad: Option<&Family>) -> String {
-    let fields: Vec<String> = FAMILIES
-        .iter()
-        .map(|f| {
-            let v = match bad {
-                Some(b) if b.column == f.column => b.bad,
-                _ => f.good,
-            };
-            format!(r#""{}":{v}"#, f.column)
-        })
-        .collect();
-    format!("{{{}}}", fields.join(","))
-}
-
 async fn create_typed_table(client: &clickhouse::Client) -> String {
     let db = unique("it");
     exec(client, &format!("CREATE DATABASE IF NOT EXISTS {db}")).await;
-    let columns: Vec<String> = FAMILIES
-        .iter()
-        .map(|f| format!("{} {}", f.column, f.ty))
-        .collect();
-    exec(
-        client,
-        &format!(
-            "CREATE TABLE {db}.typed (
-                {},
-                _topic LowCardinality(String),
-                _partition UInt32,
-                _offset UInt64,
-                CONSTRAINT c CHECK n < 1000
-            ) ENGINE = MergeTree ORDER BY (_topic, _partition, _offset)
-            SETTINGS non_replicated_deduplication_window = 0",
-            columns.join(",\n")
-        ),
-    )
-    .await;
+    exec(client, &reject::table_ddl(&db)).await;
     format!("{db}.typed")
 }
 
@@ -193,11 +55,15 @@ async fn each_refused_value_goes_to_the_dlq_and_the_rest_lands_once() {
     let mut values = Vec::new();
     let mut bad_offsets: Vec<(i64, &'static str)> = Vec::new();
     for f in FAMILIES {
-        values.extend((0..GOOD_RUN).map(|_| Some(record(None))));
+        for _ in 0..GOOD_RUN {
+            values.push(Some(reject::record(values.len() as u64, None)));
+        }
         bad_offsets.push((values.len() as i64, f.column));
-        values.push(Some(record(Some(f))));
+        values.push(Some(reject::record(values.len() as u64, Some(f))));
     }
-    values.extend((0..GOOD_RUN).map(|_| Some(record(None))));
+    for _ in 0..GOOD_RUN {
+        values.push(Some(reject::record(values.len() as u64, None)));
+    }
     let total = values.len() as i64;
     let bad: BTreeSet<i64> = bad_offsets.iter().map(|b| b.0).collect();
     let good: Vec<u64> = (0..total)
