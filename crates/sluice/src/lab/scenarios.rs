@@ -149,8 +149,10 @@ impl Run {
             delivery,
             max_batch_rows: 1_000,
             insert_timeout: params.insert_timeout,
-            // The shortest safe fence: a 2 s lease and the 5 s margin.
-            fence_wait: params.insert_timeout * 2 + Duration::from_secs(7),
+            // The default fence: a 10 s lease and the 5 s margin. A shorter
+            // lease stalls on a loaded tansu, whose offset reads can take
+            // longer than 2 s.
+            fence_wait: params.insert_timeout * 2 + Duration::from_secs(15),
             commit_interval: Duration::from_secs(1),
             max_batch_age: Duration::from_millis(300),
             max_buffered_bytes: 64 << 20,
@@ -538,7 +540,7 @@ pub async fn run(
             let dlq_topic = Stack::unique("lab_dlq");
             stack.create_topic(&dlq_topic, 1).await?;
             r.spec.dlq_topic = Some(dlq_topic.clone());
-            let (values, refused) = reject::mix(n, 50);
+            let (values, refused) = reject::mix(n, 100);
             let (brokers, topic) = (stack.brokers.clone(), r.spec.topic.clone());
             tokio::task::spawn_blocking(move || {
                 poison::produce(&brokers, &topic, PARTITIONS, &values)

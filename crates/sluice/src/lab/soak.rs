@@ -121,8 +121,8 @@ pub async fn run(stack: &Stack, o: SoakOptions) -> anyhow::Result<SoakReport> {
         delivery: "exactly-once",
         max_batch_rows: 2_000,
         insert_timeout,
-        // 2 × insert_timeout + a 2 s lease + 5 s.
-        fence_wait: Duration::from_secs(17),
+        // The default: 2 × insert_timeout + a 10 s lease + 5 s.
+        fence_wait: Duration::from_secs(25),
         commit_interval: Duration::from_secs(1),
         max_batch_age: Duration::from_millis(500),
         max_buffered_bytes: 64 << 20,
