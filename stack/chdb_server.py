@@ -785,7 +785,7 @@ class Handler(BaseHTTPRequestHandler):
                 self.chdb(conn, f"SET {k} = {quote_str(v)}")
             if plan is not None and plan.kind == "data":
                 head = substitute(plan.head, params) if params else plan.head
-                if self.has_constraints(conn, head, params):
+                if self.has_constraints(conn, head):
                     written = self.do_insert_checked(conn, head, plan.fmt, data_prefix, body, params, proc)
                 else:
                     written = self.do_insert(conn, head, plan.fmt, data_prefix, body, proc)
@@ -855,16 +855,20 @@ class Handler(BaseHTTPRequestHandler):
         structure = plan.sql[arg_start:arg_end].strip() or quote_str(
             self.input_structure(conn, substitute(head, params) if params else head))
         sql = plan.head[:start] + f"format({plan.fmt}, {structure}, {{__input:String}})" + plan.head[end:]
+        return self.run_with_data(conn, sql, prefix, body, params, proc)
+
+    def run_with_data(self, conn, sql, prefix, body, params, proc):
+        """Runs `sql`, whose {__input:String} parameter takes the whole request data; the rows written."""
         data = prefix + body.read_all()
         try:
             text = data.decode("utf-8")
         except UnicodeDecodeError:
-            raise err("NOT_IMPLEMENTED", "The chDB test stack passes the data of input() as a String "
+            raise err("NOT_IMPLEMENTED", "The chDB test stack passes the data of an INSERT as a String "
                                          "parameter: it must be valid UTF-8 (use a text format)") from None
         proc.check()
         return self.run_sql(conn, sql, "TabSeparated", {**params, "__input": tsv_escape(text)}).rows_written()
 
-    def has_constraints(self, conn, head, params):
+    def has_constraints(self, conn, head):
         """Whether the table `head` (INSERT INTO t ...) inserts into has a CONSTRAINT. chDB's streaming
         insert drops a block that violates a CHECK without reporting it (insert_done() answers no
         error, query_log says 469): such inserts run as one query instead (do_insert_checked)."""
@@ -880,14 +884,7 @@ class Handler(BaseHTTPRequestHandler):
         {__input:String})`, whose errors (a violated CHECK among them) the engine reports."""
         structure = quote_str(self.input_structure(conn, head))
         sql = f"{head} SELECT * FROM format({fmt}, {structure}, {{__input:String}})"
-        data = prefix + body.read_all()
-        try:
-            text = data.decode("utf-8")
-        except UnicodeDecodeError:
-            raise err("NOT_IMPLEMENTED", "The chDB test stack inserts into a table with constraints "
-                                         "through a String parameter: the data must be valid UTF-8") from None
-        proc.check()
-        return self.run_sql(conn, sql, "TabSeparated", {**params, "__input": tsv_escape(text)}).rows_written()
+        return self.run_with_data(conn, sql, prefix, body, params, proc)
 
     def input_structure(self, conn, head):
         """The structure input() takes from the insertion table of `head` (the INSERT before its

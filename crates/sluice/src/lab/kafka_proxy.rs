@@ -110,6 +110,33 @@ fn is_group_request_of(frame: &[u8], client: &str) -> bool {
     usize::try_from(n).is_ok_and(|n| frame.get(14..14 + n) == Some(client.as_bytes()))
 }
 
+/// A broker of its own (tansu) that advertises a [`KafkaProxy`] in front of
+/// it, and the stack that reaches it through the proxy.
+pub struct ProxiedBroker {
+    pub broker: super::fixture::PrivateBroker,
+    pub proxy: KafkaProxy,
+    pub stack: super::fixture::Stack,
+}
+
+impl ProxiedBroker {
+    /// Starts both; the stack's ClickHouse is `clickhouse_url`.
+    pub async fn start(clickhouse_url: &str) -> anyhow::Result<Self> {
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let front = listener.local_addr()?.to_string();
+        let broker = super::fixture::PrivateBroker::start_advertising(Some(front)).await?;
+        let proxy = KafkaProxy::start(listener, broker.brokers())?;
+        let stack = super::fixture::Stack {
+            brokers: proxy.addr.clone(),
+            clickhouse_url: clickhouse_url.to_string(),
+        };
+        Ok(Self {
+            broker,
+            proxy,
+            stack,
+        })
+    }
+}
+
 const PRODUCE: i16 = 0;
 const OFFSET_COMMIT: i16 = 8;
 

@@ -444,14 +444,11 @@ pub async fn run(
         "coordinator-partition" => {
             // A broker of our own behind a proxy that can cut one member
             // off from its group coordinator.
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-            let front = listener.local_addr()?.to_string();
-            let broker = super::fixture::PrivateBroker::start_advertising(Some(front)).await?;
-            let proxy = super::kafka_proxy::KafkaProxy::start(listener, broker.brokers())?;
-            let own = Stack {
-                brokers: proxy.addr.clone(),
-                clickhouse_url: stack.clickhouse_url.clone(),
-            };
+            let super::kafka_proxy::ProxiedBroker {
+                broker,
+                proxy,
+                stack: own,
+            } = super::kafka_proxy::ProxiedBroker::start(&stack.clickhouse_url).await?;
             let mut r = Run::new(&own, mode, p, 0, false).await?;
             // Both members use one static instance id: the second one to
             // join takes the first one's partitions at once (tansu tells
@@ -481,14 +478,11 @@ pub async fn run(
         }
         "producer-retry" => {
             // A broker of our own behind a proxy that can lose produce acks.
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-            let front = listener.local_addr()?.to_string();
-            let broker = super::fixture::PrivateBroker::start_advertising(Some(front)).await?;
-            let proxy = super::kafka_proxy::KafkaProxy::start(listener, broker.brokers())?;
-            let own = Stack {
-                brokers: proxy.addr.clone(),
-                clickhouse_url: stack.clickhouse_url.clone(),
-            };
+            let super::kafka_proxy::ProxiedBroker {
+                broker,
+                proxy,
+                stack: own,
+            } = super::kafka_proxy::ProxiedBroker::start(&stack.clickhouse_url).await?;
             let r = Run::new(&own, mode, p, 0, false).await?;
             r.send(0, n / 2, None, Duration::from_secs(60)).await?;
             let mut sink = r.spec.start()?;

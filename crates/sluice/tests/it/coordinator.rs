@@ -16,19 +16,15 @@
 //!   while the coordinator keeps both, each waiting longer every time.
 
 use crate::harness::*;
-use sluice::lab::fixture::{PrivateBroker, Stack};
-use sluice::lab::kafka_proxy::KafkaProxy;
+use sluice::lab::kafka_proxy::ProxiedBroker;
 use std::time::Duration;
 
 async fn second_owner(prefix: &str, cut_off: bool) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let front = listener.local_addr().unwrap().to_string();
-    let broker = PrivateBroker::start_advertising(Some(front)).await.unwrap();
-    let proxy = KafkaProxy::start(listener, broker.brokers()).unwrap();
-    let own = Stack {
-        brokers: proxy.addr.clone(),
-        clickhouse_url: clickhouse_url(),
-    };
+    let ProxiedBroker {
+        broker,
+        proxy,
+        stack: own,
+    } = ProxiedBroker::start(&clickhouse_url()).await.unwrap();
     let topic = unique(prefix);
     own.create_topic(&topic, 1).await.unwrap();
     let produce = |start: u64, n: u64| {

@@ -4,8 +4,7 @@
 
 use crate::harness::*;
 use crate::metrics::{get, value};
-use sluice::lab::fixture::PrivateBroker;
-use sluice::lab::kafka_proxy::KafkaProxy;
+use sluice::lab::kafka_proxy::ProxiedBroker;
 use sluice::lab::poison;
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
@@ -14,14 +13,11 @@ use std::time::{Duration, Instant};
 async fn dlq_unacknowledged_holds_the_position_then_every_record_is_accounted_for() {
     // A broker reached through a proxy that can swallow produce acks: the
     // sink's DLQ writes are stored but never confirmed while it does.
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let front = listener.local_addr().unwrap().to_string();
-    let broker = PrivateBroker::start_advertising(Some(front)).await.unwrap();
-    let proxy = KafkaProxy::start(listener, broker.brokers()).unwrap();
-    let own = sluice::lab::fixture::Stack {
-        brokers: proxy.addr.clone(),
-        clickhouse_url: clickhouse_url(),
-    };
+    let ProxiedBroker {
+        broker,
+        proxy,
+        stack: own,
+    } = ProxiedBroker::start(&clickhouse_url()).await.unwrap();
     let topic = unique("dlqhold");
     let dlq_topic = unique("dlqhold_dlq");
     own.create_topic(&topic, 1).await.unwrap();

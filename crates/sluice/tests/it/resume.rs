@@ -8,8 +8,8 @@
 use crate::harness::*;
 use rdkafka::mocking::MockCluster;
 use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
-use sluice::lab::fixture::{PrivateBroker, Stack};
-use sluice::lab::kafka_proxy::KafkaProxy;
+use sluice::lab::fixture::Stack;
+use sluice::lab::kafka_proxy::ProxiedBroker;
 use std::time::{Duration, Instant};
 
 /// Fills `table` with the rows of the records whose ids pass `keep`, among
@@ -113,14 +113,11 @@ async fn lost_commits_with_a_gap_reconcile_from_the_beginning() {
 /// in front of a broker of the test's own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_insert_while_the_ownership_marker_cannot_be_committed() {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let front = listener.local_addr().unwrap().to_string();
-    let broker = PrivateBroker::start_advertising(Some(front)).await.unwrap();
-    let proxy = KafkaProxy::start(listener, broker.brokers()).unwrap();
-    let own = Stack {
-        brokers: proxy.addr.clone(),
-        clickhouse_url: clickhouse_url(),
-    };
+    let ProxiedBroker {
+        broker,
+        proxy,
+        stack: own,
+    } = ProxiedBroker::start(&clickhouse_url()).await.unwrap();
     let topic = unique("marker");
     own.create_topic(&topic, 1).await.unwrap();
     let n = 300;
