@@ -54,7 +54,7 @@ pub async fn run(o: LabOptions) -> anyhow::Result<Vec<Cell>> {
             .collect::<anyhow::Result<_>>()?
     };
     for s in &scenarios {
-        if !SCENARIOS.contains(&s.as_str()) && !scenarios::ON_REQUEST.contains(&s.as_str()) {
+        if !SCENARIOS.contains(&s.as_str()) {
             anyhow::bail!("unknown scenario {s:?}; known: {}", SCENARIOS.join(", "));
         }
     }

@@ -30,12 +30,8 @@ pub const SCENARIOS: &[&str] = &[
     "producer-retry",
     "manual-resend",
     "poison-records",
+    "reject-every-type",
 ];
-
-/// Scenarios run only when named (`--scenario`): `reject-every-type`
-/// stalled exactly-once in two CI runs where it came last, on a tansu
-/// whose offset reads had slowed past the lease (under investigation).
-pub const ON_REQUEST: &[&str] = &["reject-every-type"];
 
 /// Scenarios whose copies are made before Kafka (same key, new offset):
 /// their duplicates are counted by key.

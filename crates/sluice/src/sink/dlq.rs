@@ -1,8 +1,8 @@
 //! Records that cannot become rows → the dead-letter topic.
 //!
 //! In: a [`Letter`]: the record's coordinates, key and value, and why it
-//! failed (the encoder refused it, or ClickHouse rejected its row). Out: a
-//! [`Pending`] write. The batch that accounts for the record's offset holds
+//! failed (the encoder refused it, or ClickHouse rejected its row). The
+//! batch's writer queues it ([`Dlq::send`]). Out: a [`Pending`] write. The batch that accounts for the record's offset holds
 //! its pending writes and counts as done only once they are acknowledged
 //! ([`confirm`]), so the committed position never passes a record that is
 //! neither a row nor in the DLQ.
@@ -32,17 +32,20 @@ pub struct Dlq {
     topic: String,
 }
 
-/// A record on its way to the DLQ.
-pub struct Letter<'a> {
-    pub topic: &'a str,
+/// A record on its way to the DLQ. Owned: the consumer thread builds it
+/// and the batch's writer queues it, so a full producer queue never blocks
+/// the consumer thread.
+#[derive(Debug, Clone)]
+pub struct Letter {
+    pub topic: String,
     pub partition: i32,
     pub offset: i64,
     pub timestamp: Option<i64>,
-    pub key: Option<&'a [u8]>,
-    pub value: Option<&'a [u8]>,
+    pub key: Option<Vec<u8>>,
+    pub value: Option<Vec<u8>>,
     /// A short name: `not-json`, `missing-field`, `rejected`, …
     pub kind: &'static str,
-    pub reason: &'a str,
+    pub reason: String,
 }
 
 /// A DLQ write not yet acknowledged.
@@ -73,23 +76,9 @@ impl Dlq {
         &self.topic
     }
 
-    /// Queues `l` for the DLQ, on the consumer thread. Waits while the
-    /// producer's queue is full; an error here means the record could not
-    /// even be queued.
-    pub fn send(&self, l: &Letter<'_>) -> Result<Pending, KafkaError> {
-        loop {
-            match self.try_send(l) {
-                Err(KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull)) => {
-                    std::thread::sleep(Duration::from_millis(10));
-                }
-                other => return other,
-            }
-        }
-    }
-
-    /// Like [`Self::send`], from an async task: the wait does not block a
-    /// runtime thread.
-    pub async fn send_async(&self, l: &Letter<'_>) -> Result<Pending, KafkaError> {
+    /// Queues `l` for the DLQ, waiting while the producer's queue is full;
+    /// an error here means the record could not even be queued.
+    pub async fn send(&self, l: &Letter) -> Result<Pending, KafkaError> {
         loop {
             match self.try_send(l) {
                 Err(KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull)) => {
@@ -101,14 +90,14 @@ impl Dlq {
     }
 
     /// One try at queueing `l`.
-    fn try_send(&self, l: &Letter<'_>) -> Result<Pending, KafkaError> {
+    fn try_send(&self, l: &Letter) -> Result<Pending, KafkaError> {
         let partition = l.partition.to_string();
         let offset = l.offset.to_string();
         let ts = l.timestamp.map(|t| t.to_string());
         let mut headers = OwnedHeaders::new_with_capacity(6)
             .insert(header("sluice.error.kind", l.kind))
-            .insert(header("sluice.error.reason", l.reason))
-            .insert(header("sluice.source.topic", l.topic))
+            .insert(header("sluice.error.reason", &l.reason))
+            .insert(header("sluice.source.topic", &l.topic))
             .insert(header("sluice.source.partition", &partition))
             .insert(header("sluice.source.offset", &offset));
         if let Some(ts) = &ts {
@@ -116,10 +105,10 @@ impl Dlq {
         }
         let mut record: FutureRecord<'_, [u8], [u8]> =
             FutureRecord::to(&self.topic).headers(headers);
-        if let Some(k) = l.key {
+        if let Some(k) = &l.key {
             record = record.key(k);
         }
-        if let Some(v) = l.value {
+        if let Some(v) = &l.value {
             record = record.payload(v);
         }
         if let Some(t) = l.timestamp {
@@ -128,7 +117,7 @@ impl Dlq {
         match self.producer.send_result(record) {
             Ok(delivery) => Ok(Pending {
                 what: format!("{}[{}]@{}", l.topic, l.partition, l.offset),
-                topic: l.topic.to_string(),
+                topic: l.topic.clone(),
                 kind: l.kind,
                 delivery,
             }),

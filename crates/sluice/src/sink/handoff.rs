@@ -20,10 +20,12 @@
 //!
 //! Taken: the lease found another owner in the register for an active
 //! partition ([`Sink::on_taken`]). Its work is abandoned at once; while the
-//! group still assigns it here it is prepared again, after a whole fence.
+//! group still assigns it here it is prepared again, after a whole fence,
+//! or as soon as the owner that took it hands it off cleanly.
 //!
-//! Revoke: stop batching the partitions, wait for their in-flight inserts,
-//! commit their frontier and mark them clean in the register. If the
+//! Revoke: stop batching the partitions, wait briefly for their in-flight
+//! inserts ([`REVOKE_DRAIN`]), commit their frontier and, if they drained,
+//! mark them clean in the register. If the
 //! assignment was lost instead, abandon their work at once: the group has
 //! already moved on.
 
@@ -91,13 +93,14 @@ impl Sink {
             return Ok(());
         }
         consumer.pause(tpl)?;
-        self.prepare(&keys, Duration::ZERO);
+        self.prepare(&keys, Duration::ZERO, false);
         Ok(())
     }
 
     /// Starts preparing `keys` (paused by the caller) off the consumer
-    /// thread, after `wait`.
-    fn prepare(&mut self, keys: &[Key], wait: Duration) {
+    /// thread, after `wait`; if `watch`, the wait ends once the register
+    /// shows them handed off cleanly.
+    fn prepare(&mut self, keys: &[Key], wait: Duration, watch: bool) {
         let mut parts: BTreeMap<usize, Vec<(Key, u64)>> = BTreeMap::new();
         let mut given_up = HashMap::new();
         for &(ri, p) in keys {
@@ -126,23 +129,31 @@ impl Sink {
             owners: self.owners.clone(),
             me: self.me,
             wait,
+            watch,
             given_up,
             parts,
         };
         self.handle.spawn(prep.run());
     }
 
-    /// Another owner is in the register for a partition this process was
-    /// writing: give it up at once and, since the group still assigns it
-    /// here, prepare it again. It waits a fence first, doubled each time
-    /// it is taken again soon after it went active (up to 32 fences): two
+    /// Another owner (`by`) is in the register for a partition this process
+    /// was writing: give it up at once and, since the group still assigns
+    /// it here, prepare it again. It waits a fence first, doubled each time
+    /// it is taken again soon after it went active (up to 4 fences): two
     /// owners that a broken coordinator both believes in would otherwise
-    /// take it from each other for ever, each writing a moment.
+    /// take it from each other every fence, each writing a moment.
+    ///
+    /// The wait ends early when the owner that took it hands it off
+    /// cleanly (the coordinator settled on this process): that owner's
+    /// fence outlasted this process's inserts, and it drained its own. Not
+    /// when the register said `clean` to begin with: nobody fenced this
+    /// process's own inserts, which may still be running.
     pub(super) fn on_taken(
         &mut self,
         consumer: &BaseConsumer<SinkContext>,
         key: Key,
         generation: u64,
+        by: Owner,
     ) {
         let Some(part) = self
             .parts
@@ -164,8 +175,8 @@ impl Sink {
         }
         let n = self.taken.entry(key).or_default();
         *n += 1;
-        let wait = self.cfg.sink.fence_wait * 2u32.pow((*n - 1).min(5));
-        self.prepare(&[key], wait);
+        let wait = self.cfg.sink.fence_wait * 2u32.pow((*n - 1).min(2));
+        self.prepare(&[key], wait, matches!(by, Owner::Process(_)));
     }
 
     /// Sends `p` back to the consumer thread after a backoff that grows
@@ -207,8 +218,13 @@ impl Sink {
             }
         }
         if !lost {
-            let timeout = self.cfg.clickhouse.insert_timeout * 3;
-            let drained = self.wait_in_flight(consumer, Some(&keys), timeout);
+            let drained = self.wait_in_flight(consumer, Some(&keys), REVOKE_DRAIN);
+            if !drained {
+                tracing::info!(
+                    wait_ms = REVOKE_DRAIN.as_millis() as u64,
+                    "revoked with inserts still running; they are abandoned and the next owner fences"
+                );
+            }
             self.commit(consumer, Some(&keys), CommitMode::Sync);
             if drained {
                 self.hand_off_clean(Some(&keys));
@@ -224,6 +240,12 @@ impl Sink {
         consumer.incremental_unassign(tpl)
     }
 }
+
+/// How long a revocation waits for the partitions' inserts, on the
+/// consumer thread (librdkafka's default heartbeat interval). Inserts that
+/// take longer are abandoned: nothing starts after the lease, and the next
+/// owner fences instead of taking a clean hand-off.
+const REVOKE_DRAIN: Duration = Duration::from_secs(3);
 
 /// What the group committed for one partition, from one element of a
 /// committed-offsets answer.
@@ -253,6 +275,9 @@ struct Preparation {
     /// How long to wait before claiming: a partition just taken from this
     /// process waits (see [`Sink::on_taken`]).
     wait: Duration,
+    /// Whether the wait ends once the register shows the partitions
+    /// handed off cleanly.
+    watch: bool,
     /// Per route: the partitions and their generations.
     parts: BTreeMap<usize, Vec<(Key, u64)>>,
     /// Cancelled when this generation of a partition is given up (revoked,
@@ -264,6 +289,9 @@ struct Preparation {
 /// a claimer that read `clean` and wrote within this long has its claim
 /// stored by then, so of two claimers only the last one reads itself back.
 const SETTLE: Duration = Duration::from_secs(2);
+
+/// How often a partition waiting to be claimed back reads the register.
+const WATCH_EVERY: Duration = Duration::from_secs(1);
 
 /// Reads the group's offsets and the log's bounds without joining the
 /// group: a client of its own with the group's id, used off the consumer
@@ -290,14 +318,8 @@ impl Preparation {
     /// that could not be claimed, or that someone else claimed while this
     /// process fenced, is claimed again.
     async fn prepare(&self, lookup: &Lookup) {
-        if !self.wait.is_zero() {
-            tracing::info!(
-                wait_ms = self.wait.as_millis() as u64,
-                "the partition was taken; waiting before claiming it back"
-            );
-            if !self.sleep(self.wait).await {
-                return;
-            }
+        if !self.wait_to_claim().await {
+            return;
         }
         let mut pending: Vec<(Key, u64)> = self.parts.values().flatten().copied().collect();
         let mut backoff = Duration::from_millis(500);
@@ -330,6 +352,39 @@ impl Preparation {
             }
             backoff = (backoff * 2).min(Duration::from_secs(5));
         }
+    }
+
+    /// Waits [`Self::wait`] before claiming, or until the register shows
+    /// every partition clean (if [`Self::watch`]). False when stopping.
+    async fn wait_to_claim(&self) -> bool {
+        if self.wait.is_zero() {
+            return true;
+        }
+        tracing::info!(
+            wait_ms = self.wait.as_millis() as u64,
+            "the partition was taken; waiting before claiming it back"
+        );
+        if !self.watch {
+            return self.sleep(self.wait).await;
+        }
+        let keys: Vec<Key> = self.parts.values().flatten().map(|(k, _)| *k).collect();
+        let end = Instant::now() + self.wait;
+        while let Some(left) = end.checked_duration_since(Instant::now()) {
+            if !self.sleep(left.min(WATCH_EVERY)).await {
+                return false;
+            }
+            let (owners, ks) = (self.owners.clone(), keys.clone());
+            let Ok(found) = blocking(move || owners.read(ks, Duration::from_secs(5))).await else {
+                continue;
+            };
+            if keys.iter().all(|k| found.get(k) == Some(&Owner::Clean)) {
+                tracing::info!(
+                    "the owner that took the partition handed it off cleanly; claiming it now"
+                );
+                return true;
+            }
+        }
+        true
     }
 
     /// Whether this generation of the partition is still being prepared.

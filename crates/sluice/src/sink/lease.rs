@@ -191,7 +191,11 @@ pub(super) async fn renew(
                         owner = ?other,
                         "another owner claimed the partition; this process stops writing it"
                     );
-                    let _ = tx.send(Event::Taken { key, generation });
+                    let _ = tx.send(Event::Taken {
+                        key,
+                        generation,
+                        by: *other,
+                    });
                 }
                 Some(_) => {}
             }

@@ -11,10 +11,10 @@
 //! is paused (the consumer keeps polling, so the group does not evict it)
 //! until half of it is free.
 
-use super::dlq::{Letter, Pending};
+use super::dlq::Letter;
 use super::fates::Fates;
 use super::handoff::Prepared;
-use super::owners::Owners;
+use super::owners::{Owner, Owners};
 use super::writer::{deliver, Completion, Job, Outcome, WriterCtx};
 use super::SinkContext;
 use crate::config::{Config, Route};
@@ -34,6 +34,10 @@ use tokio_util::sync::CancellationToken;
 
 pub(super) type Key = (usize, i32);
 
+/// How long a seek may hold the consumer thread (a heartbeat interval);
+/// one that takes longer is tried again.
+const SEEK_WAIT: Duration = Duration::from_secs(1);
+
 /// A batch is cut once it accounts for this many DLQ writes.
 const MAX_LETTERS_PER_BATCH: usize = 10_000;
 
@@ -41,10 +45,12 @@ const MAX_LETTERS_PER_BATCH: usize = 10_000;
 pub(super) enum Event {
     Completion(Completion),
     Prepared(Prepared),
-    /// Another owner is in the register for this generation of the partition.
+    /// Another owner (`by`) is in the register for this generation of the
+    /// partition.
     Taken {
         key: Key,
         generation: u64,
+        by: Owner,
     },
 }
 
@@ -74,7 +80,7 @@ pub(super) struct Part {
     /// delivered twice by the client and is ignored.
     pub position: Option<NextOffset>,
     /// DLQ writes for records of the batch being built.
-    pub letters: Vec<Pending>,
+    pub letters: Vec<Letter>,
     /// Key dedup: rows of the batch being built written on condition,
     /// `(row, copy)` ([`sluice_core::dedup::Verdict::WriteUnless`]).
     pub conditional: Vec<(Offset, Offset)>,
@@ -246,41 +252,26 @@ impl Sink {
             );
         }
         if let Err(e) = pushed {
-            let Some(dlq) = self.ctx.dlq.as_ref() else {
+            if self.ctx.dlq.is_none() {
                 self.fatal = Some(anyhow!(
                     "record {topic}[{partition}]@{} cannot become a row: {e}. \
                      sluice stops rather than skip it; set [dlq] topic to send such records there",
                     offset.0
                 ));
                 return;
-            };
-            let reason = e.to_string();
-            let letter = Letter {
-                topic,
+            }
+            tracing::debug!(record = %format!("{topic}[{partition}]@{}", offset.0), error = %e, "for the DLQ");
+            part.builder.skip(offset, now);
+            part.letters.push(Letter {
+                topic: topic.to_string(),
                 partition,
                 offset: offset.0,
                 timestamp,
-                key,
-                value: payload,
+                key: key.map(<[u8]>::to_vec),
+                value: payload.map(<[u8]>::to_vec),
                 kind: e.kind(),
-                reason: &reason,
-            };
-            match dlq.send(&letter) {
-                Ok(p) => {
-                    part.builder.skip(offset, now);
-                    part.letters.push(p);
-                    self.stats.dlq += 1;
-                    tracing::debug!(record = %format!("{topic}[{partition}]@{}", offset.0), error = %e, "sent to the DLQ");
-                }
-                Err(err) => {
-                    self.fatal = Some(anyhow!(
-                        "record {topic}[{partition}]@{} cannot become a row ({e}) and cannot be queued for the DLQ topic {:?}: {err}",
-                        offset.0,
-                        dlq.topic()
-                    ));
-                    return;
-                }
-            }
+                reason: e.to_string(),
+            });
         }
         if part.builder.is_due(now) || part.letters.len() >= MAX_LETTERS_PER_BATCH {
             self.cut((ri, partition));
@@ -349,7 +340,11 @@ impl Sink {
         match e {
             Event::Completion(c) => self.on_completion(c),
             Event::Prepared(p) => self.activate(consumer, p),
-            Event::Taken { key, generation } => self.on_taken(consumer, key, generation),
+            Event::Taken {
+                key,
+                generation,
+                by,
+            } => self.on_taken(consumer, key, generation, by),
         }
     }
 
@@ -378,7 +373,7 @@ impl Sink {
                 excluded,
             } => {
                 self.stats.rows_inserted += inserted as u64;
-                self.stats.dlq += rejected.len() as u64;
+                self.stats.dlq += c.dlq as u64;
                 self.stats.dedup_dropped += excluded as u64;
                 for _ in 0..excluded {
                     self.counters[c.route_idx].dedup_dropped();
@@ -584,7 +579,7 @@ impl Sink {
         };
         let start = p.plan.start;
         let seek = KOffset::Offset(start.0);
-        if let Err(e) = consumer.seek(&topic, p.key.1, seek, Duration::from_secs(10)) {
+        if let Err(e) = consumer.seek(&topic, p.key.1, seek, SEEK_WAIT) {
             tracing::warn!(partition = %name, attempt = p.attempts, error = %e, "seek failed; retrying");
             self.retry_prepared(p);
             return;

@@ -64,8 +64,8 @@ pub struct Job {
     pub generation: u64,
     /// Cancelled when the partition is given up.
     pub abandon: CancellationToken,
-    /// DLQ writes for records this batch accounts for.
-    pub letters: Vec<Pending>,
+    /// Records this batch accounts for that go to the DLQ.
+    pub letters: Vec<Letter>,
     /// Key dedup: `(row, copy)`, ascending, for rows written on the
     /// condition that the copy of their key at `copy` is not stored.
     pub conditional: Vec<(Offset, Offset)>,
@@ -96,6 +96,9 @@ pub struct Completion {
     pub ticket: Ticket,
     pub generation: u64,
     pub bytes: usize,
+    /// Records it wrote to the DLQ (refused by the encoder or rejected by
+    /// ClickHouse), acknowledged.
+    pub dlq: usize,
     /// The copies its conditional rows depended on.
     pub copies: Vec<Offset>,
     pub outcome: Outcome,
@@ -113,8 +116,10 @@ const REFUSED_AT_START: &[u32] = &[
 
 /// Delivers one batch; always returns a completion.
 pub async fn deliver(mut job: Job, ctx: Arc<WriterCtx>) -> Completion {
-    let mut letters = std::mem::take(&mut job.letters);
-    let mut outcome = attempt_until_done(&job, &ctx, &mut letters).await;
+    let (mut outcome, letters) = match queue(&ctx, std::mem::take(&mut job.letters)).await {
+        Ok(mut letters) => (attempt_until_done(&job, &ctx, &mut letters).await, letters),
+        Err(e) => (Outcome::DlqFailed(e), Vec::new()),
+    };
     match (&outcome, job.batch.first(), job.batch.last()) {
         (Outcome::Durable { rejected, .. }, Some(first), Some(last)) => {
             let uncovered: Vec<Offset> = rejected.iter().map(|r| r.0).collect();
@@ -123,9 +128,11 @@ pub async fn deliver(mut job: Job, ctx: Arc<WriterCtx>) -> Completion {
         (Outcome::Failed(_) | Outcome::DlqFailed(_), ..) => job.fates.fail(),
         _ => {}
     }
+    let mut dlq = 0;
     if let (Outcome::Durable { .. }, Some(d)) = (&outcome, &ctx.dlq) {
+        let n = letters.len();
         match dlq::confirm(letters, d.topic(), &job.abandon).await {
-            Ok(true) => {}
+            Ok(true) => dlq = n,
             Ok(false) => outcome = Outcome::Abandoned,
             Err(e) => outcome = Outcome::DlqFailed(e),
         }
@@ -136,9 +143,37 @@ pub async fn deliver(mut job: Job, ctx: Arc<WriterCtx>) -> Completion {
         ticket: job.ticket,
         generation: job.generation,
         bytes: job.batch.bytes(),
+        dlq,
         copies: job.conditional.iter().map(|c| c.1).collect(),
         outcome,
     }
+}
+
+/// Queues the records the encoder refused for the DLQ.
+async fn queue(ctx: &WriterCtx, letters: Vec<Letter>) -> Result<Vec<Pending>, String> {
+    let mut pending = Vec::with_capacity(letters.len());
+    for l in letters {
+        let Some(d) = &ctx.dlq else {
+            return Err(format!(
+                "{}[{}]@{}: no DLQ for it",
+                l.topic, l.partition, l.offset
+            ));
+        };
+        match d.send(&l).await {
+            Ok(p) => pending.push(p),
+            Err(e) => {
+                return Err(format!(
+                    "record {}[{}]@{} cannot become a row ({}) and cannot be queued for the DLQ topic {:?}: {e}",
+                    l.topic,
+                    l.partition,
+                    l.offset,
+                    l.reason,
+                    d.topic()
+                ))
+            }
+        }
+    }
+    Ok(pending)
 }
 
 async fn attempt_until_done(job: &Job, ctx: &WriterCtx, letters: &mut Vec<Pending>) -> Outcome {
@@ -254,18 +289,17 @@ async fn attempt_until_done(job: &Job, ctx: &WriterCtx, letters: &mut Vec<Pendin
                 };
                 let encoder = &ctx.encoders[job.route_idx];
                 let value = encoder.original(row).unwrap_or_else(|| row.to_vec());
-                let reason = e.to_string();
                 let letter = Letter {
-                    topic: &p.topic,
+                    topic: p.topic.clone(),
                     partition: p.partition,
                     offset: offset.0,
                     timestamp: None,
                     key: None,
-                    value: Some(&value),
+                    value: Some(value),
                     kind: "rejected",
-                    reason: &reason,
+                    reason: e.to_string(),
                 };
-                match d.send_async(&letter).await {
+                match d.send(&letter).await {
                     Ok(pending) => letters.push(pending),
                     Err(err) => {
                         return Outcome::DlqFailed(format!(

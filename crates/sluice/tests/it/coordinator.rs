@@ -17,7 +17,7 @@
 
 use crate::harness::*;
 use sluice::lab::kafka_proxy::ProxiedBroker;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 async fn second_owner(prefix: &str, cut_off: bool) {
     let ProxiedBroker {
@@ -106,4 +106,103 @@ async fn an_owner_cut_off_from_the_coordinator_stops_before_the_next_one_writes(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_owners_of_one_partition_never_write_at_once() {
     second_owner("twoowners", false).await;
+}
+
+/// Writes `value` into the register of owners of `group` for partition 0
+/// of `topic`, as another sluice process would: its id, or 0 for clean.
+fn write_register(group: &str, topic: &str, value: i64) {
+    use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
+    use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+    let c: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers())
+        .set("group.id", format!("{group}.sluice-owners"))
+        .create()
+        .unwrap();
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset(topic, 0, Offset::Offset(value))
+        .unwrap();
+    c.commit(&tpl, CommitMode::Sync).unwrap();
+}
+
+/// A sink whose partition another owner takes (its id written into the
+/// register), until that owner marks it clean (0). Returns the sink, the
+/// table and when the register was written.
+async fn taken_then(prefix: &str, then: i64) -> (Sink, String, clickhouse::Client, Instant) {
+    let (topic, table, ch) = setup(prefix, 1, 500).await;
+    let mut spec = SinkSpec::new(&topic, &table);
+    spec.insert_timeout_s = 3;
+    // A 10 s lease, read every 2.5 s.
+    spec.fence_wait_ms = 30_000;
+    spec.max_batch_rows = 100;
+    let sink = spec.start();
+    let got = wait_for(&ch, &table, 500, Duration::from_secs(90)).await;
+    assert_eq!(got.distinct_offsets, 500, "{}", sink.log_tail());
+    write_register(&spec.group, &topic, 4_242_424_242);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !std::fs::read_to_string(&sink.log)
+        .unwrap_or_default()
+        .contains("the partition was taken; waiting")
+    {
+        assert!(
+            Instant::now() < deadline,
+            "never taken: {}",
+            sink.log_tail()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    produce(&topic, 1, 500, 500);
+    write_register(&spec.group, &topic, then);
+    (sink, table, ch, Instant::now())
+}
+
+/// The owner that took the partition marks it clean: the coordinator
+/// settled on this process, which claims it back at once instead of
+/// waiting out its fence (30 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partition_handed_back_clean_is_claimed_at_once() {
+    let (sink, table, ch, at) = taken_then("handback", 0).await;
+    let got = wait_for(&ch, &table, 1_000, Duration::from_secs(90)).await;
+    let log = std::fs::read_to_string(&sink.log).unwrap();
+    assert_eq!(
+        (got.distinct_offsets, got.duplicates()),
+        (1_000, 0),
+        "{log}"
+    );
+    assert!(
+        at.elapsed() < Duration::from_secs(15),
+        "took {:?}: {log}",
+        at.elapsed()
+    );
+    assert!(log.contains("handed it off cleanly"), "{log}");
+}
+
+/// Nobody took the partition, but the register says clean: this process
+/// did not write that, so its own inserts may still run. It waits out its
+/// fence before claiming again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clean_mark_nobody_earned_does_not_skip_the_fence() {
+    let (topic, table, ch) = setup("unearned", 1, 500).await;
+    let mut spec = SinkSpec::new(&topic, &table);
+    spec.insert_timeout_s = 3;
+    spec.fence_wait_ms = 30_000;
+    spec.max_batch_rows = 100;
+    let sink = spec.start();
+    let got = wait_for(&ch, &table, 500, Duration::from_secs(90)).await;
+    assert_eq!(got.distinct_offsets, 500, "{}", sink.log_tail());
+    write_register(&spec.group, &topic, 0);
+    let at = Instant::now();
+    produce(&topic, 1, 500, 500);
+    let got = wait_for(&ch, &table, 1_000, Duration::from_secs(120)).await;
+    let log = std::fs::read_to_string(&sink.log).unwrap();
+    assert_eq!(
+        (got.distinct_offsets, got.duplicates()),
+        (1_000, 0),
+        "{log}"
+    );
+    assert!(log.contains("the partition was taken; waiting"), "{log}");
+    assert!(
+        at.elapsed() >= Duration::from_secs(25),
+        "claimed back after {:?}, inside its fence: {log}",
+        at.elapsed()
+    );
 }
