@@ -16,9 +16,10 @@
 //!   gave up. [`Proxy::late_every`] gives it to every n-th INSERT.
 //!
 //! [`Proxy::set_down`] makes every connection fail at once, as an
-//! unreachable server does.
+//! unreachable server does. [`Proxy::slow_inserts`] forwards every INSERT
+//! after a delay, as a busy server answers.
 
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -43,6 +44,8 @@ struct State {
     inserts: AtomicU32,
     /// Late requests not yet delivered to the server.
     late_pending: AtomicU32,
+    /// Milliseconds every INSERT waits before it is forwarded.
+    slow_ms: AtomicU64,
 }
 
 pub struct Proxy {
@@ -104,6 +107,14 @@ impl Proxy {
         self.state.late_pending.load(Ordering::SeqCst)
     }
 
+    /// Every INSERT from now on waits `d` before it is forwarded (zero:
+    /// none); the answer comes back as usual.
+    pub fn slow_inserts(&self, d: Duration) {
+        self.state
+            .slow_ms
+            .store(d.as_millis() as u64, Ordering::SeqCst);
+    }
+
     /// While down, every new connection is closed at once.
     pub fn set_down(&self, down: bool) {
         self.state.down.store(down, Ordering::SeqCst);
@@ -138,6 +149,11 @@ async fn pipe(client: TcpStream, server: TcpStream, st: Arc<State>, hold: Durati
                 if f != 0 {
                     m.store(f, Ordering::SeqCst);
                     s2.fired.fetch_add(1, Ordering::SeqCst);
+                }
+                let slow = s2.slow_ms.load(Ordering::SeqCst);
+                if f == 0 && slow > 0 {
+                    s2.fired.fetch_add(1, Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(slow)).await;
                 }
             }
             match m.load(Ordering::SeqCst) {

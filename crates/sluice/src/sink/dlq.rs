@@ -48,6 +48,16 @@ pub struct Letter {
     pub reason: String,
 }
 
+impl Letter {
+    /// The memory it holds, counted against `max_buffered_bytes`.
+    pub fn bytes(&self) -> usize {
+        self.key.as_ref().map_or(0, Vec::len)
+            + self.value.as_ref().map_or(0, Vec::len)
+            + self.reason.len()
+            + self.topic.len()
+    }
+}
+
 /// A DLQ write not yet acknowledged.
 pub struct Pending {
     what: String,
@@ -77,14 +87,22 @@ impl Dlq {
     }
 
     /// Queues `l` for the DLQ, waiting while the producer's queue is full;
-    /// an error here means the record could not even be queued.
-    pub async fn send(&self, l: &Letter) -> Result<Pending, KafkaError> {
+    /// `None` if `abandon` fired first. An error here means the record
+    /// could not even be queued.
+    pub async fn send(
+        &self,
+        l: &Letter,
+        abandon: &CancellationToken,
+    ) -> Result<Option<Pending>, KafkaError> {
         loop {
             match self.try_send(l) {
                 Err(KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull)) => {
-                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    tokio::select! {
+                        _ = tokio::time::sleep(Duration::from_millis(10)) => {}
+                        _ = abandon.cancelled() => return Ok(None),
+                    }
                 }
-                other => return other,
+                other => return other.map(Some),
             }
         }
     }

@@ -181,6 +181,7 @@ pub async fn run(
             .collect(),
         cfg: cfg.clone(),
         parts: HashMap::new(),
+        leaving: HashMap::new(),
         ctx,
         handle: Handle::current(),
         tx,
@@ -356,6 +357,7 @@ fn poll_loop(consumer: BaseConsumer<SinkContext>) -> anyhow::Result<()> {
         if now.duration_since(last_commit) >= commit_interval {
             last_commit = now;
             s.commit(&consumer, None, CommitMode::Async);
+            s.expire_leaving();
         }
         if progress_every.is_some_and(|every| now.duration_since(last_report) >= every) {
             let st = s.stats;

@@ -23,9 +23,12 @@
 //! group still assigns it here it is prepared again, after a whole fence,
 //! or as soon as the owner that took it hands it off cleanly.
 //!
-//! Revoke: stop batching the partitions, wait briefly for their in-flight
-//! inserts ([`REVOKE_DRAIN`]), commit their frontier and, if they drained,
-//! mark them clean in the register. If the
+//! Revoke (exactly-once): stop batching the partitions and let go of them at
+//! once; their in-flight inserts finish off the consumer thread, under the
+//! lease, and then their frontier is committed and they are marked clean in
+//! the register ([`Sink::settle_leaving`]). A new owner that is fencing
+//! meanwhile stops when it sees the mark. At-least-once waits for the
+//! inserts and commits before letting go: the next owner starts there. If the
 //! assignment was lost instead, abandon their work at once: the group has
 //! already moved on.
 
@@ -215,37 +218,53 @@ impl Sink {
                 p.builder_uncertain = false;
                 // Their records are read again by the next owner.
                 p.letters.clear();
+                p.letter_bytes = 0;
             }
-        }
-        if !lost {
-            let drained = self.wait_in_flight(consumer, Some(&keys), REVOKE_DRAIN);
-            if !drained {
-                tracing::info!(
-                    wait_ms = REVOKE_DRAIN.as_millis() as u64,
-                    "revoked with inserts still running; they are abandoned and the next owner fences"
-                );
-            }
-            self.commit(consumer, Some(&keys), CommitMode::Sync);
-            if drained {
-                self.hand_off_clean(Some(&keys));
-            }
-        }
-        for k in &keys {
-            if let Some(p) = self.parts.remove(k) {
-                p.abandon.cancel();
-            }
-            self.ctx.lease.release(*k);
             self.taken.remove(k);
+        }
+        if lost {
+            for k in &keys {
+                for p in [self.parts.remove(k), self.leaving.remove(k)]
+                    .into_iter()
+                    .flatten()
+                {
+                    p.abandon.cancel();
+                }
+                self.ctx.lease.release(*k);
+            }
+        } else if self.cfg.sink.delivery.is_exactly_once() {
+            // The inserts finish off the consumer thread; the lease still
+            // bounds them, and the next owner fences until they are marked
+            // clean.
+            for k in &keys {
+                let Some(p) = self.parts.remove(k) else {
+                    continue;
+                };
+                if p.phase != Phase::Active {
+                    p.abandon.cancel();
+                    continue;
+                }
+                self.ctx.lease.leave(*k, p.generation);
+                if let Some(older) = self.leaving.insert(*k, p) {
+                    older.abandon.cancel();
+                }
+                self.settle_leaving(consumer, *k);
+            }
+        } else {
+            // The next owner starts where this one committed: let the
+            // inserts end first.
+            let timeout = self.cfg.clickhouse.insert_timeout * 3;
+            self.wait_in_flight(consumer, Some(&keys), timeout);
+            self.commit(consumer, Some(&keys), CommitMode::Sync);
+            for k in &keys {
+                if let Some(p) = self.parts.remove(k) {
+                    p.abandon.cancel();
+                }
+            }
         }
         consumer.incremental_unassign(tpl)
     }
 }
-
-/// How long a revocation waits for the partitions' inserts, on the
-/// consumer thread (librdkafka's default heartbeat interval). Inserts that
-/// take longer are abandoned: nothing starts after the lease, and the next
-/// owner fences instead of taking a clean hand-off.
-const REVOKE_DRAIN: Duration = Duration::from_secs(3);
 
 /// What the group committed for one partition, from one element of a
 /// committed-offsets answer.
@@ -290,7 +309,8 @@ struct Preparation {
 /// stored by then, so of two claimers only the last one reads itself back.
 const SETTLE: Duration = Duration::from_secs(2);
 
-/// How often a partition waiting to be claimed back reads the register.
+/// How often a partition waiting (to be claimed back, or out its fence)
+/// reads the register.
 const WATCH_EVERY: Duration = Duration::from_secs(1);
 
 /// Reads the group's offsets and the log's bounds without joining the
@@ -368,23 +388,41 @@ impl Preparation {
             return self.sleep(self.wait).await;
         }
         let keys: Vec<Key> = self.parts.values().flatten().map(|(k, _)| *k).collect();
-        let end = Instant::now() + self.wait;
+        match self.until_clean(&keys, self.wait).await {
+            Some(true) => {
+                tracing::info!(
+                    "the owner that took the partition handed it off cleanly; claiming it now"
+                );
+                true
+            }
+            Some(false) => true,
+            None => false,
+        }
+    }
+
+    /// Sleeps `d`, reading the register every [`WATCH_EVERY`]: `Some(true)`
+    /// as soon as it shows every one of `keys` clean, `Some(false)` after
+    /// `d`, `None` when stopping.
+    ///
+    /// Only an owner holding a lease, with nothing in flight, writes
+    /// `clean`; any owner before it had been fenced out before it went
+    /// active. So once the register shows `clean`, nothing anyone started
+    /// can still commit.
+    async fn until_clean(&self, keys: &[Key], d: Duration) -> Option<bool> {
+        let end = Instant::now() + d;
         while let Some(left) = end.checked_duration_since(Instant::now()) {
             if !self.sleep(left.min(WATCH_EVERY)).await {
-                return false;
+                return None;
             }
-            let (owners, ks) = (self.owners.clone(), keys.clone());
+            let (owners, ks) = (self.owners.clone(), keys.to_vec());
             let Ok(found) = blocking(move || owners.read(ks, Duration::from_secs(5))).await else {
                 continue;
             };
             if keys.iter().all(|k| found.get(k) == Some(&Owner::Clean)) {
-                tracing::info!(
-                    "the owner that took the partition handed it off cleanly; claiming it now"
-                );
-                return true;
+                return Some(true);
             }
         }
-        true
+        Some(false)
     }
 
     /// Whether this generation of the partition is still being prepared.
@@ -442,12 +480,12 @@ impl Preparation {
             wait_ms = self.fence_wait.as_millis() as u64,
             "no clean hand-off; claimed, waiting out the previous owner's inserts before reading ClickHouse"
         );
-        let fence_end = Instant::now() + self.fence_wait;
-        if !self.sleep(self.fence_wait).await {
-            return None;
-        }
-        debug_assert!(Instant::now() >= fence_end);
         let keys: Vec<Key> = claimed.iter().map(|(k, _)| *k).collect();
+        if self.until_clean(&keys, self.fence_wait).await? {
+            // Marked over this claim by an owner whose inserts ended.
+            tracing::info!("the previous owner marked the partitions clean during the fence; claiming them again");
+            return Some(Vec::new());
+        }
         let (after, read_at) = self.read_owners_at(&keys).await?;
         let ours: Vec<((Key, u64), Instant)> = claimed
             .iter()

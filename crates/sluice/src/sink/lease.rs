@@ -36,6 +36,9 @@ struct Held {
     until: Instant,
     /// Renewals sent before this do not count ([`Lease::suspect`]).
     suspect_since: Option<Instant>,
+    /// Revoked, its inserts finishing: another owner in the register ends
+    /// nothing early, the lease just runs out ([`Lease::leave`]).
+    leaving: bool,
 }
 
 /// The leases of this process's active partitions.
@@ -67,6 +70,7 @@ impl Lease {
                 generation,
                 until,
                 suspect_since: None,
+                leaving: false,
             },
         );
     }
@@ -76,8 +80,22 @@ impl Lease {
         self.lock().remove(&key);
     }
 
+    /// This generation of `key` was revoked and is finishing its inserts:
+    /// its lease is renewed while the register shows this process, and
+    /// otherwise runs out instead of being given up, so that the partition
+    /// can still be marked clean once they end.
+    pub fn leave(&self, key: Key, generation: u64) {
+        if let Some(h) = self
+            .lock()
+            .get_mut(&key)
+            .filter(|h| h.generation == generation)
+        {
+            h.leaving = true;
+        }
+    }
+
     /// Ends the lease of this generation of `key`; false if it had none.
-    fn give_up(&self, key: Key, generation: u64) -> bool {
+    pub fn give_up(&self, key: Key, generation: u64) -> bool {
         let mut held = self.lock();
         if held.get(&key).is_some_and(|h| h.generation == generation) {
             held.remove(&key);
@@ -129,10 +147,10 @@ impl Lease {
         }
     }
 
-    fn snapshot(&self) -> Vec<(Key, u64)> {
+    fn snapshot(&self) -> Vec<(Key, u64, bool)> {
         self.lock()
             .iter()
-            .map(|(k, h)| (*k, h.generation))
+            .map(|(k, h)| (*k, h.generation, h.leaving))
             .collect()
     }
 }
@@ -159,7 +177,7 @@ pub(super) async fn renew(
         }
         let (o, keys, timeout) = (
             owners.clone(),
-            held.iter().map(|(k, _)| *k).collect::<Vec<_>>(),
+            held.iter().map(|(k, ..)| *k).collect::<Vec<_>>(),
             lease.term,
         );
         let sent = Instant::now();
@@ -180,11 +198,12 @@ pub(super) async fn renew(
             failing = false;
         }
         let mut forgotten = Vec::new();
-        for (key, generation) in held {
+        for (key, generation, leaving) in held {
             match found.get(&key) {
                 None => {}
                 Some(Owner::Process(id)) if *id == me => lease.renew(key, generation, sent),
                 Some(Owner::Nobody) => forgotten.push(key),
+                Some(_) if leaving => {}
                 Some(other) if lease.give_up(key, generation) => {
                     tracing::warn!(
                         partition = %owners.name(key),

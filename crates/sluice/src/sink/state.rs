@@ -14,6 +14,7 @@
 use super::dlq::Letter;
 use super::fates::Fates;
 use super::handoff::Prepared;
+use super::lease::Lease;
 use super::owners::{Owner, Owners};
 use super::writer::{deliver, Completion, Job, Outcome, WriterCtx};
 use super::SinkContext;
@@ -33,6 +34,28 @@ use tokio::runtime::Handle;
 use tokio_util::sync::CancellationToken;
 
 pub(super) type Key = (usize, i32);
+
+/// Marks `list` clean in the register (exactly-once), each partition only
+/// while this generation's lease is live: its inserts drained, so the next
+/// owner need not fence. Its lease ends first, so nothing more is written
+/// under it, whether the write succeeds or not.
+async fn mark_clean(owners: Owners, lease: Lease, list: Vec<(Key, u64)>) {
+    let keys: Vec<Key> = list
+        .into_iter()
+        .filter(|&(k, g)| lease.live(k, g) && lease.give_up(k, g))
+        .map(|(k, _)| k)
+        .collect();
+    if keys.is_empty() {
+        return;
+    }
+    match tokio::task::spawn_blocking(move || owners.write(keys, 0)).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "cannot mark the hand-off clean; the next owner fences")
+        }
+        Err(e) => tracing::warn!(error = %e, "marking the hand-off clean failed"),
+    }
+}
 
 /// How long a seek may hold the consumer thread (a heartbeat interval);
 /// one that takes longer is tried again.
@@ -81,6 +104,8 @@ pub(super) struct Part {
     pub position: Option<NextOffset>,
     /// DLQ writes for records of the batch being built.
     pub letters: Vec<Letter>,
+    /// The memory `letters` hold.
+    pub letter_bytes: usize,
     /// Key dedup: rows of the batch being built written on condition,
     /// `(row, copy)` ([`sluice_core::dedup::Verdict::WriteUnless`]).
     pub conditional: Vec<(Offset, Offset)>,
@@ -105,7 +130,7 @@ pub(super) struct Stats {
     pub dedup_keyless: u64,
     /// Records the client delivered a second time (ignored).
     pub redelivered: u64,
-    /// Records sent to the DLQ by this process (queued, not yet all acknowledged).
+    /// Records this process wrote to the DLQ, acknowledged.
     pub dlq: u64,
 }
 
@@ -118,6 +143,9 @@ pub(super) struct Sink {
     /// Per-route counters, indexed like `routes`.
     pub counters: Vec<telemetry::TopicCounters>,
     pub parts: HashMap<Key, Part>,
+    /// Revoked partitions (exactly-once) whose inserts are finishing, off
+    /// the consumer thread's way ([`Sink::on_revoke`]).
+    pub leaving: HashMap<Key, Part>,
     pub ctx: Arc<WriterCtx>,
     pub handle: Handle,
     pub tx: mpsc::Sender<Event>,
@@ -163,6 +191,7 @@ impl Sink {
             keys: None,
             position: None,
             letters: Vec::new(),
+            letter_bytes: 0,
             conditional: Vec::new(),
             waiting: BTreeMap::new(),
             fates: Arc::default(),
@@ -262,7 +291,7 @@ impl Sink {
             }
             tracing::debug!(record = %format!("{topic}[{partition}]@{}", offset.0), error = %e, "for the DLQ");
             part.builder.skip(offset, now);
-            part.letters.push(Letter {
+            let letter = Letter {
                 topic: topic.to_string(),
                 partition,
                 offset: offset.0,
@@ -271,7 +300,9 @@ impl Sink {
                 value: payload.map(<[u8]>::to_vec),
                 kind: e.kind(),
                 reason: e.to_string(),
-            });
+            };
+            part.letter_bytes += letter.bytes();
+            part.letters.push(letter);
         }
         if part.builder.is_due(now) || part.letters.len() >= MAX_LETTERS_PER_BATCH {
             self.cut((ri, partition));
@@ -304,8 +335,9 @@ impl Sink {
         };
         let ticket = acks.register(batch.end());
         let letters = std::mem::take(&mut part.letters);
+        let bytes = batch.bytes() + std::mem::take(&mut part.letter_bytes);
         let conditional = std::mem::take(&mut part.conditional);
-        self.in_flight_bytes += batch.bytes();
+        self.in_flight_bytes += bytes;
         telemetry::in_flight_bytes(self.in_flight_bytes);
         self.in_flight += 1;
         self.stats.batches += 1;
@@ -318,6 +350,7 @@ impl Sink {
             generation: part.generation,
             abandon: part.abandon.clone(),
             letters,
+            bytes,
             conditional,
             fates: part.fates.clone(),
         };
@@ -338,7 +371,7 @@ impl Sink {
 
     pub fn on_event(&mut self, consumer: &BaseConsumer<SinkContext>, e: Event) {
         match e {
-            Event::Completion(c) => self.on_completion(c),
+            Event::Completion(c) => self.on_completion(consumer, c),
             Event::Prepared(p) => self.activate(consumer, p),
             Event::Taken {
                 key,
@@ -348,14 +381,22 @@ impl Sink {
         }
     }
 
-    fn on_completion(&mut self, c: Completion) {
+    fn on_completion(&mut self, consumer: &BaseConsumer<SinkContext>, c: Completion) {
         self.in_flight_bytes -= c.bytes;
         telemetry::in_flight_bytes(self.in_flight_bytes);
         self.in_flight -= 1;
-        let mut part = self
-            .parts
-            .get_mut(&(c.route_idx, c.partition))
-            .filter(|p| p.generation == c.generation);
+        let key = (c.route_idx, c.partition);
+        let leaving = self
+            .leaving
+            .get(&key)
+            .is_some_and(|p| p.generation == c.generation);
+        let mut part = if leaving {
+            self.leaving.get_mut(&key)
+        } else {
+            self.parts
+                .get_mut(&key)
+                .filter(|p| p.generation == c.generation)
+        };
         if let Some(p) = part.as_mut() {
             for copy in &c.copies {
                 if let Some(n) = p.waiting.get_mut(copy) {
@@ -411,6 +452,48 @@ impl Sink {
                 ));
             }
         }
+        if leaving {
+            self.settle_leaving(consumer, key);
+        }
+    }
+
+    /// A revoked partition whose inserts have all ended commits its
+    /// frontier and, under its lease still, is marked clean: the next owner
+    /// need not fence (or stops fencing). Off the consumer thread.
+    pub fn settle_leaving(&mut self, consumer: &BaseConsumer<SinkContext>, key: Key) {
+        let drained = self
+            .leaving
+            .get(&key)
+            .is_some_and(|p| p.acks.as_ref().is_none_or(|a| a.in_flight() == 0));
+        let Some(part) = drained.then(|| self.leaving.remove(&key)).flatten() else {
+            return;
+        };
+        if let Some(frontier) = part.acks.as_ref().map(|a| a.frontier()) {
+            if part.committed != Some(frontier) && self.ctx.lease.live(key, part.generation) {
+                let mut tpl = TopicPartitionList::new();
+                let mut e = tpl.add_partition(&self.routes[key.0].topic, key.1);
+                let _ = e.set_offset(KOffset::Offset(frontier.0));
+                if let Err(e) = consumer.commit(&tpl, CommitMode::Async) {
+                    tracing::warn!(error = %e, "commit failed");
+                }
+            }
+        }
+        let (owners, lease) = (self.owners.clone(), self.ctx.lease.clone());
+        self.handle
+            .spawn(mark_clean(owners, lease, vec![(key, part.generation)]));
+    }
+
+    /// Gives up revoked partitions whose lease ran out before their inserts
+    /// ended (the next owner claimed them): those inserts are abandoned.
+    pub fn expire_leaving(&mut self) {
+        let lease = &self.ctx.lease;
+        self.leaving.retain(|k, p| {
+            let live = lease.live(*k, p.generation);
+            if !live {
+                p.abandon.cancel();
+            }
+            live
+        });
     }
 
     /// Waits for in-flight batches (of `only`, or of every partition),
@@ -496,36 +579,28 @@ impl Sink {
         !self.cfg.sink.delivery.is_exactly_once() || self.ctx.lease.live(key, generation)
     }
 
-    /// Marks `keys` (or every partition) clean in the register, after
-    /// their inserts drained: the next owner need not fence. Only where
-    /// this process still holds the lease; blocks for the commit.
+    /// Marks `keys` (or every partition) clean in the register after their
+    /// inserts drained, waiting for the write: at a stop.
     pub fn hand_off_clean(&mut self, keys: Option<&[Key]>) {
-        if !self.cfg.sink.delivery.is_exactly_once() {
-            return;
-        }
-        let clean: Vec<Key> = self
+        let list: Vec<(Key, u64)> = self
             .parts
             .iter()
-            .filter(|(k, p)| {
-                keys.is_none_or(|ks| ks.contains(k))
-                    && p.phase == Phase::Active
-                    && self.ctx.lease.live(**k, p.generation)
-            })
-            .map(|(k, _)| *k)
+            .chain(&self.leaving)
+            .filter(|(k, p)| keys.is_none_or(|ks| ks.contains(k)) && p.phase == Phase::Active)
+            .map(|(k, p)| (*k, p.generation))
             .collect();
-        match self.owners.write(clean.iter().copied(), 0) {
-            // No longer this process's: nothing may be written under them.
-            Ok(()) => clean.iter().for_each(|k| self.ctx.lease.release(*k)),
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot mark the hand-off clean; the next owner fences")
-            }
-        }
+        let (owners, lease) = (self.owners.clone(), self.ctx.lease.clone());
+        self.handle.block_on(mark_clean(owners, lease, list));
     }
 
     /// Pauses every partition while too much is buffered; preparing
     /// partitions stay paused regardless.
     pub fn apply_backpressure(&mut self, consumer: &BaseConsumer<SinkContext>) {
-        let building: usize = self.parts.values().map(|p| p.builder.bytes()).sum();
+        let building: usize = self
+            .parts
+            .values()
+            .map(|p| p.builder.bytes() + p.letter_bytes)
+            .sum();
         let buffered = self.in_flight_bytes + building;
         let max = self.cfg.sink.batch_buffer_bytes();
         self.overloaded = if self.overloaded {
@@ -578,6 +653,10 @@ impl Sink {
             return;
         };
         let start = p.plan.start;
+        // An earlier generation still finishing was fenced out by this one.
+        if let Some(older) = self.leaving.remove(&p.key) {
+            older.abandon.cancel();
+        }
         let seek = KOffset::Offset(start.0);
         if let Err(e) = consumer.seek(&topic, p.key.1, seek, SEEK_WAIT) {
             tracing::warn!(partition = %name, attempt = p.attempts, error = %e, "seek failed; retrying");

@@ -66,6 +66,8 @@ pub struct Job {
     pub abandon: CancellationToken,
     /// Records this batch accounts for that go to the DLQ.
     pub letters: Vec<Letter>,
+    /// The memory it holds (rows and letters), counted as in flight.
+    pub bytes: usize,
     /// Key dedup: `(row, copy)`, ascending, for rows written on the
     /// condition that the copy of their key at `copy` is not stored.
     pub conditional: Vec<(Offset, Offset)>,
@@ -116,8 +118,10 @@ const REFUSED_AT_START: &[u32] = &[
 
 /// Delivers one batch; always returns a completion.
 pub async fn deliver(mut job: Job, ctx: Arc<WriterCtx>) -> Completion {
-    let (mut outcome, letters) = match queue(&ctx, std::mem::take(&mut job.letters)).await {
-        Ok(mut letters) => (attempt_until_done(&job, &ctx, &mut letters).await, letters),
+    let refused = std::mem::take(&mut job.letters);
+    let (mut outcome, letters) = match queue(&ctx, refused, &job.abandon).await {
+        Ok(Some(mut letters)) => (attempt_until_done(&job, &ctx, &mut letters).await, letters),
+        Ok(None) => (Outcome::Abandoned, Vec::new()),
         Err(e) => (Outcome::DlqFailed(e), Vec::new()),
     };
     match (&outcome, job.batch.first(), job.batch.last()) {
@@ -142,15 +146,20 @@ pub async fn deliver(mut job: Job, ctx: Arc<WriterCtx>) -> Completion {
         partition: job.batch.partition.partition,
         ticket: job.ticket,
         generation: job.generation,
-        bytes: job.batch.bytes(),
+        bytes: job.bytes,
         dlq,
         copies: job.conditional.iter().map(|c| c.1).collect(),
         outcome,
     }
 }
 
-/// Queues the records the encoder refused for the DLQ.
-async fn queue(ctx: &WriterCtx, letters: Vec<Letter>) -> Result<Vec<Pending>, String> {
+/// Queues the records the encoder refused for the DLQ; `None` if the
+/// partition was given up meanwhile.
+async fn queue(
+    ctx: &WriterCtx,
+    letters: Vec<Letter>,
+    abandon: &CancellationToken,
+) -> Result<Option<Vec<Pending>>, String> {
     let mut pending = Vec::with_capacity(letters.len());
     for l in letters {
         let Some(d) = &ctx.dlq else {
@@ -159,8 +168,9 @@ async fn queue(ctx: &WriterCtx, letters: Vec<Letter>) -> Result<Vec<Pending>, St
                 l.topic, l.partition, l.offset
             ));
         };
-        match d.send(&l).await {
-            Ok(p) => pending.push(p),
+        match d.send(&l, abandon).await {
+            Ok(Some(p)) => pending.push(p),
+            Ok(None) => return Ok(None),
             Err(e) => {
                 return Err(format!(
                     "record {}[{}]@{} cannot become a row ({}) and cannot be queued for the DLQ topic {:?}: {e}",
@@ -173,7 +183,7 @@ async fn queue(ctx: &WriterCtx, letters: Vec<Letter>) -> Result<Vec<Pending>, St
             }
         }
     }
-    Ok(pending)
+    Ok(Some(pending))
 }
 
 async fn attempt_until_done(job: &Job, ctx: &WriterCtx, letters: &mut Vec<Pending>) -> Outcome {
@@ -299,8 +309,9 @@ async fn attempt_until_done(job: &Job, ctx: &WriterCtx, letters: &mut Vec<Pendin
                     kind: "rejected",
                     reason: e.to_string(),
                 };
-                match d.send(&letter).await {
-                    Ok(pending) => letters.push(pending),
+                match d.send(&letter, &job.abandon).await {
+                    Ok(Some(pending)) => letters.push(pending),
+                    Ok(None) => return Outcome::Abandoned,
                     Err(err) => {
                         return Outcome::DlqFailed(format!(
                             "{p}@{}: ClickHouse rejected its row ({e}) and it cannot be queued for the DLQ: {err}",

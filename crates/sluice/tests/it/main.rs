@@ -14,6 +14,7 @@ mod delivery;
 mod dlq;
 mod errors;
 mod faults;
+mod handoff;
 mod lab;
 mod metrics;
 mod ops;

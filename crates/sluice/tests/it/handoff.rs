@@ -1,0 +1,66 @@
+//! A partition moving between two live sinks while its inserts are slow.
+//!
+//! Owner A's inserts take 4 s each (a proxy holds every INSERT before
+//! forwarding it). Sink B joins and the group moves one of A's two
+//! partitions to it. A lets go at once, without waiting on the consumer
+//! thread; its inserts finish off it, under A's lease, and A then marks
+//! the partition clean. B claimed the partition and is fencing (60 s); it
+//! sees the mark and takes the partition well before its fence would end.
+//! Every record lands once, on a plain `MergeTree`.
+
+use crate::harness::*;
+use sluice::lab::proxy::Proxy;
+use std::time::{Duration, Instant};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoked_partition_is_handed_over_clean_once_its_slow_inserts_end() {
+    let (topic, table, ch) = setup("slowhand", 2, 400).await;
+    let upstream = Proxy::upstream_of(&clickhouse_url());
+    let proxy = Proxy::start(upstream, Duration::from_secs(30))
+        .await
+        .unwrap();
+    let mut spec = SinkSpec::new(&topic, &table);
+    spec.insert_timeout_s = 10;
+    // A 10 s lease; the fence is far longer than the hand-off may take.
+    spec.fence_wait_ms = 60_000;
+    spec.max_batch_rows = 50;
+    let mut a_spec = spec.clone();
+    a_spec.clickhouse_url = proxy.url.clone();
+    let a = a_spec.start();
+    let got = wait_for(&ch, &table, 400, Duration::from_secs(120)).await;
+    assert_eq!(got.distinct_offsets, 400, "A alone: {}", a.log_tail());
+
+    proxy.slow_inserts(Duration::from_secs(4));
+    let t = topic.clone();
+    tokio::task::spawn_blocking(move || produce(&t, 2, 400, 400))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let started = Instant::now();
+    let mut b = spec.start();
+    let got = wait_for(&ch, &table, 800, Duration::from_secs(120)).await;
+    let took = started.elapsed();
+    // Any insert of A's still on its way has time to show.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let got = got.max_rows(landed(&ch, &table).await);
+    let (log_a, log_b) = (
+        std::fs::read_to_string(&a.log).unwrap_or_default(),
+        std::fs::read_to_string(&b.log).unwrap_or_default(),
+    );
+    assert_eq!(
+        (got.distinct_offsets, got.duplicates()),
+        (800, 0),
+        "A: {log_a}\nB: {log_b}"
+    );
+    assert!(proxy.fired() > 0, "no insert was slowed");
+    assert!(log_a.contains("revoked"), "nothing moved: A: {log_a}");
+    assert!(
+        log_b.contains("marked the partitions clean during the fence"),
+        "B did not see A's clean mark while fencing: B: {log_b}\nA: {log_a}"
+    );
+    assert!(
+        took < Duration::from_secs(45),
+        "the hand-off took {took:?}, as long as a fence: B: {log_b}"
+    );
+    b.stop(Duration::from_secs(30));
+}
