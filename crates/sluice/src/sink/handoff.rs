@@ -107,6 +107,16 @@ impl Sink {
         let mut parts: BTreeMap<usize, Vec<(Key, u64)>> = BTreeMap::new();
         let mut given_up = HashMap::new();
         for &(ri, p) in keys {
+            // One generation of a partition at a time: an older one of this
+            // process (active, or revoked and finishing) stops before this
+            // one claims, so the claim's fence covers its inserts too.
+            for older in [self.parts.remove(&(ri, p)), self.leaving.remove(&(ri, p))]
+                .into_iter()
+                .flatten()
+            {
+                older.abandon.cancel();
+            }
+            self.ctx.lease.release((ri, p));
             let mut part = self.new_part(ri, p, Phase::Preparing);
             part.paused = true;
             parts
@@ -158,15 +168,18 @@ impl Sink {
         generation: u64,
         by: Owner,
     ) {
-        let Some(part) = self
+        if self
             .parts
-            .remove(&key)
-            .filter(|p| p.generation == generation)
-        else {
+            .get(&key)
+            .is_none_or(|p| p.generation != generation)
+        {
+            return;
+        }
+        let Some(part) = self.parts.remove(&key) else {
             return;
         };
         part.abandon.cancel();
-        self.ctx.lease.release(key);
+        self.ctx.lease.give_up(key, generation);
         let settled = self.cfg.sink.fence_wait * 2;
         if part.active_since.is_some_and(|t| t.elapsed() > settled) {
             self.taken.remove(&key);
@@ -206,7 +219,7 @@ impl Sink {
         let keys: Vec<Key> = self
             .keys_of(tpl)
             .into_iter()
-            .filter(|k| self.parts.contains_key(k))
+            .filter(|k| self.parts.contains_key(k) || self.leaving.contains_key(k))
             .collect();
         let lost = consumer.assignment_lost();
         if !keys.is_empty() {

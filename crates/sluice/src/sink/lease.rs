@@ -36,8 +36,8 @@ struct Held {
     until: Instant,
     /// Renewals sent before this do not count ([`Lease::suspect`]).
     suspect_since: Option<Instant>,
-    /// Revoked, its inserts finishing: another owner in the register ends
-    /// nothing early, the lease just runs out ([`Lease::leave`]).
+    /// Revoked, its inserts finishing: never renewed, it just runs out
+    /// ([`Lease::leave`]).
     leaving: bool,
 }
 
@@ -81,9 +81,8 @@ impl Lease {
     }
 
     /// This generation of `key` was revoked and is finishing its inserts:
-    /// its lease is renewed while the register shows this process, and
-    /// otherwise runs out instead of being given up, so that the partition
-    /// can still be marked clean once they end.
+    /// its lease is no longer renewed (whatever the register says) and runs
+    /// out, so the partition can be marked clean if they end before then.
     pub fn leave(&self, key: Key, generation: u64) {
         if let Some(h) = self
             .lock()
@@ -107,7 +106,8 @@ impl Lease {
     /// A read sent at `sent` found us in the register for `key`.
     fn renew(&self, key: Key, generation: u64, sent: Instant) {
         if let Some(h) = self.lock().get_mut(&key) {
-            if h.generation == generation && h.suspect_since.is_none_or(|s| sent >= s) {
+            if h.generation == generation && !h.leaving && h.suspect_since.is_none_or(|s| sent >= s)
+            {
                 h.until = h.until.max(sent + self.term);
                 h.suspect_since = None;
             }
@@ -199,11 +199,14 @@ pub(super) async fn renew(
         }
         let mut forgotten = Vec::new();
         for (key, generation, leaving) in held {
+            if leaving {
+                continue;
+            }
             match found.get(&key) {
                 None => {}
                 Some(Owner::Process(id)) if *id == me => lease.renew(key, generation, sent),
-                Some(Owner::Nobody) => forgotten.push(key),
-                Some(_) if leaving => {}
+                Some(Owner::Nobody) if lease.live(key, generation) => forgotten.push(key),
+                Some(Owner::Nobody) => {}
                 Some(other) if lease.give_up(key, generation) => {
                     tracing::warn!(
                         partition = %owners.name(key),

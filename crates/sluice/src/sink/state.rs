@@ -14,7 +14,6 @@
 use super::dlq::Letter;
 use super::fates::Fates;
 use super::handoff::Prepared;
-use super::lease::Lease;
 use super::owners::{Owner, Owners};
 use super::writer::{deliver, Completion, Job, Outcome, WriterCtx};
 use super::SinkContext;
@@ -35,20 +34,20 @@ use tokio_util::sync::CancellationToken;
 
 pub(super) type Key = (usize, i32);
 
-/// Marks `list` clean in the register (exactly-once), each partition only
-/// while this generation's lease is live: its inserts drained, so the next
-/// owner need not fence. Its lease ends first, so nothing more is written
-/// under it, whether the write succeeds or not.
-async fn mark_clean(owners: Owners, lease: Lease, list: Vec<(Key, u64)>) {
-    let keys: Vec<Key> = list
-        .into_iter()
-        .filter(|&(k, g)| lease.live(k, g) && lease.give_up(k, g))
-        .map(|(k, _)| k)
-        .collect();
-    if keys.is_empty() {
+/// Marks `keys` clean in the register: their inserts drained under leases
+/// that have just ended ([`Sink::leases_ended`]), the first of them at
+/// `until`, so the next owner need not fence, or stops fencing. The mark
+/// must land before `until`, while no new owner can have finished its fence;
+/// one acknowledged later is reported.
+async fn mark_clean(owners: Owners, (keys, until): (Vec<Key>, Option<Instant>)) {
+    let Some(until) = until else {
         return;
-    }
+    };
     match tokio::task::spawn_blocking(move || owners.write(keys, 0)).await {
+        Ok(Ok(())) if Instant::now() > until => tracing::warn!(
+            late_ms = (Instant::now() - until).as_millis() as u64,
+            "the clean mark was acknowledged after the lease ended; a new owner that finished its fence meanwhile would take it for clean"
+        ),
         Ok(Ok(())) => {}
         Ok(Err(e)) => {
             tracing::warn!(error = %e, "cannot mark the hand-off clean; the next owner fences")
@@ -478,9 +477,8 @@ impl Sink {
                 }
             }
         }
-        let (owners, lease) = (self.owners.clone(), self.ctx.lease.clone());
-        self.handle
-            .spawn(mark_clean(owners, lease, vec![(key, part.generation)]));
+        let clean = self.leases_ended(&[(key, part.generation)]);
+        self.handle.spawn(mark_clean(self.owners.clone(), clean));
     }
 
     /// Gives up revoked partitions whose lease ran out before their inserts
@@ -491,6 +489,7 @@ impl Sink {
             let live = lease.live(*k, p.generation);
             if !live {
                 p.abandon.cancel();
+                lease.give_up(*k, p.generation);
             }
             live
         });
@@ -589,8 +588,25 @@ impl Sink {
             .filter(|(k, p)| keys.is_none_or(|ks| ks.contains(k)) && p.phase == Phase::Active)
             .map(|(k, p)| (*k, p.generation))
             .collect();
-        let (owners, lease) = (self.owners.clone(), self.ctx.lease.clone());
-        self.handle.block_on(mark_clean(owners, lease, list));
+        let clean = self.leases_ended(&list);
+        self.handle.block_on(mark_clean(self.owners.clone(), clean));
+    }
+
+    /// Ends the leases of `list` (nothing more is written under them) and
+    /// returns the partitions whose lease was still live, which may be
+    /// marked clean, with the earliest end of those leases.
+    fn leases_ended(&self, list: &[(Key, u64)]) -> (Vec<Key>, Option<Instant>) {
+        let lease = &self.ctx.lease;
+        let mut first = None::<Instant>;
+        let mut keys = Vec::new();
+        for &(k, g) in list {
+            if let Some(until) = lease.until(k, g) {
+                first = Some(first.map_or(until, |f| f.min(until)));
+                keys.push(k);
+            }
+            lease.give_up(k, g);
+        }
+        (keys, first)
     }
 
     /// Pauses every partition while too much is buffered; preparing

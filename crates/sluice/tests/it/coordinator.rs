@@ -124,6 +124,22 @@ fn write_register(group: &str, topic: &str, value: i64) {
     c.commit(&tpl, CommitMode::Sync).unwrap();
 }
 
+/// Waits (up to 20 s) until the sink's log says `what`.
+async fn wait_for_log(sink: &Sink, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !std::fs::read_to_string(&sink.log)
+        .unwrap_or_default()
+        .contains(what)
+    {
+        assert!(
+            Instant::now() < deadline,
+            "never {what:?}: {}",
+            sink.log_tail()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 /// A sink whose partition another owner takes (its id written into the
 /// register), until that owner marks it clean (0). Returns the sink, the
 /// table and when the register was written.
@@ -138,18 +154,7 @@ async fn taken_then(prefix: &str, then: i64) -> (Sink, String, clickhouse::Clien
     let got = wait_for(&ch, &table, 500, Duration::from_secs(90)).await;
     assert_eq!(got.distinct_offsets, 500, "{}", sink.log_tail());
     write_register(&spec.group, &topic, 4_242_424_242);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !std::fs::read_to_string(&sink.log)
-        .unwrap_or_default()
-        .contains("the partition was taken; waiting")
-    {
-        assert!(
-            Instant::now() < deadline,
-            "never taken: {}",
-            sink.log_tail()
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    wait_for_log(&sink, "the partition was taken; waiting").await;
     produce(&topic, 1, 500, 500);
     write_register(&spec.group, &topic, then);
     (sink, table, ch, Instant::now())
@@ -191,6 +196,7 @@ async fn a_clean_mark_nobody_earned_does_not_skip_the_fence() {
     assert_eq!(got.distinct_offsets, 500, "{}", sink.log_tail());
     write_register(&spec.group, &topic, 0);
     let at = Instant::now();
+    wait_for_log(&sink, "the partition was taken; waiting").await;
     produce(&topic, 1, 500, 500);
     let got = wait_for(&ch, &table, 1_000, Duration::from_secs(120)).await;
     let log = std::fs::read_to_string(&sink.log).unwrap();

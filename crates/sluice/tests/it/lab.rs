@@ -21,7 +21,8 @@ struct Cell {
 
 #[test]
 fn quick_matrix_exactly_once_is_clean_and_baselines_fail() {
-    let dir = std::env::temp_dir().join(unique("lab"));
+    // Kept under target/ so that a CI run leaves the matrix behind.
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("lab-quick");
     std::fs::create_dir_all(&dir).unwrap();
     let (json, md) = (dir.join("lab.json"), dir.join("lab.md"));
     // A broker of its own: the rest of the suite's groups and topics on the
@@ -90,8 +91,11 @@ fn quick_matrix_exactly_once_is_clean_and_baselines_fail() {
             dlq > 0 && c.fault_injected,
             "every bad kind reached the DLQ: {c:?}"
         );
-        assert_eq!(c.rows + dlq, c.produced, "produced = rows + DLQ: {c:?}");
-        assert_eq!(c.duplicates, 0, "{c:?}");
+        assert_eq!(c.missing, 0, "{c:?}");
+        if s == "poison-records" || m.starts_with("exactly-once") {
+            assert_eq!(c.rows + dlq, c.produced, "produced = rows + DLQ: {c:?}");
+            assert_eq!(c.duplicates, 0, "{c:?}");
+        }
     }
     for m in ["at-least-once", "token-only"] {
         assert!(
