@@ -5,7 +5,7 @@
 STACK := scripts/stack.sh
 ENV := set -a; eval "$$($(STACK) env)"; set +a
 
-.PHONY: build stack stack-down demo test lint bench-resume bench-dedup clean-stack bench
+.PHONY: build stack stack-down demo test lint bench-resume bench-dedup bench-deadline clean-stack bench
 
 build:
 	@scripts/install-deps.sh
@@ -32,6 +32,10 @@ lint:
 
 bench-dedup:
 	scripts/bench-dedup.sh
+
+bench-deadline:
+	@scripts/install-deps.sh
+	scripts/bench-deadline.sh
 
 bench:
 	@scripts/bench/bench.sh
