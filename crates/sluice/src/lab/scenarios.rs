@@ -12,6 +12,7 @@ use super::process::{RunSpec, SinkProcess};
 use super::proxy::{Fault, Proxy};
 use anyhow::{bail, Context};
 use serde::Serialize;
+use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 /// Every scenario, in the order of the matrix.
@@ -234,6 +235,40 @@ impl Run {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         Ok(())
+    }
+
+    /// Reads `want` records from the DLQ topic and counts them into `cell`:
+    /// `n` records were produced, each must be a row or in the DLQ, and a
+    /// second DLQ copy of a record is a duplicate. Returns the entries and
+    /// the source coordinates they name.
+    async fn count_dlq(
+        &self,
+        cell: &mut Cell,
+        n: u64,
+        dlq_topic: &str,
+        want: usize,
+    ) -> anyhow::Result<(Vec<super::poison::DlqEntry>, BTreeSet<(i32, i64)>)> {
+        let (brokers, t, timeout) = (
+            self.stack.brokers.clone(),
+            dlq_topic.to_string(),
+            self.params.timeout,
+        );
+        let entries = tokio::task::spawn_blocking(move || {
+            super::poison::read_dlq(&brokers, &t, want, timeout)
+        })
+        .await??;
+        let sources: BTreeSet<(i32, i64)> = entries
+            .iter()
+            .filter(|e| e.source_topic == self.spec.topic)
+            .map(|e| (e.partition, e.offset))
+            .collect();
+        let in_dlq = sources.len() as u64;
+        let stored = cell.rows - cell.duplicates;
+        cell.produced = n;
+        cell.missing = n.saturating_sub(stored + in_dlq);
+        cell.duplicates += entries.len() as u64 - in_dlq;
+        cell.dlq = Some(in_dlq);
+        Ok((entries, sources))
     }
 
     /// Waits for quiescence and builds the cell.
@@ -546,18 +581,9 @@ pub async fn run(
             let sink = r.spec.start()?;
             let good = n - refused.len() as u64;
             let mut cell = r.finish(scenario, vec![sink], good, Instant::now()).await?;
-            let (brokers, t) = (stack.brokers.clone(), dlq_topic.clone());
-            let (want, timeout) = (refused.len(), p.timeout);
-            let entries =
-                tokio::task::spawn_blocking(move || poison::read_dlq(&brokers, &t, want, timeout))
-                    .await??;
-            let sources: std::collections::BTreeSet<(i32, i64)> = entries
-                .iter()
-                .filter(|e| e.source_topic == r.spec.topic)
-                .map(|e| (e.partition, e.offset))
-                .collect();
+            let (entries, sources) = r.count_dlq(&mut cell, n, &dlq_topic, refused.len()).await?;
             // Record i went to partition i % PARTITIONS, at offset i / PARTITIONS.
-            let expected: std::collections::BTreeSet<(i32, i64)> = refused
+            let expected: BTreeSet<(i32, i64)> = refused
                 .iter()
                 .map(|&i| {
                     (
@@ -566,12 +592,6 @@ pub async fn run(
                     )
                 })
                 .collect();
-            let in_dlq = sources.len() as u64;
-            let stored = cell.rows - cell.duplicates;
-            cell.produced = n;
-            cell.missing = n.saturating_sub(stored + in_dlq);
-            cell.duplicates += entries.len() as u64 - in_dlq;
-            cell.dlq = Some(in_dlq);
             // Exactly the refused records reached the DLQ, each as `rejected`.
             cell.fault_injected =
                 sources == expected && entries.iter().all(|e| e.kind == "rejected");
@@ -597,23 +617,7 @@ pub async fn run(
                 .finish(scenario, vec![sink], mix.good, Instant::now())
                 .await?;
             let bad: u64 = mix.bad.values().sum();
-            let (brokers, t) = (stack.brokers.clone(), dlq_topic.clone());
-            let timeout = p.timeout;
-            let entries = tokio::task::spawn_blocking(move || {
-                poison::read_dlq(&brokers, &t, bad as usize, timeout)
-            })
-            .await??;
-            let sources: std::collections::BTreeSet<(i32, i64)> = entries
-                .iter()
-                .filter(|e| e.source_topic == r.spec.topic)
-                .map(|e| (e.partition, e.offset))
-                .collect();
-            let in_dlq = sources.len() as u64;
-            let stored = cell.rows - cell.duplicates;
-            cell.produced = n;
-            cell.missing = n.saturating_sub(stored + in_dlq);
-            cell.duplicates += entries.len() as u64 - in_dlq;
-            cell.dlq = Some(in_dlq);
+            let (entries, _) = r.count_dlq(&mut cell, n, &dlq_topic, bad as usize).await?;
             // Every kind of bad record reached the DLQ under its own name.
             cell.fault_injected = poison::KINDS
                 .iter()

@@ -84,18 +84,7 @@ async fn a_partition_given_back_while_its_old_inserts_are_queued_lands_once() {
     spec.fence_wait_ms = 25_000;
     spec.max_batch_rows = 50;
     let a = spec.start();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !std::fs::read_to_string(&a.log)
-        .unwrap_or_default()
-        .contains("partition active")
-    {
-        assert!(
-            Instant::now() < deadline,
-            "A never went active: {}",
-            a.log_tail()
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    wait_for_log(&a, "partition active", Duration::from_secs(60)).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     // A backlog: 80 batches a partition, 4 s each, behind 4 permits.
     proxy.slow_inserts(Duration::from_secs(4));

@@ -268,6 +268,22 @@ pub fn free_port() -> u16 {
         .port()
 }
 
+/// Waits (up to `timeout`) until the sink's log says `what`.
+pub async fn wait_for_log(sink: &Sink, what: &str, timeout: Duration) {
+    let deadline = Instant::now() + timeout;
+    while !std::fs::read_to_string(&sink.log)
+        .unwrap_or_default()
+        .contains(what)
+    {
+        assert!(
+            Instant::now() < deadline,
+            "never {what:?}: {}",
+            sink.log_tail()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 /// Waits for the sink to exit; its exit code and log.
 pub fn exit_of(mut sink: Sink, timeout: Duration) -> (Option<i32>, String) {
     let deadline = Instant::now() + timeout;
