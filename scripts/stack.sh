@@ -3,9 +3,10 @@
 # (chDB 26.9 behind stack/chdb_server.py), both on 127.0.0.1.
 #
 #   up      install both (scripts/install-*.sh), start what is not running, wait until ready
-#           (Kafka: a Metadata request answers; ClickHouse: /ping), print KAFKA_BROKERS / CLICKHOUSE_URL
+#           (Kafka: a Metadata request answers; ClickHouse: /ping), then print what `env` prints
 #   down    SIGTERM both, SIGKILL after 10 s, remove pid files
 #   env     print KAFKA_BROKERS, CLICKHOUSE_URL, SLUICE_TANSU_BIN, SLUICE_CHDB_PYTHON, SLUICE_CHDB_SERVER
+#           (export them: `set -a; eval "$(scripts/stack.sh env)"; set +a`)
 #   status  say what runs
 #
 # State: ${SLUICE_STACK_DIR:-<repo>/.stack}/{data/tansu.db, chdb/, tansu.{pid,log}, chdb.{pid,log}}
@@ -21,9 +22,12 @@ TANSU_BIN="$CACHE/tansu-0.6.0/bin/tansu"
 CHDB_PY="$CACHE/venv-chdb-26.9.0/bin/python"
 CHDB_SERVER="$REPO/stack/chdb_server.py"
 
-lines() {
+lines() { # every variable the tests, the lab and the tools read
   echo "KAFKA_BROKERS=127.0.0.1:$KPORT"
   echo "CLICKHOUSE_URL=http://127.0.0.1:$CPORT"
+  echo "SLUICE_TANSU_BIN=$TANSU_BIN"
+  echo "SLUICE_CHDB_PYTHON=$CHDB_PY"
+  echo "SLUICE_CHDB_SERVER=$CHDB_SERVER"
 }
 
 alive() { # alive NAME -> pid file names a live process
@@ -93,12 +97,7 @@ stop() { # stop NAME: SIGTERM, then SIGKILL after 10 s
 case "${1:-}" in
   up) up ;;
   down) stop tansu & stop chdb & wait ;;
-  env)
-    lines
-    echo "SLUICE_TANSU_BIN=$TANSU_BIN"
-    echo "SLUICE_CHDB_PYTHON=$CHDB_PY"
-    echo "SLUICE_CHDB_SERVER=$CHDB_SERVER"
-    ;;
+  env) lines ;;
   status)
     for n in tansu chdb; do
       if alive "$n"; then echo "$n: running (pid $(cat "$STACK/$n.pid"))"; else echo "$n: stopped"; fi

@@ -5,7 +5,7 @@
 
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
-use sluice::config::{Delivery, Overrides, RawConfig};
+use sluice::config::{ConfigArgs, Delivery, Overrides};
 use sluice::ops::{self, Outcome};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -39,32 +39,18 @@ enum LogFormat {
     Json,
 }
 
-#[derive(Clone, Copy, ValueEnum)]
-enum DeliveryArg {
-    ExactlyOnce,
-    AtLeastOnce,
-    TokenOnly,
-}
-
 #[derive(Subcommand)]
 enum Command {
     /// Run the sink: consume the routed topics and write rows exactly once.
     Run {
-        /// The config file (TOML).
-        #[arg(long, short)]
-        config: PathBuf,
-        /// Kafka bootstrap servers; overrides the file.
-        #[arg(long, env = "KAFKA_BROKERS")]
-        brokers: Option<String>,
-        /// ClickHouse HTTP URL; overrides the file.
-        #[arg(long, env = "CLICKHOUSE_URL")]
-        clickhouse_url: Option<String>,
+        #[command(flatten)]
+        config: ConfigArgs,
         /// Consumer group id; overrides the file.
         #[arg(long)]
         group_id: Option<String>,
         /// Delivery mode; overrides the file.
         #[arg(long, value_enum)]
-        delivery: Option<DeliveryArg>,
+        delivery: Option<Delivery>,
         /// Rows per insert at most; overrides the file.
         #[arg(long)]
         max_batch_rows: Option<usize>,
@@ -74,15 +60,8 @@ enum Command {
     },
     /// Validate a config file and check that both ends can be reached.
     CheckConfig {
-        /// The config file (TOML).
-        #[arg(long, short)]
-        config: PathBuf,
-        /// Kafka bootstrap servers; overrides the file.
-        #[arg(long, env = "KAFKA_BROKERS")]
-        brokers: Option<String>,
-        /// ClickHouse HTTP URL; overrides the file.
-        #[arg(long, env = "CLICKHOUSE_URL")]
-        clickhouse_url: Option<String>,
+        #[command(flatten)]
+        config: ConfigArgs,
     },
     /// Run the fault lab: each scenario × delivery mode against the real
     /// stack, counted in ClickHouse, printed as a matrix.
@@ -184,26 +163,18 @@ fn run(command: Command) -> anyhow::Result<Outcome> {
     match command {
         Command::Run {
             config,
-            brokers,
-            clickhouse_url,
             group_id,
             delivery,
             max_batch_rows,
             metrics_listen,
         } => {
-            let overrides = Overrides {
-                brokers,
-                clickhouse_url,
+            let cfg = config.load(Overrides {
                 group_id,
-                delivery: delivery.map(|d| match d {
-                    DeliveryArg::ExactlyOnce => Delivery::ExactlyOnce,
-                    DeliveryArg::AtLeastOnce => Delivery::AtLeastOnce,
-                    DeliveryArg::TokenOnly => Delivery::TokenOnly,
-                }),
+                delivery,
                 max_batch_rows,
                 metrics_listen,
-            };
-            let cfg = RawConfig::load(&config, std::env::vars())?.validate(overrides)?;
+                ..Overrides::default()
+            })?;
             let rt = runtime()?;
             rt.block_on(sluice::sink::run(cfg, shutdown_signal()))?;
             Ok(Outcome::Clean)
@@ -269,18 +240,15 @@ fn run(command: Command) -> anyhow::Result<Outcome> {
             rt.block_on(sluice::lab::run(opts))?;
             Ok(Outcome::Clean)
         }
-        Command::CheckConfig {
-            config,
-            brokers,
-            clickhouse_url,
-        } => {
-            let overrides = Overrides {
-                brokers,
-                clickhouse_url,
-                ..Overrides::default()
-            };
-            let cfg = RawConfig::load(&config, std::env::vars())?.validate(overrides)?;
-            println!("config {}: valid", config.display());
+        Command::CheckConfig { config } => {
+            let cfg = config.load(Overrides::default())?;
+            println!("config {}: valid", config.config.display());
+            for line in cfg.endpoints() {
+                println!("{line}");
+            }
+            for ignored in &cfg.origins.ignored {
+                println!("warning: {ignored}");
+            }
             let checks = runtime()?.block_on(sluice::check::check(&cfg));
             let (text, outcome) = sluice::check::render(&checks);
             print!("{text}");
@@ -294,10 +262,10 @@ fn run(command: Command) -> anyhow::Result<Outcome> {
             ch,
             files,
         } => resend(table, dry_run, producer, ch, files),
-        Command::Window(a) => tool(&a.ch.clone(), ops::window::run(a)),
-        Command::Audit(a) => tool(&a.ch.clone(), ops::audit::run(a)),
-        Command::Repair(a) => tool(&a.ch.clone(), ops::repair::run(a)),
-        Command::Schema(a) => tool(&a.ch.clone(), ops::schema::run(a)),
+        Command::Window(a) => tool(&a.ch.clone(), |c| ops::window::run(a, c)),
+        Command::Audit(a) => tool(&a.ch.clone(), |c| ops::audit::run(a, c)),
+        Command::Repair(a) => tool(&a.ch.clone(), |c| ops::repair::run(a, c)),
+        Command::Schema(a) => tool(&a.ch.clone(), |c| ops::schema::run(a, c)),
     }
 }
 
@@ -341,7 +309,7 @@ fn resend(
     let lines = sluice::send::input::read_all(&files)?;
     let opts = producer.options()?;
     let r = runtime()?.block_on(sluice::send::resend::resend(
-        &ch.client(),
+        &ch.connect()?.client,
         &table,
         &key,
         &opts,
@@ -376,14 +344,18 @@ fn resend(
     })
 }
 
-/// Runs an operator tool; a failure to reach ClickHouse names the URL.
-fn tool(
-    ch: &ops::db::ChArgs,
-    work: impl std::future::Future<Output = Result<Outcome, ops::OpsError>>,
-) -> anyhow::Result<Outcome> {
-    runtime()?.block_on(work).map_err(|e| match e {
+/// Runs an operator tool on its connection; a failure to reach ClickHouse
+/// names the URL.
+fn tool<F>(ch: &ops::db::ChArgs, work: impl FnOnce(ops::db::Conn) -> F) -> anyhow::Result<Outcome>
+where
+    F: std::future::Future<Output = Result<Outcome, ops::OpsError>>,
+{
+    let conn = ch.connect()?;
+    let url = conn.url.clone();
+    let rt = runtime()?;
+    rt.block_on(work(conn)).map_err(|e| match e {
         ops::OpsError::ClickHouse(c) if c.kind == sluice::ch::ChErrorKind::Connect => {
-            anyhow::anyhow!("{c} (at {})", ch.clickhouse_url)
+            anyhow::anyhow!("{c} (at {url})")
         }
         e => e.into(),
     })

@@ -84,12 +84,7 @@ impl ClickHouse {
         delivery: Delivery,
         max_batch_rows: usize,
     ) -> Result<Self, ChError> {
-        let client = clickhouse::Client::default()
-            .with_url(&cfg.url)
-            .with_user(&cfg.user)
-            .with_password(cfg.password.expose())
-            .with_database(&cfg.database)
-            .with_validation(false);
+        let client = super::client(cfg);
         let secs = cfg.insert_timeout.as_secs().max(1).to_string();
         let block = (max_batch_rows + 1).max(1_048_449).to_string();
         let mut wanted: Vec<(&str, String)> = vec![

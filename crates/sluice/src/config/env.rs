@@ -8,6 +8,13 @@
 //! `properties` / `settings` maps come from the file only. A variable under a
 //! section prefix (`SLUICE_KAFKA_…`, `SLUICE_SINK_…`) that names no setting
 //! is an error, like an unknown key in the file.
+//!
+//! The generic `KAFKA_BROKERS` and `CLICKHOUSE_URL`, which other tools read
+//! too, only fill an endpoint that neither the file nor a `SLUICE_…`
+//! variable sets: a variable left in the shell for another tool never
+//! redirects a sink whose file names its servers. Each endpoint's
+//! [`Origin`] is kept so the start-up log can say where it came from, and a
+//! generic variable that was ignored is reported.
 
 use super::ConfigError;
 use toml::{Table, Value};
@@ -68,21 +75,95 @@ const SECTIONS: &[&str] = &["KAFKA_", "CLICKHOUSE_", "SINK_", "METRICS_", "DLQ_"
 
 const PREFIX: &str = "SLUICE_";
 
+/// Variables other tools read too, and the endpoint each one fills when
+/// nothing more specific sets it.
+pub const GENERIC: &[(&str, &str)] = &[
+    ("kafka.brokers", "KAFKA_BROKERS"),
+    ("clickhouse.url", "CLICKHOUSE_URL"),
+];
+
+/// Where an endpoint's effective value came from.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum Origin {
+    /// Not set anywhere (a default applies, or it is missing).
+    #[default]
+    Unset,
+    File,
+    /// An environment variable, by name.
+    Var(String),
+    /// A command-line flag, by name.
+    Flag(&'static str),
+}
+
+impl std::fmt::Display for Origin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Origin::Unset => f.write_str("the default"),
+            Origin::File => f.write_str("the config file"),
+            Origin::Var(v) => f.write_str(v),
+            Origin::Flag(flag) => f.write_str(flag),
+        }
+    }
+}
+
+/// Where the two endpoints came from, and the generic variables that were
+/// set but not used.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Origins {
+    pub brokers: Origin,
+    pub clickhouse_url: Origin,
+    /// One sentence per ignored generic variable.
+    pub ignored: Vec<String>,
+}
+
+impl Origins {
+    fn of(&mut self, path: &str) -> Option<&mut Origin> {
+        match path {
+            "kafka.brokers" => Some(&mut self.brokers),
+            "clickhouse.url" => Some(&mut self.clickhouse_url),
+            _ => None,
+        }
+    }
+}
+
+/// What [`apply`] did.
+#[derive(Debug, Default)]
+pub struct Applied {
+    /// The variables whose values went into the table.
+    pub used: Vec<String>,
+    pub origins: Origins,
+}
+
 /// `sink.max_batch_rows` → `SLUICE_SINK_MAX_BATCH_ROWS`.
 pub fn var_name(path: &str) -> String {
     format!("{PREFIX}{}", path.replace('.', "_").to_ascii_uppercase())
 }
 
-/// Writes the settings found in `vars` into `table`; returns the names of
-/// the variables used.
+/// Writes the settings found in `vars` into `table`: the `SLUICE_…` ones
+/// over the file, then the [`GENERIC`] ones where nothing set the endpoint.
 pub fn apply(
     table: &mut Table,
     vars: impl IntoIterator<Item = (String, String)>,
-) -> Result<Vec<String>, ConfigError> {
+) -> Result<Applied, ConfigError> {
     let mut used = Vec::new();
+    let mut origins = Origins::default();
+    for (path, _) in GENERIC {
+        if lookup(table, path).is_some() {
+            *origins.of(path).expect("an endpoint") = Origin::File;
+        }
+    }
+    let vars: Vec<(String, String)> = vars.into_iter().collect();
+    let generic: Vec<(&str, &str, &str)> = GENERIC
+        .iter()
+        .filter_map(|&(path, name)| {
+            let (_, v) = vars.iter().find(|(k, _)| k == name)?;
+            Some((path, name, v.as_str()))
+        })
+        .collect();
     let mut vars: Vec<(String, String)> = vars
-        .into_iter()
+        .iter()
         .filter(|(k, _)| k.starts_with(PREFIX))
+        .cloned()
         .collect();
     vars.sort();
     for (name, raw) in vars {
@@ -113,9 +194,30 @@ pub fn apply(
             }),
         };
         set(table, path, value, &name)?;
+        if let Some(o) = origins.of(path) {
+            *o = Origin::Var(name.clone());
+        }
         used.push(name);
     }
-    Ok(used)
+    for (path, name, value) in generic {
+        let origin = origins.of(path).expect("an endpoint");
+        if *origin == Origin::Unset {
+            set(table, path, Value::String(value.into()), name)?;
+            *origin = Origin::Var(name.into());
+            used.push(name.into());
+        } else if lookup(table, path).and_then(Value::as_str) != Some(value) {
+            let sentence = format!("{name}={value} is ignored: {path} is set by {origin}");
+            origins.ignored.push(sentence);
+        }
+    }
+    Ok(Applied { used, origins })
+}
+
+/// The value at a dotted path, if the table has one.
+fn lookup<'a>(table: &'a Table, path: &str) -> Option<&'a Value> {
+    let mut parts = path.split('.');
+    let first = table.get(parts.next()?)?;
+    parts.try_fold(first, |v, p| v.as_table()?.get(p))
 }
 
 fn set(table: &mut Table, path: &str, value: Value, var: &str) -> Result<(), ConfigError> {
@@ -159,7 +261,8 @@ mod tests {
                 ("PATH", "/bin"),
             ]),
         )
-        .unwrap();
+        .unwrap()
+        .used;
         assert_eq!(used.len(), 3);
         assert_eq!(t["kafka"]["group_id"].as_str(), Some("42"));
         assert_eq!(t["sink"]["max_batch_rows"].as_integer(), Some(5000));
@@ -181,6 +284,47 @@ mod tests {
         );
         let e = err("SLUICE_KAFKA_TLS_VERIFY_HOSTNAME", "maybe");
         assert!(e.contains("true or false"), "{e}");
+    }
+
+    #[test]
+    fn generic_variables_fill_only_what_nothing_else_sets() {
+        let apply_to = |file: &str, v: &[(&str, &str)]| {
+            let mut t: Table = toml::from_str(file).unwrap();
+            let a = apply(&mut t, vars(v)).unwrap();
+            (t, a.origins)
+        };
+        let generic = [
+            ("KAFKA_BROKERS", "elsewhere:9092"),
+            ("CLICKHOUSE_URL", "http://elsewhere:8123"),
+        ];
+        // The file names both servers: the generic variables are ignored, and said to be.
+        let file = "[kafka]\nbrokers = 'k:1'\n[clickhouse]\nurl = 'http://ch:1'";
+        let (t, o) = apply_to(file, &generic);
+        assert_eq!(t["kafka"]["brokers"].as_str(), Some("k:1"));
+        assert_eq!(t["clickhouse"]["url"].as_str(), Some("http://ch:1"));
+        assert_eq!((o.brokers, o.clickhouse_url), (Origin::File, Origin::File));
+        assert_eq!(o.ignored.len(), 2, "{:?}", o.ignored);
+        assert!(o.ignored[1].contains("CLICKHOUSE_URL=http://elsewhere:8123 is ignored"));
+        assert!(o.ignored[1].contains("the config file"));
+        // The same value as the file's is no conflict.
+        let (_, o) = apply_to(file, &[("KAFKA_BROKERS", "k:1")]);
+        assert!(o.ignored.is_empty());
+        // A SLUICE_ variable beats both.
+        let mut v = generic.to_vec();
+        v.push(("SLUICE_CLICKHOUSE_URL", "http://mine:1"));
+        let (t, o) = apply_to(file, &v);
+        assert_eq!(t["clickhouse"]["url"].as_str(), Some("http://mine:1"));
+        assert_eq!(
+            o.clickhouse_url,
+            Origin::Var("SLUICE_CLICKHOUSE_URL".into())
+        );
+        // Nothing else sets them: the generic variables fill them.
+        let (t, o) = apply_to("", &generic);
+        assert_eq!(t["kafka"]["brokers"].as_str(), Some("elsewhere:9092"));
+        assert_eq!(o.brokers, Origin::Var("KAFKA_BROKERS".into()));
+        assert!(o.ignored.is_empty());
+        let (_, o) = apply_to("", &[]);
+        assert_eq!(o.brokers, Origin::Unset);
     }
 
     #[test]

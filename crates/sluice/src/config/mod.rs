@@ -26,7 +26,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// How strongly records are delivered.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default, clap::ValueEnum)]
 #[serde(rename_all = "kebab-case")]
 pub enum Delivery {
     /// Resume from ClickHouse, reconcile unknown outcomes, fence on rebalance.
@@ -73,6 +73,9 @@ pub struct RawConfig {
     /// Where records that cannot become rows go.
     #[serde(default)]
     pub dlq: RawDlq,
+    /// Where the endpoints came from (filled by the loader, not the file).
+    #[serde(skip)]
+    pub origins: env::Origins,
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -240,6 +243,8 @@ pub struct Config {
     pub metrics_listen: Option<std::net::SocketAddr>,
     /// The dead-letter topic, if any.
     pub dlq: Option<String>,
+    /// Where the endpoints came from.
+    pub origins: env::Origins,
 }
 
 /// What a new owner's fence allows for beyond the previous owner's last
@@ -249,6 +254,22 @@ const MAX_LEASE: Duration = Duration::from_secs(10);
 const MIN_LEASE: Duration = Duration::from_secs(2);
 
 impl Config {
+    /// `kafka.brokers = k:9092 (from the config file)`, and the same for
+    /// `clickhouse.url`: what the start-up log and `check-config` print.
+    pub fn endpoints(&self) -> [String; 2] {
+        let o = &self.origins;
+        [
+            format!(
+                "kafka.brokers = {} (from {})",
+                self.kafka.brokers, o.brokers
+            ),
+            format!(
+                "clickhouse.url = {} (from {})",
+                self.clickhouse.url, o.clickhouse_url
+            ),
+        ]
+    }
+
     /// How long a writer goes on without reading its own ownership marker
     /// back: what the new owner's fence leaves after the previous owner's
     /// last inserts (`2 × insert_timeout`) and a margin, at most 10 s and
@@ -318,6 +339,29 @@ pub struct ClickHouseConfig {
     pub settings: BTreeMap<String, String>,
     pub read_settings: BTreeMap<String, String>,
     pub cluster: Option<String>,
+}
+
+/// The database and user when the file names none.
+pub const DEFAULT_DATABASE: &str = "default";
+pub const DEFAULT_USER: &str = "default";
+/// How long one insert attempt may take when the file does not say.
+pub const DEFAULT_INSERT_TIMEOUT: Duration = Duration::from_secs(30);
+
+impl ClickHouseConfig {
+    /// The server at `url` with every default: what the operator tools use
+    /// without a config file.
+    pub fn at(url: String) -> Self {
+        Self {
+            url,
+            database: DEFAULT_DATABASE.into(),
+            user: DEFAULT_USER.into(),
+            password: Secret::default(),
+            insert_timeout: DEFAULT_INSERT_TIMEOUT,
+            settings: BTreeMap::new(),
+            read_settings: BTreeMap::new(),
+            cluster: None,
+        }
+    }
 }
 
 /// The password never reaches a log line through `{:?}`.
@@ -443,7 +487,37 @@ pub enum ConfigError {
     Columns,
 }
 
-/// Values that override the file, from the environment and flags.
+/// The config file and the endpoint flags that override it, shared by
+/// `sluice run` and `check-config`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ConfigArgs {
+    /// The config file (TOML).
+    #[arg(long, short)]
+    pub config: PathBuf,
+    /// Kafka bootstrap servers; overrides the file and SLUICE_KAFKA_BROKERS
+    /// (KAFKA_BROKERS only fills them in when neither sets them).
+    #[arg(long)]
+    pub brokers: Option<String>,
+    /// ClickHouse HTTP URL; overrides the file and SLUICE_CLICKHOUSE_URL
+    /// (CLICKHOUSE_URL only fills it in when neither sets it).
+    #[arg(long)]
+    pub clickhouse_url: Option<String>,
+}
+
+impl ConfigArgs {
+    /// The file, with the process's `SLUICE_…` variables and these flags
+    /// (and `more` overrides) applied, validated.
+    pub fn load(&self, more: Overrides) -> Result<Config, ConfigError> {
+        let o = Overrides {
+            brokers: self.brokers.clone(),
+            clickhouse_url: self.clickhouse_url.clone(),
+            ..more
+        };
+        RawConfig::load(&self.config, std::env::vars())?.validate(o)
+    }
+}
+
+/// Values that override the file, from flags.
 #[derive(Debug, Clone, Default)]
 pub struct Overrides {
     pub brokers: Option<String>,
@@ -505,23 +579,33 @@ impl RawConfig {
             message,
         };
         let mut table: toml::Table = toml::from_str(text).map_err(|e| parse(e.to_string()))?;
-        let used = env::apply(&mut table, vars)?;
-        if used.is_empty() {
+        let applied = env::apply(&mut table, vars)?;
+        let mut raw = if applied.used.is_empty() {
             // Straight from the text: errors keep their line and column.
-            return Self::from_toml(text);
-        }
-        use serde::de::IntoDeserializer;
-        Self::deserialize(toml::Value::Table(table).into_deserializer()).map_err(|e| {
-            parse(format!(
-                "{} (with {} from the environment)",
-                e.to_string().trim_end(),
-                used.join(", ")
-            ))
-        })
+            Self::from_toml(text)?
+        } else {
+            use serde::de::IntoDeserializer;
+            Self::deserialize(toml::Value::Table(table).into_deserializer()).map_err(|e| {
+                parse(format!(
+                    "{} (with {} from the environment)",
+                    e.to_string().trim_end(),
+                    applied.used.join(", ")
+                ))
+            })?
+        };
+        raw.origins = applied.origins;
+        Ok(raw)
     }
 
     /// Applies overrides, fills defaults and checks every cross-field rule.
     pub fn validate(self, o: Overrides) -> Result<Config, ConfigError> {
+        let mut origins = self.origins;
+        if o.brokers.is_some() {
+            origins.brokers = env::Origin::Flag("--brokers");
+        }
+        if o.clickhouse_url.is_some() {
+            origins.clickhouse_url = env::Origin::Flag("--clickhouse-url");
+        }
         let brokers = o
             .brokers
             .or(self.kafka.brokers)
@@ -561,9 +645,12 @@ impl RawConfig {
         if heartbeat * 3 > session {
             return Err(ConfigError::Heartbeat { heartbeat, session });
         }
-        let database = self.clickhouse.database.unwrap_or_else(|| "default".into());
+        let database = self
+            .clickhouse
+            .database
+            .unwrap_or_else(|| DEFAULT_DATABASE.into());
         let insert_timeout = bounded("clickhouse.insert_timeout", self.clickhouse.insert_timeout)?
-            .unwrap_or(Duration::from_secs(30));
+            .unwrap_or(DEFAULT_INSERT_TIMEOUT);
         if insert_timeout < Duration::from_secs(1) {
             return Err(invalid(
                 "clickhouse.insert_timeout",
@@ -748,7 +835,7 @@ impl RawConfig {
             clickhouse: ClickHouseConfig {
                 url,
                 database,
-                user: self.clickhouse.user.unwrap_or_else(|| "default".into()),
+                user: self.clickhouse.user.unwrap_or_else(|| DEFAULT_USER.into()),
                 password,
                 insert_timeout,
                 settings: self.clickhouse.settings,
@@ -777,6 +864,7 @@ impl RawConfig {
                 columns,
             },
             routes,
+            origins,
         })
     }
 }

@@ -43,9 +43,9 @@ impl Stack {
     }
 
     pub fn ch(&self) -> clickhouse::Client {
-        clickhouse::Client::default()
-            .with_url(&self.clickhouse_url)
-            .with_validation(false)
+        crate::ch::client(&crate::config::ClickHouseConfig::at(
+            self.clickhouse_url.clone(),
+        ))
     }
 
     pub async fn create_topic(&self, name: &str, partitions: i32) -> anyhow::Result<()> {

@@ -13,10 +13,11 @@
 //! The two classes add up: `rows − distinct keys = replay + producer`.
 //! Exit status: 0 when clean, 1 when duplicates were found, 2 on error.
 
-use super::db::{ident_list, literal, parse_columns, ChArgs, Columns, Table, TableName};
+use super::db::{ident_list, literal, parse_columns, ChArgs, Columns, Conn, Table, TableName};
 use super::{grid, progress, thousands, OpsError, Outcome};
 use crate::config::quote_ident as qi;
 use serde::Serialize;
+use sluice_core::MetadataColumns;
 use std::time::Duration;
 
 #[derive(Debug, Clone, clap::Args)]
@@ -121,14 +122,16 @@ pub struct AuditSql {
 
 pub fn audit_sql(
     t: &TableName,
+    meta: &MetadataColumns,
     key: Option<&[String]>,
     filter: &str,
     time_col: Option<&str>,
     samples: u64,
 ) -> AuditSql {
     let tbl = t.sql();
-    let off = "`_topic`, `_partition`, `_offset`";
-    let at = "concat(`_topic`, '/', toString(`_partition`), '@', toString(`_offset`))";
+    let (topic, partition, offset) = (qi(&meta.topic), qi(&meta.partition), qi(&meta.offset));
+    let off = &format!("{topic}, {partition}, {offset}");
+    let at = format!("concat({topic}, '/', toString({partition}), '@', toString({offset}))");
     let day = match time_col {
         Some(c) => format!("toString(any(toDate({})))", qi(c)),
         None => "''".into(),
@@ -154,9 +157,10 @@ pub fn audit_sql(
              WHERE {filter} GROUP BY {group} HAVING n > 1) GROUP BY pid, day ORDER BY pid, day"
         )
     };
-    let offsets_of_group = "arrayStringConcat(arrayMap(x -> concat(x.1, '/', toString(x.2), '@', \
-         toString(x.3)), arraySlice(arraySort(groupUniqArray((`_topic`, `_partition`, `_offset`))), \
-         1, 6)), ', ')";
+    let offsets_of_group = format!(
+        "arrayStringConcat(arrayMap(x -> concat(x.1, '/', toString(x.2), '@', toString(x.3)), \
+         arraySlice(arraySort(groupUniqArray(({off}))), 1, 6)), ', ')"
+    );
     let samples_replay = format!(
         "SELECT {} AS key, count() AS copies, {at} AS offsets FROM {tbl} WHERE {filter} \
          GROUP BY {off} HAVING copies > 1 ORDER BY copies DESC, {off} LIMIT {samples}",
@@ -180,8 +184,8 @@ pub fn audit_sql(
     }
 }
 
-pub async fn run(args: AuditArgs) -> Result<Outcome, OpsError> {
-    let report = audit(&args).await?;
+pub async fn run(args: AuditArgs, conn: Conn) -> Result<Outcome, OpsError> {
+    let report = audit(&args, &conn).await?;
     super::emit(args.json, &report, render)?;
     Ok(if report.duplicate_rows == 0 {
         Outcome::Clean
@@ -190,12 +194,15 @@ pub async fn run(args: AuditArgs) -> Result<Outcome, OpsError> {
     })
 }
 
-pub async fn audit(args: &AuditArgs) -> Result<AuditReport, OpsError> {
-    let client = args.ch.client();
+pub async fn audit(args: &AuditArgs, conn: &Conn) -> Result<AuditReport, OpsError> {
+    let client = &conn.client;
     let bar = progress(!args.json, "reading the table");
-    let table = Table::describe(&client, &args.table).await?;
-    let meta: Vec<String> = ["_topic", "_partition", "_offset"].map(String::from).into();
-    table.require(&meta, "metadata")?;
+    let table = Table::describe(client, &args.table).await?;
+    let m = &conn.columns;
+    table.require(
+        &[m.topic.clone(), m.partition.clone(), m.offset.clone()],
+        "metadata",
+    )?;
     if let Some(k) = &args.key {
         table.require(k, "key")?;
     }
@@ -215,6 +222,7 @@ pub async fn audit(args: &AuditArgs) -> Result<AuditReport, OpsError> {
     };
     let sql = audit_sql(
         &args.table,
+        m,
         args.key.as_deref(),
         &filter,
         time_col.as_deref(),
@@ -334,7 +342,14 @@ mod tests {
     fn sql_groups_by_offset_and_by_key() {
         let t = TableName::parse("db.orders").unwrap();
         let key = vec!["order_id".to_string()];
-        let sql = audit_sql(&t, Some(&key), "_partition_id = '202607'", Some("ts"), 3);
+        let sql = audit_sql(
+            &t,
+            &MetadataColumns::default(),
+            Some(&key),
+            "_partition_id = '202607'",
+            Some("ts"),
+            3,
+        );
         assert_eq!(
             sql.totals,
             "SELECT count(), uniqExact(`_topic`, `_partition`, `_offset`), uniqExact(`order_id`) \
@@ -348,7 +363,7 @@ mod tests {
         assert!(producer.contains("GROUP BY `order_id` HAVING n > 1"));
         assert!(producer.contains("toString(any(toDate(`ts`)))"));
         assert!(sql.samples_replay.ends_with("LIMIT 3"));
-        let none = audit_sql(&t, None, "1", None, 5);
+        let none = audit_sql(&t, &MetadataColumns::default(), None, "1", None, 5);
         assert!(none.breakdown_producer.is_none() && none.samples_producer.is_none());
         assert!(none.breakdown_replay.contains("'' AS day"));
     }

@@ -1,42 +1,103 @@
 //! The ClickHouse connection the operator tools share, and what they ask it
 //! about a table.
 //!
-//! In: `--clickhouse-url`, user and password, and `DB.TABLE` names. Out: a
-//! client, the table's engine, keys and columns, and SQL quoting. Every
+//! In: `--config` or `--clickhouse-url`, the user and password, and
+//! `DB.TABLE` names. Out: a [`Conn`] (a client built as the sink builds
+//! its own, and the metadata column names), the table's engine, keys and
+//! columns, and SQL quoting. Every
 //! failure is an [`OpsError`](super::OpsError) that names the table or column involved.
 
 use super::OpsError;
-use crate::config::quote_ident;
+use crate::config::{quote_ident, ClickHouseConfig, ConfigError, Overrides, RawConfig, Secret};
+use sluice_core::row::MetadataColumns;
 use std::fmt;
+use std::path::PathBuf;
+use std::time::Duration;
 
 /// How to reach ClickHouse; shared by every operator command.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ChArgs {
-    /// ClickHouse HTTP URL.
-    #[arg(long, env = "CLICKHOUSE_URL", default_value = "http://127.0.0.1:8123")]
-    pub clickhouse_url: String,
-    /// ClickHouse user.
-    #[arg(long, env = "CLICKHOUSE_USER", default_value = "default")]
-    pub user: String,
-    /// ClickHouse password (read it from the environment, not the command line).
-    #[arg(
-        long,
-        env = "CLICKHOUSE_PASSWORD",
-        default_value = "",
-        hide_env_values = true
-    )]
-    pub password: String,
+    /// Reach ClickHouse as `sluice run` does with this config file: its
+    /// `[clickhouse]` section (URL, user, password, database, read
+    /// settings) and its metadata column names (`[sink.columns]`), with
+    /// `SLUICE_…` variables applied.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// ClickHouse HTTP URL; overrides the file's. Without --config,
+    /// CLICKHOUSE_URL stands in for it [default: http://127.0.0.1:8123].
+    #[arg(long)]
+    pub clickhouse_url: Option<String>,
+    /// ClickHouse user; overrides the file's. Without --config,
+    /// SLUICE_CLICKHOUSE_USER stands in for it [default: default]. The
+    /// password comes from the file or SLUICE_CLICKHOUSE_PASSWORD.
+    #[arg(long)]
+    pub user: Option<String>,
+    /// How long each query may run on the server (`max_execution_time`).
+    #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
+    pub query_timeout: Duration,
+}
+
+/// A connection an operator tool works through.
+#[derive(Clone)]
+pub struct Conn {
+    pub client: clickhouse::Client,
+    /// The server's URL, for error messages.
+    pub url: String,
+    /// The names of the metadata columns in the tables sluice writes.
+    pub columns: MetadataColumns,
 }
 
 impl ChArgs {
-    pub fn client(&self) -> clickhouse::Client {
-        clickhouse::Client::default()
-            .with_url(&self.clickhouse_url)
-            .with_user(&self.user)
-            .with_password(&self.password)
-            .with_validation(false)
+    /// Resolves the flags (and the file, with --config) into a client built
+    /// as the sink builds its own ([`crate::ch::client`]), with the file's
+    /// read settings and `max_execution_time` on every query.
+    pub fn connect(&self) -> Result<Conn, ConfigError> {
+        let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+        let (mut cfg, columns) = match &self.config {
+            Some(path) => {
+                let overrides = Overrides {
+                    clickhouse_url: self.clickhouse_url.clone(),
+                    ..Overrides::default()
+                };
+                let c = RawConfig::load(path, std::env::vars())?.validate(overrides)?;
+                (c.clickhouse, c.sink.columns)
+            }
+            None => {
+                let url = self
+                    .clickhouse_url
+                    .clone()
+                    .or_else(|| var("CLICKHOUSE_URL"))
+                    .unwrap_or_else(|| DEFAULT_URL.into());
+                let mut cfg = ClickHouseConfig::at(url);
+                if let Some(user) = var("SLUICE_CLICKHOUSE_USER") {
+                    cfg.user = user;
+                }
+                if let Some(p) = var("SLUICE_CLICKHOUSE_PASSWORD") {
+                    cfg.password = Secret::new(&p);
+                }
+                (cfg, MetadataColumns::default())
+            }
+        };
+        if let Some(user) = &self.user {
+            cfg.user = user.clone();
+        }
+        let mut client = crate::ch::client(&cfg).with_setting(
+            "max_execution_time",
+            self.query_timeout.as_secs().max(1).to_string(),
+        );
+        for (k, v) in &cfg.read_settings {
+            client = client.with_setting(k, v);
+        }
+        Ok(Conn {
+            client,
+            url: cfg.url,
+            columns,
+        })
     }
 }
+
+/// Where the operator tools look without a flag, a file or CLICKHOUSE_URL.
+pub const DEFAULT_URL: &str = "http://127.0.0.1:8123";
 
 /// `DB.TABLE`, as given on the command line.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -32,6 +32,9 @@ pub enum OpsError {
     /// `repair` found the partition still receiving writes.
     #[error("refused: {0}")]
     Refused(String),
+    /// A step of `repair --execute` failed and left sluice tables behind.
+    #[error("{source}. {left}")]
+    Left { source: Box<OpsError>, left: String },
 }
 
 impl From<clickhouse::error::Error> for OpsError {

@@ -10,9 +10,10 @@
 //! - `ReplacingMergeTree(_offset)` ordered by the key, so copies of a key
 //!   fold into the one with the highest offset, and a note on `FINAL`.
 
-use super::db::{ident_list, parse_columns, ChArgs, Columns, Table, TableName};
+use super::db::{ident_list, parse_columns, ChArgs, Columns, Conn, Table, TableName};
 use super::{OpsError, Outcome};
 use crate::config::quote_ident as qi;
+use sluice_core::MetadataColumns;
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct SchemaArgs {
@@ -36,12 +37,8 @@ pub struct SchemaArgs {
     pub ch: ChArgs,
 }
 
-/// The metadata columns and their types.
-pub const METADATA: [(&str, &str); 3] = [
-    ("_topic", "LowCardinality(String)"),
-    ("_partition", "UInt32"),
-    ("_offset", "UInt64"),
-];
+/// The metadata columns' types, in order: topic, partition, offset.
+pub const METADATA_TYPES: [&str; 3] = ["LowCardinality(String)", "UInt32", "UInt64"];
 
 /// What the DDL is built from.
 #[derive(Debug, Clone)]
@@ -52,6 +49,8 @@ pub struct Spec {
     pub columns: Vec<(String, String)>,
     pub partition_by: Option<String>,
     pub cluster: Option<String>,
+    /// The metadata columns' names (`[sink.columns]` with --config).
+    pub meta: MetadataColumns,
 }
 
 /// `"a UInt64, b Decimal(12, 2)"` → `[(a, UInt64), (b, Decimal(12, 2))]`.
@@ -98,32 +97,40 @@ pub fn ddl(s: &Spec) -> Result<String, String> {
         .as_ref()
         .map(|c| format!(" ON CLUSTER {}", qi(c)))
         .unwrap_or_default();
+    let m = &s.meta;
+    let names = [&m.topic, &m.partition, &m.offset];
+    let (topic, partition, offset) = (qi(&m.topic), qi(&m.partition), qi(&m.offset));
     let engine = match &s.cluster {
         Some(_) => format!(
-            "ReplicatedReplacingMergeTree('/clickhouse/tables/{{shard}}/{}/{}', '{{replica}}', _offset)",
+            "ReplicatedReplacingMergeTree('/clickhouse/tables/{{shard}}/{}/{}', '{{replica}}', {offset})",
             s.table.database, s.table.table
         ),
-        None => "ReplacingMergeTree(_offset)".into(),
+        None => format!("ReplacingMergeTree({offset})"),
     };
     let mut cols: Vec<String> = s
         .columns
         .iter()
-        .filter(|(n, _)| !METADATA.iter().any(|m| m.0 == n))
+        .filter(|(n, _)| !names.contains(&n))
         .map(|(n, t)| format!("    {} {t},", qi(n)))
         .collect();
     cols.push("    -- Where each row came from; sluice resumes and reconciles from these.".into());
-    cols.extend(METADATA.iter().map(|(n, t)| format!("    {n} {t},")));
+    cols.extend(
+        names
+            .iter()
+            .zip(METADATA_TYPES)
+            .map(|(n, t)| format!("    {} {t},", qi(n))),
+    );
     let mut out = format!(
         "-- The recommended sluice target for {t}: one row per Kafka record, folded by key.\n\
          CREATE TABLE {sql}{on_cluster}\n(\n{cols}\n    \
          -- Reconciliation reads one offset range: the minmax index skips the rest.\n    \
-         INDEX offset_minmax _offset TYPE minmax GRANULARITY 1,\n    \
+         INDEX offset_minmax {offset} TYPE minmax GRANULARITY 1,\n    \
          -- The resume lookup (highest stored offset per partition) reads this\n    \
          -- projection instead of the table: milliseconds on 100 M rows.\n    \
-         PROJECTION watermark (SELECT _topic, _partition, max(_offset) GROUP BY _topic, _partition)\n\
+         PROJECTION watermark (SELECT {topic}, {partition}, max({offset}) GROUP BY {topic}, {partition})\n\
          )\n\
          -- Copies of a key (a producer retry, a manual re-send) fold into the row with\n\
-         -- the highest _offset when parts merge.\n\
+         -- the highest {offset} when parts merge.\n\
          ENGINE = {engine}\n",
         t = s.table,
         sql = s.table.sql(),
@@ -149,20 +156,20 @@ pub fn ddl(s: &Spec) -> Result<String, String> {
     Ok(out)
 }
 
-pub async fn run(args: SchemaArgs) -> Result<Outcome, OpsError> {
+pub async fn run(args: SchemaArgs, conn: Conn) -> Result<Outcome, OpsError> {
     let columns = match &args.columns {
         Some(c) => {
             parse_column_defs(c).map_err(|e| OpsError::Invalid(format!("--columns: {e}")))?
         }
         None => {
-            let client = args.ch.client();
-            if !Table::exists(&client, &args.table).await? {
+            let client = &conn.client;
+            if !Table::exists(client, &args.table).await? {
                 return Err(OpsError::Invalid(format!(
                     "table {} does not exist: give its columns with --columns \"name Type, …\"",
                     args.table
                 )));
             }
-            Table::describe(&client, &args.table)
+            Table::describe(client, &args.table)
                 .await?
                 .columns
                 .into_iter()
@@ -177,6 +184,7 @@ pub async fn run(args: SchemaArgs) -> Result<Outcome, OpsError> {
         columns,
         partition_by: args.partition_by.clone(),
         cluster: args.cluster.clone(),
+        meta: conn.columns,
     };
     let sql = ddl(&spec).map_err(|e| OpsError::Invalid(format!("--key: {e}")))?;
     print!("{sql}");
@@ -195,6 +203,7 @@ mod tests {
                 .unwrap(),
             partition_by: Some("toYYYYMM(created_at)".into()),
             cluster: cluster.map(String::from),
+            meta: MetadataColumns::default(),
         }
     }
 
@@ -219,15 +228,25 @@ mod tests {
         let d = ddl(&spec(None)).unwrap();
         assert!(d.contains("CREATE TABLE `shop`.`orders`\n("));
         assert!(d.contains("    `amount` Decimal(12, 2),"));
-        assert_eq!(d.matches("_offset UInt64").count(), 1, "{d}");
+        assert_eq!(d.matches("`_offset` UInt64").count(), 1, "{d}");
         assert!(d.contains("PROJECTION watermark"));
-        assert!(d.contains("ENGINE = ReplacingMergeTree(_offset)\nPARTITION BY toYYYYMM(created_at)\nORDER BY `order_id`\n"));
+        assert!(d.contains("ENGINE = ReplacingMergeTree(`_offset`)\nPARTITION BY toYYYYMM(created_at)\nORDER BY `order_id`\n"));
         assert!(d.contains("FINAL"));
         let r = ddl(&spec(Some("main"))).unwrap();
         assert!(r.contains("CREATE TABLE `shop`.`orders` ON CLUSTER `main`"));
         assert!(r.contains(
-            "ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/shop/orders', '{replica}', _offset)"
+            "ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/shop/orders', '{replica}', `_offset`)"
         ));
+        let mut renamed = spec(None);
+        renamed.meta = MetadataColumns {
+            topic: "src_topic".into(),
+            partition: "src_partition".into(),
+            offset: "src_offset".into(),
+        };
+        let d = ddl(&renamed).unwrap();
+        assert!(d.contains("    `src_offset` UInt64,"), "{d}");
+        assert!(d.contains("max(`src_offset`) GROUP BY `src_topic`, `src_partition`"));
+        assert!(d.contains("ReplacingMergeTree(`src_offset`)") && !d.contains("`_topic`"));
         let mut bad = spec(None);
         bad.key = vec!["nope".into()];
         assert!(ddl(&bad).unwrap_err().contains("\"nope\""));

@@ -12,7 +12,7 @@
 //! Exit status: 0 when the window covers the longest re-submit, 1 when it
 //! does not, 2 on error.
 
-use super::db::{literal, ChArgs, Table, TableName};
+use super::db::{literal, ChArgs, Conn, Table, TableName};
 use super::{progress, thousands, OpsError, Outcome};
 use comfy_table::Table as Grid;
 use serde::Serialize;
@@ -153,8 +153,8 @@ pub fn part_log_sql(cluster: Option<&str>, t: &TableName, since: Duration) -> Pa
     }
 }
 
-pub async fn run(args: WindowArgs) -> Result<Outcome, OpsError> {
-    let report = measure(&args).await?;
+pub async fn run(args: WindowArgs, conn: Conn) -> Result<Outcome, OpsError> {
+    let report = measure(&args, &conn.client).await?;
     let covered = report.window_blocks > 0 && report.catches_max;
     super::emit(args.json, &report, render)?;
     Ok(if covered {
@@ -181,10 +181,12 @@ pub struct Measured {
     pub replicated_tables: u64,
 }
 
-pub async fn measure(args: &WindowArgs) -> Result<WindowReport, OpsError> {
-    let client = args.ch.client();
+pub async fn measure(
+    args: &WindowArgs,
+    client: &clickhouse::Client,
+) -> Result<WindowReport, OpsError> {
     let bar = progress(!args.json, "reading the table's settings");
-    let table = Table::describe(&client, &args.table).await?;
+    let table = Table::describe(client, &args.table).await?;
     if !table.is_merge_tree() {
         return Err(OpsError::Invalid(format!(
             "{} is a {} table; block-level dedup applies to MergeTree tables only",

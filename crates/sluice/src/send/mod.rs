@@ -31,8 +31,9 @@ use std::time::Duration;
 /// `sluice send`'s flags.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ProducerArgs {
-    /// Kafka bootstrap servers (overrides the file's with --config).
-    #[arg(long, env = "KAFKA_BROKERS", required_unless_present = "config")]
+    /// Kafka bootstrap servers: overrides the file's with --config;
+    /// without it, KAFKA_BROKERS stands in for this flag.
+    #[arg(long)]
     pub brokers: Option<String>,
     /// Connect as `sluice run` does with this config file: its brokers,
     /// `security_protocol`, `[kafka.tls]`, `[kafka.sasl]` and
@@ -89,12 +90,20 @@ impl ProducerArgs {
             }
             None => None,
         };
+        let brokers = match &kafka {
+            Some(k) => k.brokers.clone(),
+            None => self
+                .brokers
+                .clone()
+                .or_else(|| std::env::var("KAFKA_BROKERS").ok())
+                .filter(|b| !b.is_empty())
+                .ok_or(ConfigError::Missing {
+                    field: "--brokers",
+                    expected: "host:port (or KAFKA_BROKERS, or --config)",
+                })?,
+        };
         Ok(SendOptions {
-            brokers: kafka
-                .as_ref()
-                .map(|k| k.brokers.clone())
-                .or_else(|| self.brokers.clone())
-                .unwrap_or_default(),
+            brokers,
             kafka,
             topic: self.topic.clone(),
             key_field: self.key_field.clone(),

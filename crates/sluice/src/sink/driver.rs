@@ -82,6 +82,12 @@ pub async fn run(
     cfg: Config,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
+    for line in cfg.endpoints() {
+        tracing::info!("{line}");
+    }
+    for ignored in &cfg.origins.ignored {
+        tracing::warn!("{ignored}");
+    }
     let mut ch = connect_clickhouse(&cfg).await?;
     for route in &cfg.routes {
         ch.check_table(route).await.map_err(|e| anyhow!("{e}"))?;

@@ -201,3 +201,68 @@ table = "db.t"
         "https did not speak TLS: {out}"
     );
 }
+
+/// A generic variable left in the shell for another tool never redirects a
+/// config that names its servers: it is reported, and each endpoint's
+/// source is printed. With nothing in the file, it fills the gap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn endpoints_say_where_they_came_from() {
+    let (topic, table, _ch) = setup("check_origin", 1, 0).await;
+    let stray = [
+        ("KAFKA_BROKERS", "127.0.0.1:1"),
+        ("CLICKHOUSE_URL", "http://127.0.0.1:1"),
+    ];
+    let file = config(&brokers(), &clickhouse_url(), &topic, &table);
+    let (code, out) = sluice(&["check-config"], &file, &stray);
+    assert_eq!(code, 0, "the file's servers are used: {out}");
+    let url = clickhouse_url();
+    assert!(
+        out.contains(&format!("clickhouse.url = {url} (from the config file)")),
+        "{out}"
+    );
+    assert!(
+        out.contains("warning: CLICKHOUSE_URL=http://127.0.0.1:1 is ignored")
+            && out.contains("warning: KAFKA_BROKERS=127.0.0.1:1 is ignored"),
+        "{out}"
+    );
+    // A SLUICE_ variable is meant for sluice: it beats the file.
+    let mut env = stray.to_vec();
+    env.push(("SLUICE_CLICKHOUSE_URL", "http://127.0.0.1:1"));
+    let (code, out) = sluice(&["check-config"], &file, &env);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains("clickhouse.url = http://127.0.0.1:1 (from SLUICE_CLICKHOUSE_URL)"),
+        "{out}"
+    );
+    // Without them in the file, the generic variables fill them in.
+    let bare = file
+        .replace(&format!("brokers = \"{}\"", brokers()), "")
+        .replace(&format!("url = \"{url}\""), "");
+    let env = [
+        ("KAFKA_BROKERS", brokers()),
+        ("CLICKHOUSE_URL", url.clone()),
+    ];
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let (code, out) = sluice(&["check-config"], &bare, &env);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains(&format!("clickhouse.url = {url} (from CLICKHOUSE_URL)"))
+            && out.contains(&format!(
+                "kafka.brokers = {} (from KAFKA_BROKERS)",
+                brokers()
+            )),
+        "{out}"
+    );
+    assert!(!out.contains("ignored"), "{out}");
+    // A flag beats everything.
+    let (code, out) = sluice(
+        &["check-config", "--clickhouse-url", &url],
+        &file.replace(&format!("url = \"{url}\""), "url = \"http://127.0.0.1:1\""),
+        &stray,
+    );
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains(&format!("clickhouse.url = {url} (from --clickhouse-url)")),
+        "{out}"
+    );
+}

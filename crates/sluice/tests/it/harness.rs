@@ -49,9 +49,7 @@ pub fn ch() -> clickhouse::Client {
 }
 
 pub fn ch_at(url: &str) -> clickhouse::Client {
-    clickhouse::Client::default()
-        .with_url(url)
-        .with_validation(false)
+    sluice::ch::client(&sluice::config::ClickHouseConfig::at(url.into()))
 }
 
 pub async fn exec(client: &clickhouse::Client, sql: &str) {

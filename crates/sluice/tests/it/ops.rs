@@ -686,9 +686,134 @@ async fn schema_prints_ddl_the_engine_accepts() {
     let (code, again, _) = sluice(&["schema", "--table", &table, "--key", "order_id"]);
     assert_eq!(code, 0);
     assert!(again.contains("`amount` Decimal(12, 2)"), "{again}");
-    assert_eq!(again.matches("_offset UInt64").count(), 1, "{again}");
+    assert_eq!(again.matches("`_offset` UInt64").count(), 1, "{again}");
     // A key that is not a column.
     let (code, _, err) = sluice(&["schema", "--table", &table, "--key", "nope"]);
     assert_eq!(code, 2);
     assert!(err.contains("\"nope\""), "{err}");
+}
+
+/// `audit` and `repair` with `--config`: the sink's metadata column names
+/// (`[sink.columns]`) and connection; `repair` on each partition layout (none,
+/// one expression, a tuple) with a sorting key of two columns, because its
+/// copies must take the original's keys exactly for REPLACE PARTITION.
+#[tokio::test]
+async fn audit_and_repair_follow_the_config_on_every_layout() {
+    let ch = ch();
+    let dir = std::env::temp_dir().join(unique("ops_cfg"));
+    std::fs::create_dir_all(&dir).unwrap();
+    for (layout, partition_by) in [
+        ("none", ""),
+        ("monthly", "PARTITION BY toYYYYMM(d)"),
+        ("tuple", "PARTITION BY (toYYYYMM(d), r)"),
+    ] {
+        let db = unique("layout");
+        exec(&ch, &format!("CREATE DATABASE {db}")).await;
+        let table = format!("{db}.t");
+        exec(
+            &ch,
+            &format!(
+                "CREATE TABLE {table} (id UInt64, d Date, r String,
+                    src_topic LowCardinality(String), src_partition UInt32, src_offset UInt64)
+                 ENGINE = MergeTree {partition_by} ORDER BY (id, r)
+                 SETTINGS non_replicated_deduplication_window = 0"
+            ),
+        )
+        .await;
+        // Two records per key (a producer-side duplicate), then the first
+        // 100 offsets stored again (a sink replay).
+        for sql in [
+            "SELECT intDiv(number, 2), '2026-07-30', 'x', 't', 0, number FROM numbers(2000)",
+            "SELECT intDiv(number, 2), '2026-07-30', 'x', 't', 0, number FROM numbers(100)",
+        ] {
+            exec(
+                &ch,
+                &format!("INSERT INTO {table} {sql} SETTINGS async_insert = 0"),
+            )
+            .await;
+        }
+        let cfg = dir.join(format!("{layout}.toml"));
+        std::fs::write(
+            &cfg,
+            format!(
+                "[kafka]\nbrokers = \"127.0.0.1:1\"\n[clickhouse]\nurl = \"{}\"\n\
+                 [sink.columns]\ntopic = \"src_topic\"\npartition = \"src_partition\"\n\
+                 offset = \"src_offset\"\n[[route]]\ntopic = \"t\"\ntable = \"{table}\"\n",
+                clickhouse_url()
+            ),
+        )
+        .unwrap();
+        let cfg = cfg.to_str().unwrap();
+        // Without the file, the default names are not there: a clear error.
+        let (code, _, err) = sluice(&["audit", "--table", &table, "--key", "id"]);
+        assert_eq!(code, 2, "{layout}: {err}");
+        assert!(err.contains("\"_topic\""), "{layout}: {err}");
+        let a = report(
+            &["audit", "--config", cfg, "--table", &table, "--key", "id"],
+            1,
+        );
+        assert_eq!(u(&a, "/rows"), 2100, "{layout}: {a}");
+        assert_eq!(u(&a, "/sink_replay_rows"), 100, "{layout}: {a}");
+        assert_eq!(u(&a, "/producer_side_rows"), 1000, "{layout}: {a}");
+        let pid: String = ch
+            .query("SELECT any(partition_id) FROM system.parts WHERE database = ? AND table = 't' AND active")
+            .bind(&db)
+            .fetch_one()
+            .await
+            .unwrap();
+        let args = [
+            "repair",
+            "--config",
+            cfg,
+            "--table",
+            &table,
+            "--partition",
+            &pid,
+            "--key",
+            "id",
+            "--execute",
+        ];
+        let r = report(&args, 0);
+        assert_eq!(u(&r, "/removed_rows"), 1100, "{layout}: {r}");
+        let (rows, keys, latest): (u64, u64, u64) = ch
+            .query(&format!(
+                "SELECT count(), uniqExact(id), sum(src_offset % 2 = 1) FROM {table}"
+            ))
+            .fetch_one()
+            .await
+            .unwrap();
+        assert_eq!((rows, keys, latest), (1000, 1000, 1000), "{layout}: {r}");
+        let a = report(
+            &["audit", "--config", cfg, "--table", &table, "--key", "id"],
+            0,
+        );
+        assert_eq!(u(&a, "/duplicate_rows"), 0, "{layout}: {a}");
+    }
+}
+
+/// A failed `repair --execute` says which tables it left and how to go on.
+#[tokio::test]
+async fn a_failed_repair_names_what_it_left() {
+    let ch = ch();
+    let table = doubled_table(&ch, 200).await;
+    let (code, _, err) = sluice(&[
+        "repair",
+        "--table",
+        &table,
+        "--partition",
+        "0",
+        "--key",
+        "id",
+        "--execute",
+        "--interrupt-after",
+        "backup",
+    ]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains(&format!(
+            "{table}__sluice_staging_0 and {table}__sluice_backup_0"
+        )) && err.contains("Run the same command again")
+            && err.contains("DROP TABLE"),
+        "{err}"
+    );
 }

@@ -30,7 +30,7 @@ mod plan;
 
 pub use plan::{copy_ddl, decide, plan, Decision, Leftovers, Plan, Snapshot};
 
-use super::db::{ident_list, literal, parse_columns, ChArgs, Columns, Table, TableName};
+use super::db::{ident_list, literal, parse_columns, ChArgs, Columns, Conn, Table, TableName};
 use super::{grid, thousands, OpsError, Outcome};
 use crate::config::quote_ident as qi;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -87,8 +87,8 @@ pub struct RepairReport {
     pub notes: Vec<String>,
 }
 
-pub async fn run(args: RepairArgs) -> Result<Outcome, OpsError> {
-    let report = repair(&args).await?;
+pub async fn run(args: RepairArgs, conn: Conn) -> Result<Outcome, OpsError> {
+    let report = repair(&args, &conn).await?;
     super::emit(args.json, &report, render)?;
     Ok(Outcome::Clean)
 }
@@ -97,14 +97,17 @@ pub async fn run(args: RepairArgs) -> Result<Outcome, OpsError> {
 struct Run<'a> {
     args: &'a RepairArgs,
     client: clickhouse::Client,
+    /// The offset column's name.
+    offset: String,
     table: Table,
     plan: Plan,
     bar: ProgressBar,
     notes: Vec<String>,
 }
 
-pub async fn repair(args: &RepairArgs) -> Result<RepairReport, OpsError> {
-    let client = args.ch.client();
+pub async fn repair(args: &RepairArgs, conn: &Conn) -> Result<RepairReport, OpsError> {
+    let client = conn.client.clone();
+    let offset = conn.columns.offset.clone();
     let table = Table::describe(&client, &args.table).await?;
     if !table.is_merge_tree() {
         return Err(OpsError::Invalid(format!(
@@ -113,7 +116,7 @@ pub async fn repair(args: &RepairArgs) -> Result<RepairReport, OpsError> {
         )));
     }
     table.require(&args.key, "key")?;
-    table.require(&["_offset".to_string()], "metadata")?;
+    table.require(std::slice::from_ref(&offset), "metadata")?;
     let parts: u64 = client
         .query("SELECT count() FROM system.parts WHERE database = ? AND table = ? AND partition_id = ? AND active")
         .bind(&args.table.database)
@@ -127,7 +130,7 @@ pub async fn repair(args: &RepairArgs) -> Result<RepairReport, OpsError> {
             args.table, args.partition, args.table
         )));
     }
-    let plan = plan(&table, &args.partition, &args.key);
+    let plan = plan(&table, &args.partition, &args.key, &offset);
     let bar = if args.execute && !args.json {
         let b = ProgressBar::new(6).with_message("inspecting");
         b.set_style(
@@ -141,6 +144,7 @@ pub async fn repair(args: &RepairArgs) -> Result<RepairReport, OpsError> {
     let mut run = Run {
         args,
         client,
+        offset,
         table,
         plan,
         bar,
@@ -148,7 +152,10 @@ pub async fn repair(args: &RepairArgs) -> Result<RepairReport, OpsError> {
     };
     let result = run.go().await;
     run.bar.finish_and_clear();
-    result
+    match result {
+        Err(e) if args.execute => Err(run.what_is_left(e).await),
+        r => r,
+    }
 }
 
 impl Run<'_> {
@@ -379,7 +386,7 @@ impl Run<'_> {
         format!(
             "SELECT count(), uniqExact({}), toInt64(max({})) FROM {} WHERE _partition_id = {}",
             ident_list(&self.args.key),
-            qi("_offset"),
+            qi(&self.offset),
             t.sql(),
             literal(&self.args.partition)
         )
@@ -404,6 +411,32 @@ impl Run<'_> {
             },
             at,
         ))
+    }
+
+    /// A failed run's error, with the sluice tables it left and what to do
+    /// about them.
+    async fn what_is_left(&self, e: OpsError) -> OpsError {
+        let mut left = Vec::new();
+        for t in [&self.plan.staging, &self.plan.backup] {
+            match self.exists(t).await {
+                Ok(false) => {}
+                Ok(true) => left.push(t.to_string()),
+                Err(_) => left.push(format!("{t} (perhaps)")),
+            }
+        }
+        if left.is_empty() {
+            return e;
+        }
+        OpsError::Left {
+            source: Box::new(e),
+            left: format!(
+                "It left {}. Run the same command again: it reads what is there and rolls \
+                 back or finishes. To give up instead, DROP TABLE {} (the backup holds the \
+                 partition as it was until the replace).",
+                left.join(" and "),
+                left.join(", ")
+            ),
+        }
     }
 
     async fn exists(&self, t: &TableName) -> Result<bool, OpsError> {

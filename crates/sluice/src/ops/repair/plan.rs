@@ -2,6 +2,7 @@
 //! what to do about it ([`decide`]), and the statements of one repair
 //! ([`plan`], [`copy_ddl`]). No I/O: every rule here is unit-tested.
 
+use crate::config::quote_ident;
 use crate::ops::db::{ident_list, literal, Table, TableName};
 use serde::Serialize;
 
@@ -85,8 +86,9 @@ pub struct Plan {
     pub replace: String,
 }
 
-/// Builds the statements for repairing `partition` of `t` by `key`.
-pub fn plan(t: &Table, partition: &str, key: &[String]) -> Plan {
+/// Builds the statements for repairing `partition` of `t` by `key`,
+/// keeping for each key the row with the highest `offset` column.
+pub fn plan(t: &Table, partition: &str, key: &[String], offset: &str) -> Plan {
     let suffix: String = partition
         .chars()
         .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
@@ -122,10 +124,11 @@ pub fn plan(t: &Table, partition: &str, key: &[String]) -> Plan {
         ),
         fill_staging: format!(
             "INSERT INTO {} ({cols}) SELECT {cols} FROM {} WHERE _partition_id = {pid} \
-             ORDER BY {k}, `_offset` DESC LIMIT 1 BY {k}",
+             ORDER BY {k}, {o} DESC LIMIT 1 BY {k}",
             staging.sql(),
             backup.sql(),
-            k = ident_list(key)
+            k = ident_list(key),
+            o = quote_ident(offset)
         ),
         replace: format!(
             "ALTER TABLE {} REPLACE PARTITION ID {pid} FROM {}",
@@ -137,28 +140,29 @@ pub fn plan(t: &Table, partition: &str, key: &[String]) -> Plan {
     }
 }
 
-/// `CREATE TABLE new AS t` with a plain `MergeTree` engine and `t`'s keys
-/// and settings: the structure `REPLACE PARTITION` requires, without
-/// `t`'s merging rules, TTL or Keeper path.
+/// `CREATE TABLE new AS t` with a plain `MergeTree` engine and exactly
+/// `t`'s partition, primary, sorting and sampling keys and settings: the
+/// structure `REPLACE PARTITION` requires, without `t`'s merging rules, TTL
+/// or Keeper path. A key `t` lacks stays absent (an unpartitioned table's
+/// copy is unpartitioned too); `system.tables` lists a key's columns without
+/// their parentheses, so each goes back inside a pair.
 pub fn copy_ddl(t: &Table, new: &TableName, comment: &str) -> String {
     let i = &t.info;
-    let or_tuple = |k: &str| {
-        if k.is_empty() {
-            "tuple()".to_string()
-        } else {
-            k.to_string()
-        }
-    };
     let mut ddl = format!(
-        "CREATE TABLE {} AS {} ENGINE = MergeTree PARTITION BY {}",
+        "CREATE TABLE {} AS {} ENGINE = MergeTree",
         new.sql(),
-        t.name.sql(),
-        or_tuple(&i.partition_key)
+        t.name.sql()
     );
-    if !i.primary_key.is_empty() && i.primary_key != i.sorting_key {
-        ddl += &format!(" PRIMARY KEY {}", i.primary_key);
+    if !i.partition_key.is_empty() {
+        ddl += &format!(" PARTITION BY ({})", i.partition_key);
     }
-    ddl += &format!(" ORDER BY {}", or_tuple(&i.sorting_key));
+    if !i.primary_key.is_empty() && i.primary_key != i.sorting_key {
+        ddl += &format!(" PRIMARY KEY ({})", i.primary_key);
+    }
+    match i.sorting_key.as_str() {
+        "" => ddl += " ORDER BY tuple()",
+        k => ddl += &format!(" ORDER BY ({k})"),
+    }
     if !i.sampling_key.is_empty() {
         ddl += &format!(" SAMPLE BY {}", i.sampling_key);
     }
@@ -257,12 +261,12 @@ mod tests {
             "toYYYYMM(d)",
             "id",
         );
-        let p = plan(&t, "202607", &["id".into()]);
+        let p = plan(&t, "202607", &["id".into()], "_offset");
         assert_eq!(p.staging.to_string(), "db.events__sluice_staging_202607");
         assert_eq!(
             p.create_backup,
             "CREATE TABLE `db`.`events__sluice_backup_202607` AS `db`.`events` ENGINE = MergeTree \
-             PARTITION BY toYYYYMM(d) ORDER BY id SETTINGS index_granularity = 8192 \
+             PARTITION BY (toYYYYMM(d)) ORDER BY (id) SETTINGS index_granularity = 8192 \
              COMMENT 'sluice repair backup of db.events partition 202607, key (id)'"
         );
         assert!(!p.create_staging.contains("Replicated"));
@@ -282,11 +286,23 @@ mod tests {
     #[test]
     fn unpartitioned_tables_and_odd_ids() {
         let t = table("MergeTree", "MergeTree ORDER BY tuple()", "", "");
-        let p = plan(&t, "all", &["id".into()]);
+        let p = plan(&t, "all", &["id".into()], "src_offset");
         assert!(p
             .create_staging
-            .contains("ENGINE = MergeTree PARTITION BY tuple() ORDER BY tuple() COMMENT"));
-        let p = plan(&t, "a-b'c", &["id".into()]);
+            .contains("ENGINE = MergeTree ORDER BY tuple() COMMENT"));
+        assert!(p.fill_staging.contains("ORDER BY `id`, `src_offset` DESC"));
+        // Keys of several columns keep their parentheses.
+        let t = table(
+            "ReplacingMergeTree",
+            "ReplacingMergeTree PARTITION BY (toYYYYMM(d), r) ORDER BY (id, r)",
+            "(toYYYYMM(d), r)",
+            "id, r",
+        );
+        let p = plan(&t, "x", &["id".into()], "_offset");
+        assert!(p.create_backup.contains(
+            "ENGINE = MergeTree PARTITION BY ((toYYYYMM(d), r)) ORDER BY (id, r) COMMENT"
+        ));
+        let p = plan(&t, "a-b'c", &["id".into()], "_offset");
         assert_eq!(p.backup.table, "events__sluice_backup_a_b_c");
         assert!(p.replace.contains("PARTITION ID 'a-b\\'c'"));
     }
