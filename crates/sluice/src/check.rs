@@ -21,6 +21,20 @@ pub struct Check {
     pub detail: String,
 }
 
+/// `sluice check-config` once the file is valid: where each endpoint came
+/// from, then every check as a table; found something when one failed.
+pub async fn main(cfg: &Config) -> Outcome {
+    for line in cfg.endpoints() {
+        println!("{line}");
+    }
+    for ignored in cfg.origins.warnings() {
+        println!("warning: {ignored}");
+    }
+    let (text, outcome) = render(&check(cfg).await);
+    print!("{text}");
+    outcome
+}
+
 /// Runs every check; never fails itself.
 pub async fn check(cfg: &Config) -> Vec<Check> {
     let mut out = Vec::new();

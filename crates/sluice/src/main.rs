@@ -7,7 +7,6 @@ use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
 use sluice::config::{ConfigArgs, Delivery, Overrides};
 use sluice::ops::{self, Outcome};
-use std::path::PathBuf;
 use std::process::ExitCode;
 
 /// jemalloc for Rust and C alike (librdkafka, OpenSSL): glibc's per-thread
@@ -65,45 +64,7 @@ enum Command {
     },
     /// Run the fault lab: each scenario × delivery mode against the real
     /// stack, counted in ClickHouse, printed as a matrix.
-    Lab {
-        /// A reduced version of every scenario (minutes, not an hour).
-        #[arg(long)]
-        quick: bool,
-        /// Scenarios to run (default: all).
-        #[arg(long = "scenario", value_name = "NAME")]
-        scenarios: Vec<String>,
-        /// Delivery modes to compare (default: all).
-        #[arg(long = "mode", value_name = "MODE")]
-        modes: Vec<String>,
-        /// Also write every count as JSON.
-        #[arg(long)]
-        json: Option<PathBuf>,
-        /// Also write the matrix as Markdown.
-        #[arg(long)]
-        markdown: Option<PathBuf>,
-        /// Render a saved run's JSON (with --markdown, to a file) and exit.
-        #[arg(long, value_name = "JSON")]
-        render: Option<PathBuf>,
-        /// Instead of the matrix: a soak run this long (e.g. 30m) with a
-        /// random fault every --fault-every; exit 1 on any duplicate or loss.
-        #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
-        soak: Option<std::time::Duration>,
-        /// Soak: the mean time between faults.
-        #[arg(long, default_value = "3m", value_parser = humantime::parse_duration)]
-        fault_every: std::time::Duration,
-        /// Soak: records produced per second.
-        #[arg(long, default_value_t = 500)]
-        rate: u64,
-        /// Soak: the seed of the fault sequence (default: the clock).
-        #[arg(long)]
-        seed: Option<u64>,
-        /// Kafka bootstrap servers.
-        #[arg(long, env = "KAFKA_BROKERS")]
-        brokers: String,
-        /// ClickHouse HTTP URL.
-        #[arg(long, env = "CLICKHOUSE_URL")]
-        clickhouse_url: String,
-    },
+    Lab(sluice::lab::LabArgs),
     /// How long the table's block dedup window lasts, measured from
     /// system.part_log, against the client's re-submit interval.
     Window(ops::window::WindowArgs),
@@ -116,27 +77,9 @@ enum Command {
     Schema(ops::schema::SchemaArgs),
     /// Produce JSON lines (files or stdin) with an idempotent producer;
     /// records not confirmed go to a retry file.
-    Send {
-        #[command(flatten)]
-        producer: sluice::send::ProducerArgs,
-        /// Input files of JSON lines (default: stdin).
-        files: Vec<PathBuf>,
-    },
+    Send(sluice::send::SendArgs),
     /// Re-send records whose key the table does not hold yet.
-    Resend {
-        /// The table the records should be in, as DB.TABLE.
-        #[arg(long, value_parser = ops::db::TableName::parse)]
-        table: ops::db::TableName,
-        /// Only list what would be sent and skipped.
-        #[arg(long)]
-        dry_run: bool,
-        #[command(flatten)]
-        producer: sluice::send::ProducerArgs,
-        #[command(flatten)]
-        ch: ops::db::ChArgs,
-        /// Input files of JSON lines (or a retry file).
-        files: Vec<PathBuf>,
-    },
+    Resend(sluice::send::resend::ResendArgs),
 }
 
 fn main() -> ExitCode {
@@ -144,7 +87,7 @@ fn main() -> ExitCode {
     let filter = match cli.command {
         // The lab's own clients reconnect through faults it injects on
         // purpose; their librdkafka warnings are noise there.
-        Command::Lab { .. } => format!("{},librdkafka=off,rdkafka=off", cli.log),
+        Command::Lab(_) => format!("{},librdkafka=off,rdkafka=off", cli.log),
         _ => cli.log.clone(),
     };
     init_logging(&filter, cli.log_format);
@@ -179,169 +122,19 @@ fn run(command: Command) -> anyhow::Result<Outcome> {
             rt.block_on(sluice::sink::run(cfg, shutdown_signal()))?;
             Ok(Outcome::Clean)
         }
-        Command::Lab {
-            quick,
-            scenarios,
-            modes,
-            json,
-            markdown,
-            render,
-            brokers,
-            clickhouse_url,
-            soak,
-            fault_every,
-            rate,
-            seed,
-        } => {
-            let rt = runtime()?;
-            let stack = sluice::lab::fixture::Stack {
-                brokers: brokers.clone(),
-                clickhouse_url: clickhouse_url.clone(),
-            };
-            if let Some(duration) = soak {
-                let o = sluice::lab::soak::SoakOptions {
-                    duration,
-                    fault_every,
-                    rate,
-                    seed: seed.unwrap_or_else(|| {
-                        std::time::SystemTime::now()
-                            .duration_since(std::time::UNIX_EPOCH)
-                            .map_or(1, |d| d.as_secs())
-                    }),
-                };
-                let r = rt.block_on(sluice::lab::soak::run(&stack, o))?;
-                let md = sluice::lab::soak::markdown(&r, &o);
-                println!("{md}");
-                if let Some(p) = markdown {
-                    std::fs::write(p, &md)?;
-                }
-                if let Some(p) = json {
-                    std::fs::write(p, serde_json::to_string_pretty(&r)?)?;
-                }
-                let clean = r.duplicates == 0 && r.missing == 0 && r.settled_after_s.is_some();
-                return Ok(if clean {
-                    Outcome::Clean
-                } else {
-                    Outcome::Found
-                });
-            }
-            let opts = sluice::lab::LabOptions {
-                stack: sluice::lab::fixture::Stack {
-                    brokers,
-                    clickhouse_url,
-                },
-                quick,
-                scenarios,
-                modes,
-                json,
-                markdown,
-                render,
-            };
-            rt.block_on(sluice::lab::run(opts))?;
-            Ok(Outcome::Clean)
-        }
+        Command::Lab(a) => runtime()?.block_on(sluice::lab::main(a)),
         Command::CheckConfig { config } => {
             let cfg = config.load(Overrides::default())?;
             println!("config {}: valid", config.config.display());
-            for line in cfg.endpoints() {
-                println!("{line}");
-            }
-            for ignored in &cfg.origins.ignored {
-                println!("warning: {ignored}");
-            }
-            let checks = runtime()?.block_on(sluice::check::check(&cfg));
-            let (text, outcome) = sluice::check::render(&checks);
-            print!("{text}");
-            Ok(outcome)
+            Ok(runtime()?.block_on(sluice::check::main(&cfg)))
         }
-        Command::Send { producer, files } => send(producer, files),
-        Command::Resend {
-            table,
-            dry_run,
-            producer,
-            ch,
-            files,
-        } => resend(table, dry_run, producer, ch, files),
+        Command::Send(a) => sluice::send::main(a),
+        Command::Resend(a) => runtime()?.block_on(sluice::send::resend::main(a)),
         Command::Window(a) => tool(&a.ch.clone(), |c| ops::window::run(a, c)),
         Command::Audit(a) => tool(&a.ch.clone(), |c| ops::audit::run(a, c)),
         Command::Repair(a) => tool(&a.ch.clone(), |c| ops::repair::run(a, c)),
         Command::Schema(a) => tool(&a.ch.clone(), |c| ops::schema::run(a, c)),
     }
-}
-
-fn send(producer: sluice::send::ProducerArgs, files: Vec<PathBuf>) -> anyhow::Result<Outcome> {
-    let opts = producer.options()?;
-    let report = sluice::send::send_stream(&opts, sluice::send::input::lines(&files))?;
-    eprintln!(
-        "sluice send: {} read, {} confirmed, {} in the retry file{}{}",
-        report.read,
-        report.sent,
-        report.failed,
-        if report.failed > 0 {
-            format!(" ({})", opts.retry_file.display())
-        } else {
-            String::new()
-        },
-        report
-            .stopped
-            .as_ref()
-            .map(|s| format!("; {s}"))
-            .unwrap_or_default()
-    );
-    Ok(if report.failed == 0 {
-        Outcome::Clean
-    } else {
-        Outcome::Found
-    })
-}
-
-fn resend(
-    table: ops::db::TableName,
-    dry_run: bool,
-    producer: sluice::send::ProducerArgs,
-    ch: ops::db::ChArgs,
-    files: Vec<PathBuf>,
-) -> anyhow::Result<Outcome> {
-    let key = producer
-        .key_field
-        .clone()
-        .context("--key-field is required: resend looks records up by their key")?;
-    let lines = sluice::send::input::read_all(&files)?;
-    let opts = producer.options()?;
-    let r = runtime()?.block_on(sluice::send::resend::resend(
-        &ch.connect()?.client,
-        &table,
-        &key,
-        &opts,
-        lines,
-        dry_run,
-    ))?;
-    if dry_run {
-        for s in &r.missing {
-            println!("send {s}");
-        }
-    }
-    let failed = r.send.as_ref().map_or(0, |s| s.failed);
-    eprintln!(
-        "sluice resend: {} read, {} already in {table} (skipped), {} {}{}",
-        r.read,
-        r.skipped,
-        r.missing.len(),
-        if dry_run { "to send (dry run)" } else { "sent" },
-        if failed > 0 {
-            format!(
-                ", {failed} of them in the retry file ({})",
-                opts.retry_file.display()
-            )
-        } else {
-            String::new()
-        }
-    );
-    Ok(if failed == 0 {
-        Outcome::Clean
-    } else {
-        Outcome::Found
-    })
 }
 
 /// Runs an operator tool on its connection; a failure to reach ClickHouse
@@ -353,12 +146,11 @@ where
     let conn = ch.connect()?;
     let url = conn.url.clone();
     let rt = runtime()?;
-    rt.block_on(work(conn)).map_err(|e| match e {
-        ops::OpsError::ClickHouse(c) if c.kind == sluice::ch::ChErrorKind::Connect => {
-            anyhow::anyhow!("{c} (at {url})")
-        }
-        e => e.into(),
-    })
+    rt.block_on(work(conn))
+        .map_err(|e| match e.is_unreachable() {
+            true => anyhow::anyhow!("{e} (at {url})"),
+            false => e.into(),
+        })
 }
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
@@ -399,5 +191,14 @@ fn init_logging(filter: &str, format: LogFormat) {
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// Clap's own consistency checks (one name per flag in each command…).
+    #[test]
+    fn the_command_line_is_consistent() {
+        <super::Cli as clap::CommandFactory>::command().debug_assert();
     }
 }

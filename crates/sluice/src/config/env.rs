@@ -112,11 +112,24 @@ impl std::fmt::Display for Origin {
 pub struct Origins {
     pub brokers: Origin,
     pub clickhouse_url: Origin,
-    /// One sentence per ignored generic variable.
-    pub ignored: Vec<String>,
+    /// `(endpoint, sentence)` for each generic variable set but not used.
+    pub ignored: Vec<(&'static str, String)>,
 }
 
 impl Origins {
+    /// The sentences to warn with.
+    pub fn warnings(&self) -> impl Iterator<Item = &str> {
+        self.ignored.iter().map(|(_, s)| s.as_str())
+    }
+
+    /// A flag set `path`: what the file or a variable said no longer matters.
+    pub fn flag(&mut self, path: &str, flag: &'static str) {
+        self.ignored.retain(|(p, _)| *p != path);
+        if let Some(o) = self.of(path) {
+            *o = Origin::Flag(flag);
+        }
+    }
+
     fn of(&mut self, path: &str) -> Option<&mut Origin> {
         match path {
             "kafka.brokers" => Some(&mut self.brokers),
@@ -156,7 +169,7 @@ pub fn apply(
     let generic: Vec<(&str, &str, &str)> = GENERIC
         .iter()
         .filter_map(|&(path, name)| {
-            let (_, v) = vars.iter().find(|(k, _)| k == name)?;
+            let (_, v) = vars.iter().find(|(k, v)| k == name && !v.is_empty())?;
             Some((path, name, v.as_str()))
         })
         .collect();
@@ -206,8 +219,11 @@ pub fn apply(
             *origin = Origin::Var(name.into());
             used.push(name.into());
         } else if lookup(table, path).and_then(Value::as_str) != Some(value) {
-            let sentence = format!("{name}={value} is ignored: {path} is set by {origin}");
-            origins.ignored.push(sentence);
+            let sentence = format!(
+                "{name}={} is ignored: {path} is set by {origin}",
+                super::secret::redact_url(value)
+            );
+            origins.ignored.push((path, sentence));
         }
     }
     Ok(Applied { used, origins })
@@ -304,8 +320,10 @@ mod tests {
         assert_eq!(t["clickhouse"]["url"].as_str(), Some("http://ch:1"));
         assert_eq!((o.brokers, o.clickhouse_url), (Origin::File, Origin::File));
         assert_eq!(o.ignored.len(), 2, "{:?}", o.ignored);
-        assert!(o.ignored[1].contains("CLICKHOUSE_URL=http://elsewhere:8123 is ignored"));
-        assert!(o.ignored[1].contains("the config file"));
+        assert!(o.ignored[1]
+            .1
+            .contains("CLICKHOUSE_URL=http://elsewhere:8123 is ignored"));
+        assert!(o.ignored[1].1.contains("the config file"));
         // The same value as the file's is no conflict.
         let (_, o) = apply_to(file, &[("KAFKA_BROKERS", "k:1")]);
         assert!(o.ignored.is_empty());
@@ -325,6 +343,20 @@ mod tests {
         assert!(o.ignored.is_empty());
         let (_, o) = apply_to("", &[]);
         assert_eq!(o.brokers, Origin::Unset);
+        // An empty variable is no variable.
+        let (t, o) = apply_to(file, &[("KAFKA_BROKERS", "")]);
+        assert!(o.ignored.is_empty());
+        assert_eq!(t["kafka"]["brokers"].as_str(), Some("k:1"));
+        let (t, _) = apply_to("", &[("KAFKA_BROKERS", "")]);
+        assert!(t.get("kafka").is_none());
+        // A secret in another tool's URL never reaches the warning.
+        let (_, o) = apply_to(file, &[("CLICKHOUSE_URL", "http://u:pw@h:1/?password=pw")]);
+        assert!(!o.ignored[0].1.contains("pw"), "{:?}", o.ignored);
+        // A flag makes the variable moot.
+        let (_, mut o) = apply_to(file, &generic);
+        o.flag("clickhouse.url", "--clickhouse-url");
+        assert_eq!(o.ignored.len(), 1);
+        assert_eq!(o.clickhouse_url, Origin::Flag("--clickhouse-url"));
     }
 
     #[test]

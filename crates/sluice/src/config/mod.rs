@@ -601,10 +601,10 @@ impl RawConfig {
     pub fn validate(self, o: Overrides) -> Result<Config, ConfigError> {
         let mut origins = self.origins;
         if o.brokers.is_some() {
-            origins.brokers = env::Origin::Flag("--brokers");
+            origins.flag("kafka.brokers", "--brokers");
         }
         if o.clickhouse_url.is_some() {
-            origins.clickhouse_url = env::Origin::Flag("--clickhouse-url");
+            origins.flag("clickhouse.url", "--clickhouse-url");
         }
         let brokers = o
             .brokers
@@ -613,20 +613,6 @@ impl RawConfig {
                 field: "kafka.brokers",
                 expected: "host:port (or KAFKA_BROKERS / --brokers)",
             })?;
-        let url = o
-            .clickhouse_url
-            .or(self.clickhouse.url)
-            .ok_or(ConfigError::Missing {
-                field: "clickhouse.url",
-                expected: "http(s)://host:port (or CLICKHOUSE_URL / --clickhouse-url)",
-            })?;
-        if !(url.starts_with("http://") || url.starts_with("https://")) {
-            return Err(invalid(
-                "clickhouse.url",
-                "an http:// or https:// URL",
-                &url,
-            ));
-        }
         let reset = self
             .kafka
             .auto_offset_reset
@@ -645,19 +631,8 @@ impl RawConfig {
         if heartbeat * 3 > session {
             return Err(ConfigError::Heartbeat { heartbeat, session });
         }
-        let database = self
-            .clickhouse
-            .database
-            .unwrap_or_else(|| DEFAULT_DATABASE.into());
-        let insert_timeout = bounded("clickhouse.insert_timeout", self.clickhouse.insert_timeout)?
-            .unwrap_or(DEFAULT_INSERT_TIMEOUT);
-        if insert_timeout < Duration::from_secs(1) {
-            return Err(invalid(
-                "clickhouse.insert_timeout",
-                "at least 1s",
-                &format!("{insert_timeout:?}"),
-            ));
-        }
+        let clickhouse = self.clickhouse.validate(o.clickhouse_url)?;
+        let (database, insert_timeout) = (clickhouse.database.clone(), clickhouse.insert_timeout);
 
         let s = self.sink;
         let limits = BatchLimits {
@@ -678,12 +653,12 @@ impl RawConfig {
         {
             if let Some(name) = PROTOCOL_SETTINGS
                 .iter()
-                .find(|n| self.clickhouse.settings.contains_key(**n))
+                .find(|n| clickhouse.settings.contains_key(**n))
             {
                 return Err(invalid(
                     &format!("clickhouse.settings.{name}"),
                     "not set: exactly-once sets it (its bounds come from clickhouse.insert_timeout)",
-                    &self.clickhouse.settings[*name],
+                    &clickhouse.settings[*name],
                 ));
             }
         }
@@ -702,21 +677,7 @@ impl RawConfig {
                 batch: limits.max_bytes,
             });
         }
-        let defaults = MetadataColumns::default();
-        let columns = MetadataColumns {
-            topic: s.columns.topic.unwrap_or(defaults.topic),
-            partition: s.columns.partition.unwrap_or(defaults.partition),
-            offset: s.columns.offset.unwrap_or(defaults.offset),
-        };
-        if columns.topic.is_empty()
-            || columns.partition.is_empty()
-            || columns.offset.is_empty()
-            || columns.topic == columns.partition
-            || columns.topic == columns.offset
-            || columns.partition == columns.offset
-        {
-            return Err(ConfigError::Columns);
-        }
+        let columns = s.columns.validate()?;
 
         if self.routes.is_empty() {
             return Err(ConfigError::Missing {
@@ -787,12 +748,6 @@ impl RawConfig {
             self.kafka.sasl,
             &self.kafka.properties,
         )?;
-        let password = secret::resolve(
-            "clickhouse.password",
-            self.clickhouse.password,
-            self.clickhouse.password_file.as_deref(),
-        )?
-        .unwrap_or_default();
         let dlq = match self.dlq.topic {
             Some(t) if t.is_empty() => return Err(invalid("dlq.topic", "a topic name", "")),
             Some(t) if routes.iter().any(|r| r.topic == t) => {
@@ -832,16 +787,7 @@ impl RawConfig {
                 security,
                 properties: self.kafka.properties,
             },
-            clickhouse: ClickHouseConfig {
-                url,
-                database,
-                user: self.clickhouse.user.unwrap_or_else(|| DEFAULT_USER.into()),
-                password,
-                insert_timeout,
-                settings: self.clickhouse.settings,
-                read_settings: self.clickhouse.read_settings,
-                cluster: self.clickhouse.cluster,
-            },
+            clickhouse,
             sink: SinkConfig {
                 delivery: o.delivery.or(s.delivery).unwrap_or_default(),
                 limits,
@@ -866,6 +812,84 @@ impl RawConfig {
             routes,
             origins,
         })
+    }
+}
+
+impl RawConfig {
+    /// Only what the operator tools need: the `[clickhouse]` section (with
+    /// `url` overriding the file's) and the metadata column names. The rest
+    /// of the file is not required.
+    pub fn clickhouse_side(
+        self,
+        url: Option<String>,
+    ) -> Result<(ClickHouseConfig, MetadataColumns), ConfigError> {
+        Ok((
+            self.clickhouse.validate(url)?,
+            self.sink.columns.validate()?,
+        ))
+    }
+}
+
+impl RawClickHouse {
+    /// The section with defaults filled in; `url` (a flag) beats the file's.
+    fn validate(self, url: Option<String>) -> Result<ClickHouseConfig, ConfigError> {
+        let url = url.or(self.url).ok_or(ConfigError::Missing {
+            field: "clickhouse.url",
+            expected: "http(s)://host:port (or CLICKHOUSE_URL / --clickhouse-url)",
+        })?;
+        if !(url.starts_with("http://") || url.starts_with("https://")) {
+            return Err(invalid(
+                "clickhouse.url",
+                "an http:// or https:// URL",
+                &url,
+            ));
+        }
+        let insert_timeout = bounded("clickhouse.insert_timeout", self.insert_timeout)?
+            .unwrap_or(DEFAULT_INSERT_TIMEOUT);
+        if insert_timeout < Duration::from_secs(1) {
+            return Err(invalid(
+                "clickhouse.insert_timeout",
+                "at least 1s",
+                &format!("{insert_timeout:?}"),
+            ));
+        }
+        let password = secret::resolve(
+            "clickhouse.password",
+            self.password,
+            self.password_file.as_deref(),
+        )?
+        .unwrap_or_default();
+        Ok(ClickHouseConfig {
+            url,
+            database: self.database.unwrap_or_else(|| DEFAULT_DATABASE.into()),
+            user: self.user.unwrap_or_else(|| DEFAULT_USER.into()),
+            password,
+            insert_timeout,
+            settings: self.settings,
+            read_settings: self.read_settings,
+            cluster: self.cluster,
+        })
+    }
+}
+
+impl RawColumns {
+    /// The names, defaults filled in: distinct and non-empty.
+    fn validate(self) -> Result<MetadataColumns, ConfigError> {
+        let d = MetadataColumns::default();
+        let c = MetadataColumns {
+            topic: self.topic.unwrap_or(d.topic),
+            partition: self.partition.unwrap_or(d.partition),
+            offset: self.offset.unwrap_or(d.offset),
+        };
+        let names = [&c.topic, &c.partition, &c.offset];
+        if names.iter().any(|n| n.is_empty())
+            || c.topic == c.partition
+            || c.topic == c.offset
+            || c.partition == c.offset
+        {
+            return Err(ConfigError::Columns);
+        }
+        Ok(c)
     }
 }
 

@@ -10,6 +10,26 @@ use super::ConfigError;
 use std::fmt;
 use std::path::Path;
 
+/// A URL fit for a log line: the user and password (`user:pw@`) and the
+/// query string (`?password=…`) are replaced by `…`.
+pub fn redact_url(url: &str) -> String {
+    let (scheme, rest) = match url.split_once("://") {
+        Some((s, r)) => (format!("{s}://"), r),
+        None => (String::new(), url),
+    };
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(end);
+    let host = match authority.rsplit_once('@') {
+        Some((_, host)) => format!("…@{host}"),
+        None => authority.to_string(),
+    };
+    let tail = match tail.find(['?', '#']) {
+        Some(i) => format!("{}?…", &tail[..i]),
+        None => tail.to_string(),
+    };
+    format!("{scheme}{host}{tail}")
+}
+
 #[derive(Clone, Default, PartialEq, Eq)]
 pub struct Secret(String);
 
@@ -81,6 +101,17 @@ pub fn is_secret_property(name: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn urls_in_logs_hide_their_secrets() {
+        assert_eq!(redact_url("http://ch:8123"), "http://ch:8123");
+        assert_eq!(
+            redact_url("https://u:pw@ch:8443/x?password=pw"),
+            "https://…@ch:8443/x?…"
+        );
+        assert_eq!(redact_url("k1:9092,k2:9092"), "k1:9092,k2:9092");
+        assert_eq!(redact_url("http://ch?user=a&password=b#f"), "http://ch?…");
+    }
 
     #[test]
     fn never_printed() {

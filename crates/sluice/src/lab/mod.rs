@@ -17,47 +17,107 @@ pub mod report;
 pub mod scenarios;
 pub mod soak;
 
+use crate::ops::Outcome;
+use clap::builder::PossibleValuesParser;
 use fixture::Stack;
 use scenarios::{Cell, Params, MODES, SCENARIOS};
 use std::path::PathBuf;
+use std::time::Duration;
 
-/// What `sluice lab` was asked to do.
-#[derive(Debug, Clone)]
-pub struct LabOptions {
-    pub stack: Stack,
+/// `sluice lab`'s flags.
+#[derive(Debug, Clone, clap::Args)]
+pub struct LabArgs {
+    /// A reduced version of every scenario (minutes, not an hour).
+    #[arg(long)]
     pub quick: bool,
+    /// Scenarios to run (default: all).
+    #[arg(long = "scenario", value_name = "NAME", value_parser = PossibleValuesParser::new(SCENARIOS))]
     pub scenarios: Vec<String>,
+    /// Delivery modes to compare (default: all).
+    #[arg(long = "mode", value_name = "MODE", value_parser = PossibleValuesParser::new(MODES))]
     pub modes: Vec<String>,
+    /// Also write every count as JSON.
+    #[arg(long)]
     pub json: Option<PathBuf>,
+    /// Also write the matrix (or the soak report) as Markdown.
+    #[arg(long)]
     pub markdown: Option<PathBuf>,
-    /// Render a saved run (its JSON) instead of running anything.
+    /// Render a saved run's JSON (with --markdown, to a file) and exit.
+    #[arg(long, value_name = "JSON")]
     pub render: Option<PathBuf>,
+    /// Instead of the matrix: a soak run this long (e.g. 30m) with a
+    /// random fault every --fault-every; exit 1 on any duplicate or loss.
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    pub soak: Option<Duration>,
+    /// Soak: the mean time between faults.
+    #[arg(long, default_value = "3m", value_parser = humantime::parse_duration)]
+    pub fault_every: Duration,
+    /// Soak: records produced per second.
+    #[arg(long, default_value_t = 500)]
+    pub rate: u64,
+    /// Soak: the seed of the fault sequence (default: the clock).
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Kafka bootstrap servers.
+    #[arg(long, env = "KAFKA_BROKERS")]
+    pub brokers: String,
+    /// ClickHouse HTTP URL.
+    #[arg(long, env = "CLICKHOUSE_URL")]
+    pub clickhouse_url: String,
+}
+
+/// Runs what the flags ask for: the matrix (clean unless it fails to run),
+/// a soak run (found something on any duplicate, loss or stall), or the
+/// rendering of a saved run.
+pub async fn main(a: LabArgs) -> anyhow::Result<Outcome> {
+    let stack = Stack {
+        brokers: a.brokers.clone(),
+        clickhouse_url: a.clickhouse_url.clone(),
+    };
+    let Some(duration) = a.soak else {
+        run(&a, &stack).await?;
+        return Ok(Outcome::Clean);
+    };
+    let o = soak::SoakOptions {
+        duration,
+        fault_every: a.fault_every,
+        rate: a.rate,
+        seed: a.seed.unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(1, |d| d.as_secs())
+        }),
+    };
+    let r = soak::run(&stack, o).await?;
+    let md = soak::markdown(&r, &o);
+    println!("{md}");
+    if let Some(p) = &a.markdown {
+        std::fs::write(p, &md)?;
+    }
+    if let Some(p) = &a.json {
+        std::fs::write(p, serde_json::to_string_pretty(&r)?)?;
+    }
+    Ok(if r.is_clean() {
+        Outcome::Clean
+    } else {
+        Outcome::Found
+    })
 }
 
 /// Runs the matrix, prints it, writes the files; returns the cells.
-pub async fn run(o: LabOptions) -> anyhow::Result<Vec<Cell>> {
-    let scenarios: Vec<String> = if o.scenarios.is_empty() {
-        SCENARIOS.iter().map(|s| s.to_string()).collect()
-    } else {
-        o.scenarios.clone()
+pub async fn run(o: &LabArgs, stack: &Stack) -> anyhow::Result<Vec<Cell>> {
+    // Clap checked the names; asked for or all of them, in the lists' order.
+    let pick = |all: &[&'static str], asked: &[String]| -> Vec<&'static str> {
+        all.iter()
+            .copied()
+            .filter(|k| asked.is_empty() || asked.iter().any(|a| a == k))
+            .collect()
     };
-    let modes: Vec<&'static str> = if o.modes.is_empty() {
-        MODES.to_vec()
-    } else {
-        o.modes
-            .iter()
-            .map(|m| {
-                MODES.iter().copied().find(|k| k == m).ok_or_else(|| {
-                    anyhow::anyhow!("unknown mode {m:?}; known: {}", MODES.join(", "))
-                })
-            })
-            .collect::<anyhow::Result<_>>()?
-    };
-    for s in &scenarios {
-        if !SCENARIOS.contains(&s.as_str()) {
-            anyhow::bail!("unknown scenario {s:?}; known: {}", SCENARIOS.join(", "));
-        }
-    }
+    let modes = pick(MODES, &o.modes);
+    let scenarios: Vec<String> = pick(SCENARIOS, &o.scenarios)
+        .into_iter()
+        .map(String::from)
+        .collect();
     if let Some(saved) = &o.render {
         return render(saved, o.markdown.as_deref());
     }
@@ -69,7 +129,7 @@ pub async fn run(o: LabOptions) -> anyhow::Result<Vec<Cell>> {
     let mut cells = Vec::new();
     for s in &scenarios {
         eprintln!("lab: {s} ({})", modes.join(", "));
-        let runs = modes.iter().map(|m| scenarios::run(&o.stack, s, m, params));
+        let runs = modes.iter().map(|m| scenarios::run(stack, s, m, params));
         for (m, r) in modes.iter().zip(futures::future::join_all(runs).await) {
             let cell = r.map_err(|e| anyhow::anyhow!("{s} / {m}: {e:#}"))?;
             eprintln!(
@@ -83,10 +143,10 @@ pub async fn run(o: LabOptions) -> anyhow::Result<Vec<Cell>> {
             cells.push(cell);
         }
     }
-    let mode_names: Vec<String> = modes.iter().map(|m| m.to_string()).collect();
-    println!("{}", report::terminal(&cells, &scenarios, &mode_names));
+    let modes: Vec<String> = modes.into_iter().map(String::from).collect();
+    println!("{}", report::terminal(&cells, &scenarios, &modes));
     if let Some(p) = &o.markdown {
-        std::fs::write(p, report::markdown(&cells, &scenarios, &mode_names))?;
+        std::fs::write(p, report::markdown(&cells, &scenarios, &modes))?;
     }
     if let Some(p) = &o.json {
         std::fs::write(p, serde_json::to_string_pretty(&cells)?)?;

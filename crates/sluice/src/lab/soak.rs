@@ -70,6 +70,13 @@ pub struct SoakReport {
     pub rss_last_third_mib: f64,
 }
 
+impl SoakReport {
+    /// No duplicate, no loss, and every record landed.
+    pub fn is_clean(&self) -> bool {
+        self.duplicates == 0 && self.missing == 0 && self.settled_after_s.is_some()
+    }
+}
+
 /// A small deterministic generator (xorshift), so a seed replays a run.
 struct Rng(u64);
 

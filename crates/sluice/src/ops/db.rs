@@ -8,10 +8,10 @@
 //! failure is an [`OpsError`](super::OpsError) that names the table or column involved.
 
 use super::OpsError;
-use crate::config::{quote_ident, ClickHouseConfig, ConfigError, Overrides, RawConfig, Secret};
+use crate::config::{quote_ident, ClickHouseConfig, ConfigError, RawConfig, Secret};
 use sluice_core::row::MetadataColumns;
 use std::fmt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// How to reach ClickHouse; shared by every operator command.
@@ -23,8 +23,23 @@ pub struct ChArgs {
     /// `SLUICE_…` variables applied.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
+    #[command(flatten)]
+    pub server: ChServer,
+}
+
+impl ChArgs {
+    pub fn connect(&self) -> Result<Conn, ConfigError> {
+        self.server.connect(self.config.as_deref())
+    }
+}
+
+/// The flags that name the server, its user and the query bound; with a
+/// config file they override the file's.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ChServer {
     /// ClickHouse HTTP URL; overrides the file's. Without --config,
-    /// CLICKHOUSE_URL stands in for it [default: http://127.0.0.1:8123].
+    /// SLUICE_CLICKHOUSE_URL, then CLICKHOUSE_URL stand in for it
+    /// [default: http://127.0.0.1:8123].
     #[arg(long)]
     pub clickhouse_url: Option<String>,
     /// ClickHouse user; overrides the file's. Without --config,
@@ -32,9 +47,10 @@ pub struct ChArgs {
     /// password comes from the file or SLUICE_CLICKHOUSE_PASSWORD.
     #[arg(long)]
     pub user: Option<String>,
-    /// How long each query may run on the server (`max_execution_time`).
-    #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
-    pub query_timeout: Duration,
+    /// How long each query may run on the server (`max_execution_time`;
+    /// by default the server's own limit, or the file's `read_settings`).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub query_timeout: Option<Duration>,
 }
 
 /// A connection an operator tool works through.
@@ -47,25 +63,21 @@ pub struct Conn {
     pub columns: MetadataColumns,
 }
 
-impl ChArgs {
-    /// Resolves the flags (and the file, with --config) into a client built
+impl ChServer {
+    /// Resolves the flags (and the config file, if any) into a client built
     /// as the sink builds its own ([`crate::ch::client`]), with the file's
-    /// read settings and `max_execution_time` on every query.
-    pub fn connect(&self) -> Result<Conn, ConfigError> {
+    /// read settings on every query. Only the file's `[clickhouse]` and
+    /// `[sink.columns]` are read: the rest of it is not required.
+    pub fn connect(&self, config: Option<&Path>) -> Result<Conn, ConfigError> {
         let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
-        let (mut cfg, columns) = match &self.config {
-            Some(path) => {
-                let overrides = Overrides {
-                    clickhouse_url: self.clickhouse_url.clone(),
-                    ..Overrides::default()
-                };
-                let c = RawConfig::load(path, std::env::vars())?.validate(overrides)?;
-                (c.clickhouse, c.sink.columns)
-            }
+        let (mut cfg, columns) = match config {
+            Some(path) => RawConfig::load(path, std::env::vars())?
+                .clickhouse_side(self.clickhouse_url.clone())?,
             None => {
                 let url = self
                     .clickhouse_url
                     .clone()
+                    .or_else(|| var("SLUICE_CLICKHOUSE_URL"))
                     .or_else(|| var("CLICKHOUSE_URL"))
                     .unwrap_or_else(|| DEFAULT_URL.into());
                 let mut cfg = ClickHouseConfig::at(url);
@@ -73,7 +85,7 @@ impl ChArgs {
                     cfg.user = user;
                 }
                 if let Some(p) = var("SLUICE_CLICKHOUSE_PASSWORD") {
-                    cfg.password = Secret::new(&p);
+                    cfg.password = Secret::new(p);
                 }
                 (cfg, MetadataColumns::default())
             }
@@ -81,12 +93,13 @@ impl ChArgs {
         if let Some(user) = &self.user {
             cfg.user = user.clone();
         }
-        let mut client = crate::ch::client(&cfg).with_setting(
-            "max_execution_time",
-            self.query_timeout.as_secs().max(1).to_string(),
-        );
+        let mut client = crate::ch::client(&cfg);
         for (k, v) in &cfg.read_settings {
             client = client.with_setting(k, v);
+        }
+        if let Some(t) = self.query_timeout {
+            // Last, so the flag beats the file.
+            client = client.with_setting("max_execution_time", t.as_secs().max(1).to_string());
         }
         Ok(Conn {
             client,

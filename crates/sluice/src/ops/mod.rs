@@ -32,9 +32,21 @@ pub enum OpsError {
     /// `repair` found the partition still receiving writes.
     #[error("refused: {0}")]
     Refused(String),
-    /// A step of `repair --execute` failed and left sluice tables behind.
-    #[error("{source}. {left}")]
-    Left { source: Box<OpsError>, left: String },
+    /// A step of `repair --execute` failed before the replace and left
+    /// sluice tables behind.
+    #[error("{error}. {left}")]
+    Left { error: Box<OpsError>, left: String },
+}
+
+impl OpsError {
+    /// ClickHouse could not be reached at all.
+    pub fn is_unreachable(&self) -> bool {
+        match self {
+            Self::ClickHouse(c) => c.kind == crate::ch::ChErrorKind::Connect,
+            Self::Left { error, .. } => error.is_unreachable(),
+            _ => false,
+        }
+    }
 }
 
 impl From<clickhouse::error::Error> for OpsError {
@@ -50,6 +62,17 @@ pub enum Outcome {
     Clean,
     /// Duplicates found, or a window too short: exit 1.
     Found,
+}
+
+impl Outcome {
+    /// [`Outcome::Found`] when `found`, else [`Outcome::Clean`].
+    pub fn found_if(found: bool) -> Self {
+        if found {
+            Self::Found
+        } else {
+            Self::Clean
+        }
+    }
 }
 
 /// Prints a report: JSON with `json`, else `render`ed for people.

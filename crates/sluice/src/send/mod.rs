@@ -19,6 +19,7 @@ pub mod resend;
 pub mod retry;
 
 use crate::config::{ConfigError, KafkaConfig, Overrides, RawConfig};
+use crate::ops::Outcome;
 use input::Line;
 use rdkafka::error::KafkaError;
 use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
@@ -32,12 +33,13 @@ use std::time::Duration;
 #[derive(Debug, Clone, clap::Args)]
 pub struct ProducerArgs {
     /// Kafka bootstrap servers: overrides the file's with --config;
-    /// without it, KAFKA_BROKERS stands in for this flag.
+    /// without it, SLUICE_KAFKA_BROKERS, then KAFKA_BROKERS stand in for it.
     #[arg(long)]
     pub brokers: Option<String>,
     /// Connect as `sluice run` does with this config file: its brokers,
     /// `security_protocol`, `[kafka.tls]`, `[kafka.sasl]` and
-    /// `[kafka.properties]` (with `SLUICE_KAFKA_*` variables applied).
+    /// `[kafka.properties]` (with `SLUICE_KAFKA_*` variables applied);
+    /// `resend` also reads ClickHouse's side from it.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// The topic to produce to.
@@ -68,6 +70,36 @@ pub struct ProducerArgs {
     pub properties: Vec<(String, String)>,
 }
 
+/// `sluice send`'s command line.
+#[derive(Debug, Clone, clap::Args)]
+pub struct SendArgs {
+    #[command(flatten)]
+    pub producer: ProducerArgs,
+    /// Input files of JSON lines (default: stdin).
+    pub files: Vec<PathBuf>,
+}
+
+/// `sluice send`: sends the lines, prints the tally on stderr; found
+/// something when a record ended in the retry file.
+pub fn main(a: SendArgs) -> anyhow::Result<Outcome> {
+    let opts = a.producer.options()?;
+    let report = send_stream(&opts, input::lines(&a.files))?;
+    let retry = match report.failed {
+        0 => String::new(),
+        _ => format!(" ({})", opts.retry_file.display()),
+    };
+    let stopped = report
+        .stopped
+        .as_ref()
+        .map(|s| format!("; {s}"))
+        .unwrap_or_default();
+    eprintln!(
+        "sluice send: {} read, {} confirmed, {} in the retry file{retry}{stopped}",
+        report.read, report.sent, report.failed
+    );
+    Ok(Outcome::found_if(report.failed > 0))
+}
+
 fn parse_property(s: &str) -> Result<(String, String), String> {
     s.split_once('=')
         .map(|(k, v)| (k.trim().to_string(), v.to_string()))
@@ -90,16 +122,17 @@ impl ProducerArgs {
             }
             None => None,
         };
+        let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
         let brokers = match &kafka {
             Some(k) => k.brokers.clone(),
             None => self
                 .brokers
                 .clone()
-                .or_else(|| std::env::var("KAFKA_BROKERS").ok())
-                .filter(|b| !b.is_empty())
+                .or_else(|| var("SLUICE_KAFKA_BROKERS"))
+                .or_else(|| var("KAFKA_BROKERS"))
                 .ok_or(ConfigError::Missing {
                     field: "--brokers",
-                    expected: "host:port (or KAFKA_BROKERS, or --config)",
+                    expected: "host:port (or SLUICE_KAFKA_BROKERS / KAFKA_BROKERS, or --config)",
                 })?,
         };
         Ok(SendOptions {

@@ -10,10 +10,71 @@
 //! let the sink's key dedup drop the copy.
 
 use super::input::{key_of, Line};
-use super::{send, SendError, SendOptions, SendReport};
+use super::{send, ProducerArgs, SendError, SendOptions, SendReport};
 use crate::config::quote_ident;
-use crate::ops::db::{literal, TableName};
+use crate::ops::db::{literal, ChServer, TableName};
+use crate::ops::Outcome;
+use anyhow::Context;
 use std::collections::HashSet;
+use std::path::PathBuf;
+
+/// `sluice resend`'s command line.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ResendArgs {
+    /// The table the records should be in, as DB.TABLE.
+    #[arg(long, value_parser = TableName::parse)]
+    pub table: TableName,
+    /// Only list what would be sent and skipped.
+    #[arg(long)]
+    pub dry_run: bool,
+    #[command(flatten)]
+    pub producer: ProducerArgs,
+    #[command(flatten)]
+    pub ch: ChServer,
+    /// Input files of JSON lines (or a retry file).
+    pub files: Vec<PathBuf>,
+}
+
+/// `sluice resend`: looks the records' keys up, sends the missing ones (or
+/// lists them with `--dry-run`), prints the tally on stderr; found
+/// something when a record ended in the retry file.
+pub async fn main(a: ResendArgs) -> anyhow::Result<Outcome> {
+    let key = a
+        .producer
+        .key_field
+        .clone()
+        .context("--key-field is required: resend looks records up by their key")?;
+    let lines = super::input::read_all(&a.files)?;
+    let opts = a.producer.options()?;
+    let conn = a.ch.connect(a.producer.config.as_deref())?;
+    let r = resend(&conn.client, &a.table, &key, &opts, lines, a.dry_run).await?;
+    if a.dry_run {
+        for s in &r.missing {
+            println!("send {s}");
+        }
+    }
+    let failed = r.send.as_ref().map_or(0, |s| s.failed);
+    let what = if a.dry_run {
+        "to send (dry run)"
+    } else {
+        "sent"
+    };
+    let retry = match failed {
+        0 => String::new(),
+        n => format!(
+            ", {n} of them in the retry file ({})",
+            opts.retry_file.display()
+        ),
+    };
+    eprintln!(
+        "sluice resend: {} read, {} already in {} (skipped), {} {what}{retry}",
+        r.read,
+        r.skipped,
+        a.table,
+        r.missing.len()
+    );
+    Ok(Outcome::found_if(failed > 0))
+}
 
 /// Keys looked up per query.
 pub const LOOKUP_BATCH: usize = 5_000;

@@ -85,7 +85,7 @@ pub async fn run(
     for line in cfg.endpoints() {
         tracing::info!("{line}");
     }
-    for ignored in &cfg.origins.ignored {
+    for ignored in cfg.origins.warnings() {
         tracing::warn!("{ignored}");
     }
     let mut ch = connect_clickhouse(&cfg).await?;

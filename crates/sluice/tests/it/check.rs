@@ -265,4 +265,8 @@ async fn endpoints_say_where_they_came_from() {
         out.contains(&format!("clickhouse.url = {url} (from --clickhouse-url)")),
         "{out}"
     );
+    assert!(
+        !out.contains("CLICKHOUSE_URL="),
+        "the flag made it moot: {out}"
+    );
 }

@@ -30,7 +30,9 @@ mod plan;
 
 pub use plan::{copy_ddl, decide, plan, Decision, Leftovers, Plan, Snapshot};
 
-use super::db::{ident_list, literal, parse_columns, ChArgs, Columns, Conn, Table, TableName};
+use super::db::{
+    ident_list, literal, parse_columns, ChArgs, Columns, Conn, Table, TableInfo, TableName,
+};
 use super::{grid, thousands, OpsError, Outcome};
 use crate::config::quote_ident as qi;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -99,6 +101,9 @@ struct Run<'a> {
     client: clickhouse::Client,
     /// The offset column's name.
     offset: String,
+    /// This run made its tables and has not replaced the partition yet: a
+    /// failure leaves the partition as it was.
+    unreplaced: bool,
     table: Table,
     plan: Plan,
     bar: ProgressBar,
@@ -145,6 +150,7 @@ pub async fn repair(args: &RepairArgs, conn: &Conn) -> Result<RepairReport, OpsE
         args,
         client,
         offset,
+        unreplaced: false,
         table,
         plan,
         bar,
@@ -153,7 +159,7 @@ pub async fn repair(args: &RepairArgs, conn: &Conn) -> Result<RepairReport, OpsE
     let result = run.go().await;
     run.bar.finish_and_clear();
     match result {
-        Err(e) if args.execute => Err(run.what_is_left(e).await),
+        Err(e) if run.unreplaced => Err(run.what_is_left(e).await),
         r => r,
     }
 }
@@ -223,8 +229,11 @@ impl Run<'_> {
     async fn execute(&mut self, before: Snapshot) -> Result<RepairReport, OpsError> {
         self.step("creating the staging and backup tables");
         let p = self.plan.clone();
-        self.exec(&p.create_staging).await?;
-        self.exec(&p.create_backup).await?;
+        self.unreplaced = true;
+        self.create_copy(&p.staging, &p.create_staging, &p.create_staging_explicit)
+            .await?;
+        self.create_copy(&p.backup, &p.create_backup, &p.create_backup_explicit)
+            .await?;
         self.checkpoint(Step::CreateTables)?;
 
         self.step("backing the partition up");
@@ -254,6 +263,7 @@ impl Run<'_> {
             return self.refuse("while the copy was being built").await;
         }
         self.exec(&p.replace).await?;
+        self.unreplaced = false;
         self.checkpoint(Step::Replace)?;
         self.finish(backup, staging, Some(since)).await
     }
@@ -413,8 +423,8 @@ impl Run<'_> {
         ))
     }
 
-    /// A failed run's error, with the sluice tables it left and what to do
-    /// about them.
+    /// The error of a run that failed before the replace, with the tables it
+    /// left and what to do about them.
     async fn what_is_left(&self, e: OpsError) -> OpsError {
         let mut left = Vec::new();
         for t in [&self.plan.staging, &self.plan.backup] {
@@ -428,15 +438,47 @@ impl Run<'_> {
             return e;
         }
         OpsError::Left {
-            source: Box::new(e),
+            error: Box::new(e),
             left: format!(
-                "It left {}. Run the same command again: it reads what is there and rolls \
-                 back or finishes. To give up instead, DROP TABLE {} (the backup holds the \
-                 partition as it was until the replace).",
+                "The partition was not replaced and is as it was. This run left {}: the next \
+                 run drops them before it starts again, or DROP TABLE {} yourself.",
                 left.join(" and "),
                 left.join(", ")
             ),
         }
+    }
+
+    /// Creates a copy of the table's structure, and checks it has the
+    /// table's keys (`REPLACE PARTITION` refuses otherwise).
+    async fn create_copy(
+        &self,
+        name: &TableName,
+        inherit: &str,
+        explicit: &str,
+    ) -> Result<(), OpsError> {
+        if let Err(e) = self.exec(inherit).await {
+            tracing::debug!(error = %e, "the server does not copy keys; spelling them out");
+            self.exec(explicit).await?;
+        }
+        let copy = Table::describe(&self.client, name).await?.info;
+        let keys = |i: &TableInfo| {
+            [
+                i.partition_key.clone(),
+                i.sorting_key.clone(),
+                i.primary_key.clone(),
+                i.sampling_key.clone(),
+            ]
+        };
+        if keys(&copy) != keys(&self.table.info) {
+            return Err(OpsError::Invalid(format!(
+                "the copy {name} did not get the keys of {} (partition, sorting, primary, \
+                 sampling: {:?}, got {:?}); REPLACE PARTITION needs them identical",
+                self.table.name,
+                keys(&self.table.info),
+                keys(&copy)
+            )));
+        }
+        Ok(())
     }
 
     async fn exists(&self, t: &TableName) -> Result<bool, OpsError> {

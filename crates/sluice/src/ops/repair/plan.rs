@@ -81,6 +81,9 @@ pub struct Plan {
     pub backup: TableName,
     pub create_staging: String,
     pub create_backup: String,
+    /// The same, keys spelled out ([`explicit_copy_ddl`]).
+    pub create_staging_explicit: String,
+    pub create_backup_explicit: String,
     pub backup_partition: String,
     pub fill_staging: String,
     pub replace: String,
@@ -117,6 +120,8 @@ pub fn plan(t: &Table, partition: &str, key: &[String], offset: &str) -> Plan {
     Plan {
         create_staging: copy_ddl(t, &staging, &comment("staging")),
         create_backup: copy_ddl(t, &backup, &comment("backup")),
+        create_staging_explicit: explicit_copy_ddl(t, &staging, &comment("staging")),
+        create_backup_explicit: explicit_copy_ddl(t, &backup, &comment("backup")),
         backup_partition: format!(
             "ALTER TABLE {} REPLACE PARTITION ID {pid} FROM {}",
             backup.sql(),
@@ -140,13 +145,29 @@ pub fn plan(t: &Table, partition: &str, key: &[String], offset: &str) -> Plan {
     }
 }
 
-/// `CREATE TABLE new AS t` with a plain `MergeTree` engine and exactly
-/// `t`'s partition, primary, sorting and sampling keys and settings: the
-/// structure `REPLACE PARTITION` requires, without `t`'s merging rules, TTL
-/// or Keeper path. A key `t` lacks stays absent (an unpartitioned table's
-/// copy is unpartitioned too); `system.tables` lists a key's columns without
-/// their parentheses, so each goes back inside a pair.
+/// `CREATE TABLE new AS t ENGINE = MergeTree` with `t`'s settings: the
+/// server copies `t`'s partition, primary, sorting and sampling keys as
+/// written (`tuple(…)`, `DESC`), which is what `REPLACE PARTITION` compares,
+/// and leaves out `t`'s merging rules, TTL and Keeper path. The run checks
+/// the copy's keys against `t`'s; a server that does not copy them gets
+/// [`explicit_copy_ddl`] instead.
 pub fn copy_ddl(t: &Table, new: &TableName, comment: &str) -> String {
+    let mut ddl = format!(
+        "CREATE TABLE {} AS {} ENGINE = MergeTree",
+        new.sql(),
+        t.name.sql()
+    );
+    if let Some(s) = t.info.settings_clause() {
+        ddl += &format!(" SETTINGS {s}");
+    }
+    ddl + &format!(" COMMENT {comment}")
+}
+
+/// [`copy_ddl`] with each key spelled out from `system.tables`, which lists
+/// a key's columns without their parentheses (so each goes back inside a
+/// pair) and an absent key as empty (so it stays absent: an unpartitioned
+/// table's copy is unpartitioned too).
+pub fn explicit_copy_ddl(t: &Table, new: &TableName, comment: &str) -> String {
     let i = &t.info;
     let mut ddl = format!(
         "CREATE TABLE {} AS {} ENGINE = MergeTree",
@@ -266,7 +287,7 @@ mod tests {
         assert_eq!(
             p.create_backup,
             "CREATE TABLE `db`.`events__sluice_backup_202607` AS `db`.`events` ENGINE = MergeTree \
-             PARTITION BY (toYYYYMM(d)) ORDER BY (id) SETTINGS index_granularity = 8192 \
+             SETTINGS index_granularity = 8192 \
              COMMENT 'sluice repair backup of db.events partition 202607, key (id)'"
         );
         assert!(!p.create_staging.contains("Replicated"));
@@ -288,7 +309,7 @@ mod tests {
         let t = table("MergeTree", "MergeTree ORDER BY tuple()", "", "");
         let p = plan(&t, "all", &["id".into()], "src_offset");
         assert!(p
-            .create_staging
+            .create_staging_explicit
             .contains("ENGINE = MergeTree ORDER BY tuple() COMMENT"));
         assert!(p.fill_staging.contains("ORDER BY `id`, `src_offset` DESC"));
         // Keys of several columns keep their parentheses.
@@ -299,7 +320,7 @@ mod tests {
             "id, r",
         );
         let p = plan(&t, "x", &["id".into()], "_offset");
-        assert!(p.create_backup.contains(
+        assert!(p.create_backup_explicit.contains(
             "ENGINE = MergeTree PARTITION BY ((toYYYYMM(d), r)) ORDER BY (id, r) COMMENT"
         ));
         let p = plan(&t, "a-b'c", &["id".into()], "_offset");
