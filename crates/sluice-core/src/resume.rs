@@ -52,6 +52,23 @@ pub enum ResetPolicy {
     Latest,
 }
 
+impl ResetPolicy {
+    /// Kafka's name for it (`auto.offset.reset`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Earliest => "earliest",
+            Self::Latest => "latest",
+        }
+    }
+
+    /// `earliest` or `latest`.
+    pub fn parse(s: &str) -> Option<Self> {
+        [Self::Earliest, Self::Latest]
+            .into_iter()
+            .find(|p| p.as_str() == s)
+    }
+}
+
 /// A partition's log: the position of its first record and the position
 /// after its last one (Kafka's low and high watermarks).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

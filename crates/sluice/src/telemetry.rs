@@ -13,6 +13,11 @@ use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gau
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use std::time::Duration;
 
+/// The metrics recorder could not be set up.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot install the metrics recorder")]
+pub struct MetricsError(#[source] metrics_exporter_prometheus::BuildError);
+
 /// The installed recorder.
 #[derive(Clone)]
 pub struct Metrics {
@@ -21,7 +26,7 @@ pub struct Metrics {
 
 impl Metrics {
     /// Installs the process-wide recorder. Fails if one is installed.
-    pub fn install() -> Result<Self, String> {
+    pub fn install() -> Result<Self, MetricsError> {
         let handle = PrometheusBuilder::new()
             .set_buckets_for_metric(
                 metrics_exporter_prometheus::Matcher::Full(INSERT_SECONDS.into()),
@@ -29,9 +34,9 @@ impl Metrics {
                     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
                 ],
             )
-            .map_err(|e| e.to_string())?
+            .map_err(MetricsError)?
             .install_recorder()
-            .map_err(|e| format!("cannot install the metrics recorder: {e}"))?;
+            .map_err(MetricsError)?;
         describe();
         Ok(Self { handle })
     }

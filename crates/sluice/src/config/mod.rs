@@ -20,6 +20,7 @@ pub use secret::Secret;
 pub use security::KafkaSecurity;
 
 use serde::Deserialize;
+use sluice_core::resume::ResetPolicy;
 use sluice_core::{BatchLimits, MetadataColumns};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -296,7 +297,7 @@ pub struct KafkaConfig {
     pub instance_id: Option<String>,
     pub session_timeout: Duration,
     pub heartbeat_interval: Duration,
-    pub auto_offset_reset: String,
+    pub auto_offset_reset: ResetPolicy,
     pub security: KafkaSecurity,
     pub properties: BTreeMap<String, String>,
 }
@@ -613,17 +614,11 @@ impl RawConfig {
                 field: "kafka.brokers",
                 expected: "host:port (or KAFKA_BROKERS / --brokers)",
             })?;
-        let reset = self
-            .kafka
-            .auto_offset_reset
-            .unwrap_or_else(|| "earliest".into());
-        if reset != "earliest" && reset != "latest" {
-            return Err(invalid(
-                "kafka.auto_offset_reset",
-                "earliest or latest",
-                &reset,
-            ));
-        }
+        let reset = match self.kafka.auto_offset_reset.as_deref() {
+            None => ResetPolicy::Earliest,
+            Some(s) => ResetPolicy::parse(s)
+                .ok_or_else(|| invalid("kafka.auto_offset_reset", "earliest or latest", s))?,
+        };
         let session = bounded("kafka.session_timeout", self.kafka.session_timeout)?
             .unwrap_or(Duration::from_secs(10));
         let heartbeat = bounded("kafka.heartbeat_interval", self.kafka.heartbeat_interval)?

@@ -151,13 +151,38 @@ fn header<'a>(key: &'a str, value: &'a str) -> Header<'a, &'a str> {
     }
 }
 
+/// Why a record that cannot become a row could not be put in the DLQ
+/// either: the sink stops rather than skip it.
+#[derive(Debug, thiserror::Error)]
+pub enum DlqError {
+    #[error("{what} {why}, and no DLQ topic is configured")]
+    NoTopic { what: String, why: String },
+    #[error("{what} {why}, and it cannot be queued for the DLQ topic {topic:?}")]
+    Queue {
+        what: String,
+        why: String,
+        topic: String,
+        #[source]
+        source: KafkaError,
+    },
+    #[error("writing {what} to the DLQ topic {topic:?} failed")]
+    Write {
+        what: String,
+        topic: String,
+        #[source]
+        source: KafkaError,
+    },
+    #[error("the DLQ producer went away before {what} was written")]
+    Gone { what: String },
+}
+
 /// Waits until every write in `pending` is acknowledged. `Ok(false)` if
 /// `abandon` fired first; `Err` names the record whose write failed.
 pub async fn confirm(
     pending: Vec<Pending>,
     dlq_topic: &str,
     abandon: &CancellationToken,
-) -> Result<bool, String> {
+) -> Result<bool, DlqError> {
     for p in pending {
         let mut delivery = p.delivery;
         let mut waited = Duration::ZERO;
@@ -179,18 +204,14 @@ pub async fn confirm(
         };
         match result {
             Ok(Ok(_)) => telemetry::dlq_written(&p.topic, p.kind),
-            Ok(Err((e, _))) => {
-                return Err(format!(
-                    "writing {} to the DLQ topic {dlq_topic:?} failed: {e}",
-                    p.what
-                ))
+            Ok(Err((source, _))) => {
+                return Err(DlqError::Write {
+                    what: p.what,
+                    topic: dlq_topic.into(),
+                    source,
+                })
             }
-            Err(_) => {
-                return Err(format!(
-                    "the DLQ producer went away before {} was written",
-                    p.what
-                ))
-            }
+            Err(_) => return Err(DlqError::Gone { what: p.what }),
         }
     }
     Ok(true)

@@ -90,13 +90,11 @@ pub async fn run(
     }
     let mut ch = connect_clickhouse(&cfg).await?;
     for route in &cfg.routes {
-        ch.check_table(route).await.map_err(|e| anyhow!("{e}"))?;
-        let engine = ch.engine(route).await.map_err(|e| anyhow!("{e}"))?;
+        ch.check_table(route).await?;
+        let engine = ch.engine(route).await?;
         ch.consistent_for(&engine);
         if let Some(d) = &route.dedup {
-            ch.check_columns(route, &d.fields)
-                .await
-                .map_err(|e| anyhow!("{e}"))?;
+            ch.check_columns(route, &d.fields).await?;
         }
     }
     tracing::info!(
@@ -168,7 +166,7 @@ pub async fn run(
     }
     let ready = Arc::new(AtomicBool::new(false));
     if let Some(addr) = cfg.metrics_listen {
-        let metrics = Metrics::install().map_err(|e| anyhow!(e))?;
+        let metrics = Metrics::install()?;
         let stop = stopping.clone();
         let bound = http::serve(addr, metrics, ready.clone(), async move {
             stop.cancelled().await
@@ -270,7 +268,7 @@ fn build_consumer(cfg: &Config, sink: Sink) -> anyhow::Result<BaseConsumer<SinkC
     let reset = if cfg.sink.delivery.is_exactly_once() {
         "earliest"
     } else {
-        &k.auto_offset_reset
+        k.auto_offset_reset.as_str()
     };
     let mut cc = k.client_config();
     cc.set("group.id", &k.group_id)

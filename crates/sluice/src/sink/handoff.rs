@@ -134,11 +134,7 @@ impl Sink {
             stopping: self.stopping.clone(),
             exactly_once: self.cfg.sink.delivery.is_exactly_once(),
             fence_wait: self.cfg.sink.fence_wait,
-            reset: if self.cfg.kafka.auto_offset_reset == "latest" {
-                ResetPolicy::Latest
-            } else {
-                ResetPolicy::Earliest
-            },
+            reset: self.cfg.kafka.auto_offset_reset,
             owners: self.owners.clone(),
             me: self.me,
             wait,

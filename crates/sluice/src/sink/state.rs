@@ -437,8 +437,8 @@ impl Sink {
             }
             Outcome::Abandoned => {}
             Outcome::DlqFailed(e) => {
-                self.fatal
-                    .get_or_insert(anyhow!("{e}; sluice stops rather than skip the record"));
+                let e = anyhow::Error::new(e).context("sluice stops rather than skip a record");
+                self.fatal.get_or_insert(e);
             }
             Outcome::Failed(e) => {
                 let route = &self.routes[c.route_idx];

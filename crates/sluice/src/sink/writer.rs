@@ -27,7 +27,7 @@
 //! covered ([`conditional_excluded`]), so one copy of the key lands even when
 //! ClickHouse rejects another ([`Fates`]).
 
-use super::dlq::{self, Dlq, Letter, Pending};
+use super::dlq::{self, Dlq, DlqError, Letter, Pending};
 use super::fates::Fates;
 use super::lease::Lease;
 use crate::ch::{deadline_passed, ChError, ChErrorKind, ClickHouse, InsertRequest};
@@ -89,7 +89,7 @@ pub enum Outcome {
     Abandoned,
     Failed(ChError),
     /// A DLQ write failed for good.
-    DlqFailed(String),
+    DlqFailed(DlqError),
 }
 
 pub struct Completion {
@@ -159,27 +159,25 @@ async fn queue(
     ctx: &WriterCtx,
     letters: Vec<Letter>,
     abandon: &CancellationToken,
-) -> Result<Option<Vec<Pending>>, String> {
+) -> Result<Option<Vec<Pending>>, DlqError> {
     let mut pending = Vec::with_capacity(letters.len());
     for l in letters {
+        let what = format!("record {}[{}]@{}", l.topic, l.partition, l.offset);
+        let why = format!("cannot become a row ({})", l.reason);
         let Some(d) = &ctx.dlq else {
-            return Err(format!(
-                "{}[{}]@{}: no DLQ for it",
-                l.topic, l.partition, l.offset
-            ));
+            return Err(DlqError::NoTopic { what, why });
         };
         match d.send(&l, abandon).await {
             Ok(Some(p)) => pending.push(p),
             Ok(None) => return Ok(None),
-            Err(e) => {
-                return Err(format!(
-                    "record {}[{}]@{} cannot become a row ({}) and cannot be queued for the DLQ topic {:?}: {e}",
-                    l.topic,
-                    l.partition,
-                    l.offset,
-                    l.reason,
-                    d.topic()
-                ))
+            Err(source) => {
+                let topic = d.topic().to_string();
+                return Err(DlqError::Queue {
+                    what,
+                    why,
+                    topic,
+                    source,
+                });
             }
         }
     }
@@ -312,11 +310,13 @@ async fn attempt_until_done(job: &Job, ctx: &WriterCtx, letters: &mut Vec<Pendin
                 match d.send(&letter, &job.abandon).await {
                     Ok(Some(pending)) => letters.push(pending),
                     Ok(None) => return Outcome::Abandoned,
-                    Err(err) => {
-                        return Outcome::DlqFailed(format!(
-                            "{p}@{}: ClickHouse rejected its row ({e}) and it cannot be queued for the DLQ: {err}",
-                            offset.0
-                        ))
+                    Err(source) => {
+                        return Outcome::DlqFailed(DlqError::Queue {
+                            what: format!("record {p}@{}", offset.0),
+                            why: format!("was rejected by ClickHouse ({e})"),
+                            topic: d.topic().to_string(),
+                            source,
+                        })
                     }
                 }
                 tracing::warn!(partition = %p, offset = offset.0, error = %e, "ClickHouse rejected a row; sent it to the DLQ");
