@@ -45,42 +45,16 @@ async fn count(ch: &clickhouse::Client, sql: &str) -> u64 {
         .unwrap_or_else(|e| panic!("{sql}: {e}"))
 }
 
-/// Posts a JSONEachRow body as one INSERT, with a dedup token.
+/// Sends a JSONEachRow body as one INSERT, with a dedup token.
 async fn insert_block(table: &str, body: String, token: &str) {
-    let url = format!(
-        "{}/?async_insert=0&insert_deduplicate=1&insert_deduplication_token={token}&query={}",
-        clickhouse_url(),
-        urlencode(&format!("INSERT INTO {table} FORMAT JSONEachRow"))
-    );
-    let resp = http_post(&url, body).await;
-    assert!(resp.starts_with("200"), "insert into {table}: {resp}");
-}
-
-fn urlencode(s: &str) -> String {
-    s.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' => (b as char).to_string(),
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
-}
-
-/// A minimal HTTP/1.1 POST over a fresh connection; returns "STATUS body".
-async fn http_post(url: &str, body: String) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let rest = url.trim_start_matches("http://");
-    let (host, path) = rest.split_at(rest.find('/').unwrap());
-    let mut s = tokio::net::TcpStream::connect(host).await.unwrap();
-    let req = format!(
-        "POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    s.write_all(req.as_bytes()).await.unwrap();
-    let mut resp = String::new();
-    s.read_to_string(&mut resp).await.unwrap();
-    let status = resp.split(' ').nth(1).unwrap_or("").to_string();
-    let body = resp.split("\r\n\r\n").nth(1).unwrap_or("").to_string();
-    format!("{status} {body}")
+    let mut insert = ch()
+        .insert_formatted_with(format!("INSERT INTO {table} FORMAT JSONEachRow"))
+        .with_setting("async_insert", "0")
+        .with_setting("insert_deduplicate", "1")
+        .with_setting("insert_deduplication_token", token);
+    let sent = insert.send(body.into()).await;
+    sent.and(insert.end().await)
+        .unwrap_or_else(|e| panic!("insert into {table}: {e}"));
 }
 
 /// A table partitioned by day, with a time column, like a real target.
