@@ -144,7 +144,7 @@ where
     F: std::future::Future<Output = Result<Outcome, ops::OpsError>>,
 {
     let conn = ch.connect()?;
-    let url = conn.url.clone();
+    let url = sluice::config::secret::redact_url(&conn.url);
     let rt = runtime()?;
     rt.block_on(work(conn))
         .map_err(|e| match e.is_unreachable() {

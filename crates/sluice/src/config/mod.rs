@@ -9,20 +9,24 @@
 //! `KAFKA_BROKERS` / `CLICKHOUSE_URL`, which stand for `--brokers` and
 //! `--clickhouse-url`). Secrets: [`secret`]. Kafka TLS and SASL: [`security`].
 
+mod clickhouse;
 pub mod env;
+mod kafka;
 pub mod secret;
 pub mod security;
 
 #[cfg(test)]
 mod fuzz_tests;
 
+pub use clickhouse::{
+    ClickHouseConfig, RawClickHouse, DEFAULT_DATABASE, DEFAULT_INSERT_TIMEOUT, DEFAULT_USER,
+};
+pub use kafka::{KafkaConfig, RawKafka};
 pub use secret::Secret;
 pub use security::KafkaSecurity;
 
 use serde::Deserialize;
-use sluice_core::resume::ResetPolicy;
 use sluice_core::{BatchLimits, MetadataColumns};
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -93,71 +97,6 @@ pub struct RawMetrics {
     /// `host:port` to serve `/metrics`, `/health` and `/ready` on
     /// (e.g. `127.0.0.1:9464`). Default: not served.
     pub listen: Option<String>,
-}
-
-#[derive(Debug, Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-pub struct RawKafka {
-    /// Bootstrap servers, `host:port[,host:port]`. Overridden by `KAFKA_BROKERS`.
-    pub brokers: Option<String>,
-    /// Consumer group id. Default `sluice`.
-    pub group_id: Option<String>,
-    /// Static group membership (`group.instance.id`, KIP-345): a restarted
-    /// instance with the same id takes its partitions back at once, without
-    /// a rebalance. Give each instance its own, stable id (a pod name).
-    pub instance_id: Option<String>,
-    /// Group session timeout. Default 10s.
-    #[serde(default, with = "humantime_serde")]
-    pub session_timeout: Option<Duration>,
-    /// Heartbeat interval. Default 3s (a third of the session timeout at most).
-    #[serde(default, with = "humantime_serde")]
-    pub heartbeat_interval: Option<Duration>,
-    /// Where to start a partition that ClickHouse holds nothing of, when
-    /// nothing is committed either: `earliest` (default) or `latest`. Where
-    /// ClickHouse holds rows, they decide (see `sluice_core::resume`).
-    pub auto_offset_reset: Option<String>,
-    /// `plaintext`, `ssl`, `sasl_plaintext` or `sasl_ssl`. Default: from
-    /// the `tls` and `sasl` sections present.
-    pub security_protocol: Option<String>,
-    /// TLS to the brokers.
-    pub tls: Option<security::RawTls>,
-    /// SASL authentication (PLAIN, SCRAM).
-    pub sasl: Option<security::RawSasl>,
-    /// Extra librdkafka properties, passed through as they are.
-    #[serde(default)]
-    pub properties: BTreeMap<String, String>,
-}
-
-#[derive(Debug, Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-pub struct RawClickHouse {
-    /// HTTP(S) endpoint. Overridden by `CLICKHOUSE_URL`.
-    pub url: Option<String>,
-    /// Database for tables named without one. Default `default`.
-    pub database: Option<String>,
-    /// User name. Default `default`.
-    pub user: Option<String>,
-    /// Password. Default empty. Prefer `password_file` or
-    /// `SLUICE_CLICKHOUSE_PASSWORD`.
-    pub password: Option<String>,
-    /// A file holding the password (one trailing newline is removed).
-    pub password_file: Option<PathBuf>,
-    /// The longest one insert may live, on the client and on the server
-    /// (`max_execution_time` and the HTTP timeouts). Default 30s.
-    #[serde(default, with = "humantime_serde")]
-    pub insert_timeout: Option<Duration>,
-    /// Extra settings sent with every insert.
-    #[serde(default)]
-    pub settings: BTreeMap<String, String>,
-    /// Extra settings sent with every read the exactly-once protocol relies
-    /// on (the resume watermark, reconciliation, the key window, the fence).
-    #[serde(default)]
-    pub read_settings: BTreeMap<String, String>,
-    /// The cluster whose replicas may run sluice's inserts (several servers
-    /// behind `url`): the fence then looks for an attempt on every replica
-    /// (`clusterAllReplicas`, `KILL QUERY ON CLUSTER`), not only on the
-    /// server that answers.
-    pub cluster: Option<String>,
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -266,7 +205,8 @@ impl Config {
             ),
             format!(
                 "clickhouse.url = {} (from {})",
-                self.clickhouse.url, o.clickhouse_url
+                secret::redact_url(&self.clickhouse.url),
+                o.clickhouse_url
             ),
         ]
     }
@@ -287,97 +227,6 @@ impl Config {
     pub fn fence_is_short(&self) -> Option<Duration> {
         let safe = self.clickhouse.insert_timeout * 2 + MIN_LEASE + FENCE_MARGIN;
         (self.sink.fence_wait < safe).then_some(safe)
-    }
-}
-
-#[derive(Clone)]
-pub struct KafkaConfig {
-    pub brokers: String,
-    pub group_id: String,
-    pub instance_id: Option<String>,
-    pub session_timeout: Duration,
-    pub heartbeat_interval: Duration,
-    pub auto_offset_reset: ResetPolicy,
-    pub security: KafkaSecurity,
-    pub properties: BTreeMap<String, String>,
-}
-
-/// Secret-looking pass-through properties never reach a log line.
-impl std::fmt::Debug for KafkaConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let properties: BTreeMap<&str, &str> = self
-            .properties
-            .iter()
-            .map(|(k, v)| {
-                let shown = if secret::is_secret_property(k) {
-                    "<redacted>"
-                } else {
-                    v.as_str()
-                };
-                (k.as_str(), shown)
-            })
-            .collect();
-        f.debug_struct("KafkaConfig")
-            .field("brokers", &self.brokers)
-            .field("group_id", &self.group_id)
-            .field("instance_id", &self.instance_id)
-            .field("session_timeout", &self.session_timeout)
-            .field("heartbeat_interval", &self.heartbeat_interval)
-            .field("auto_offset_reset", &self.auto_offset_reset)
-            .field("security", &self.security)
-            .field("properties", &properties)
-            .finish()
-    }
-}
-
-#[derive(Clone)]
-pub struct ClickHouseConfig {
-    pub url: String,
-    pub database: String,
-    pub user: String,
-    pub password: Secret,
-    pub insert_timeout: Duration,
-    pub settings: BTreeMap<String, String>,
-    pub read_settings: BTreeMap<String, String>,
-    pub cluster: Option<String>,
-}
-
-/// The database and user when the file names none.
-pub const DEFAULT_DATABASE: &str = "default";
-pub const DEFAULT_USER: &str = "default";
-/// How long one insert attempt may take when the file does not say.
-pub const DEFAULT_INSERT_TIMEOUT: Duration = Duration::from_secs(30);
-
-impl ClickHouseConfig {
-    /// The server at `url` with every default: what the operator tools use
-    /// without a config file.
-    pub fn at(url: String) -> Self {
-        Self {
-            url,
-            database: DEFAULT_DATABASE.into(),
-            user: DEFAULT_USER.into(),
-            password: Secret::default(),
-            insert_timeout: DEFAULT_INSERT_TIMEOUT,
-            settings: BTreeMap::new(),
-            read_settings: BTreeMap::new(),
-            cluster: None,
-        }
-    }
-}
-
-/// The password never reaches a log line through `{:?}`.
-impl std::fmt::Debug for ClickHouseConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ClickHouseConfig")
-            .field("url", &self.url)
-            .field("database", &self.database)
-            .field("user", &self.user)
-            .field("password", &self.password)
-            .field("insert_timeout", &self.insert_timeout)
-            .field("settings", &self.settings)
-            .field("read_settings", &self.read_settings)
-            .field("cluster", &self.cluster)
-            .finish()
     }
 }
 
@@ -607,25 +456,7 @@ impl RawConfig {
         if o.clickhouse_url.is_some() {
             origins.flag("clickhouse.url", "--clickhouse-url");
         }
-        let brokers = o
-            .brokers
-            .or(self.kafka.brokers)
-            .ok_or(ConfigError::Missing {
-                field: "kafka.brokers",
-                expected: "host:port (or KAFKA_BROKERS / --brokers)",
-            })?;
-        let reset = match self.kafka.auto_offset_reset.as_deref() {
-            None => ResetPolicy::Earliest,
-            Some(s) => ResetPolicy::parse(s)
-                .ok_or_else(|| invalid("kafka.auto_offset_reset", "earliest or latest", s))?,
-        };
-        let session = bounded("kafka.session_timeout", self.kafka.session_timeout)?
-            .unwrap_or(Duration::from_secs(10));
-        let heartbeat = bounded("kafka.heartbeat_interval", self.kafka.heartbeat_interval)?
-            .unwrap_or_else(|| (session / 3).min(Duration::from_secs(3)));
-        if heartbeat * 3 > session {
-            return Err(ConfigError::Heartbeat { heartbeat, session });
-        }
+        let kafka = self.kafka.validate(o.brokers, o.group_id)?;
         let clickhouse = self.clickhouse.validate(o.clickhouse_url)?;
         let (database, insert_timeout) = (clickhouse.database.clone(), clickhouse.insert_timeout);
 
@@ -737,12 +568,6 @@ impl RawConfig {
                     invalid("metrics.listen", "host:port, such as 127.0.0.1:9464", &a)
                 })?),
             };
-        let security = security::validate(
-            self.kafka.security_protocol,
-            self.kafka.tls,
-            self.kafka.sasl,
-            &self.kafka.properties,
-        )?;
         let dlq = match self.dlq.topic {
             Some(t) if t.is_empty() => return Err(invalid("dlq.topic", "a topic name", "")),
             Some(t) if routes.iter().any(|r| r.topic == t) => {
@@ -769,19 +594,7 @@ impl RawConfig {
         Ok(Config {
             metrics_listen,
             dlq,
-            kafka: KafkaConfig {
-                brokers,
-                group_id: o
-                    .group_id
-                    .or(self.kafka.group_id)
-                    .unwrap_or_else(|| "sluice".into()),
-                instance_id: self.kafka.instance_id.filter(|s| !s.is_empty()),
-                session_timeout: session,
-                heartbeat_interval: heartbeat,
-                auto_offset_reset: reset,
-                security,
-                properties: self.kafka.properties,
-            },
+            kafka,
             clickhouse,
             sink: SinkConfig {
                 delivery: o.delivery.or(s.delivery).unwrap_or_default(),
@@ -811,6 +624,12 @@ impl RawConfig {
 }
 
 impl RawConfig {
+    /// Only the `[kafka]` section (with `brokers` overriding the file's):
+    /// what `sluice send` needs.
+    pub fn kafka_side(self, brokers: Option<String>) -> Result<KafkaConfig, ConfigError> {
+        self.kafka.validate(brokers, None)
+    }
+
     /// Only what the operator tools need: the `[clickhouse]` section (with
     /// `url` overriding the file's) and the metadata column names. The rest
     /// of the file is not required.
@@ -822,48 +641,6 @@ impl RawConfig {
             self.clickhouse.validate(url)?,
             self.sink.columns.validate()?,
         ))
-    }
-}
-
-impl RawClickHouse {
-    /// The section with defaults filled in; `url` (a flag) beats the file's.
-    fn validate(self, url: Option<String>) -> Result<ClickHouseConfig, ConfigError> {
-        let url = url.or(self.url).ok_or(ConfigError::Missing {
-            field: "clickhouse.url",
-            expected: "http(s)://host:port (or CLICKHOUSE_URL / --clickhouse-url)",
-        })?;
-        if !(url.starts_with("http://") || url.starts_with("https://")) {
-            return Err(invalid(
-                "clickhouse.url",
-                "an http:// or https:// URL",
-                &url,
-            ));
-        }
-        let insert_timeout = bounded("clickhouse.insert_timeout", self.insert_timeout)?
-            .unwrap_or(DEFAULT_INSERT_TIMEOUT);
-        if insert_timeout < Duration::from_secs(1) {
-            return Err(invalid(
-                "clickhouse.insert_timeout",
-                "at least 1s",
-                &format!("{insert_timeout:?}"),
-            ));
-        }
-        let password = secret::resolve(
-            "clickhouse.password",
-            self.password,
-            self.password_file.as_deref(),
-        )?
-        .unwrap_or_default();
-        Ok(ClickHouseConfig {
-            url,
-            database: self.database.unwrap_or_else(|| DEFAULT_DATABASE.into()),
-            user: self.user.unwrap_or_else(|| DEFAULT_USER.into()),
-            password,
-            insert_timeout,
-            settings: self.settings,
-            read_settings: self.read_settings,
-            cluster: self.cluster,
-        })
     }
 }
 

@@ -10,24 +10,28 @@ use super::ConfigError;
 use std::fmt;
 use std::path::Path;
 
-/// A URL fit for a log line: the user and password (`user:pw@`) and the
-/// query string (`?password=…`) are replaced by `…`.
+/// A URL fit for a log line: whatever comes before the last `@` (a user
+/// and password, even one holding `/` or `?`) and the query string
+/// (`?password=…`) are replaced by `…`. Erring on the side of hiding: an
+/// `@` in a path or query hides what precedes it too.
 pub fn redact_url(url: &str) -> String {
-    let (scheme, rest) = match url.split_once("://") {
-        Some((s, r)) => (format!("{s}://"), r),
-        None => (String::new(), url),
+    let scheme_len = url
+        .split_once("://")
+        .filter(|(s, _)| {
+            let mut c = s.chars();
+            c.next().is_some_and(|f| f.is_ascii_alphabetic())
+                && c.all(|c| c.is_ascii_alphanumeric() || "+.-".contains(c))
+        })
+        .map_or(0, |(s, _)| s.len() + 3);
+    let (scheme, rest) = url.split_at(scheme_len);
+    let (credentials, rest) = match rest.rfind('@') {
+        Some(i) => ("…@", &rest[i + 1..]),
+        None => ("", rest),
     };
-    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(end);
-    let host = match authority.rsplit_once('@') {
-        Some((_, host)) => format!("…@{host}"),
-        None => authority.to_string(),
-    };
-    let tail = match tail.find(['?', '#']) {
-        Some(i) => format!("{}?…", &tail[..i]),
-        None => tail.to_string(),
-    };
-    format!("{scheme}{host}{tail}")
+    match rest.find(['?', '#']) {
+        Some(i) => format!("{scheme}{credentials}{}?…", &rest[..i]),
+        None => format!("{scheme}{credentials}{rest}"),
+    }
 }
 
 #[derive(Clone, Default, PartialEq, Eq)]
@@ -111,6 +115,16 @@ mod tests {
         );
         assert_eq!(redact_url("k1:9092,k2:9092"), "k1:9092,k2:9092");
         assert_eq!(redact_url("http://ch?user=a&password=b#f"), "http://ch?…");
+        assert_eq!(redact_url("http://u:p/w@ch:8123"), "http://…@ch:8123");
+        assert_eq!(redact_url("http://u:p?w@ch:8123"), "http://…@ch:8123");
+        assert_eq!(
+            redact_url("ch:8123/?password=s&next=http://x"),
+            "ch:8123/?…"
+        );
+        assert_eq!(
+            redact_url("http://u:pw@[::1]:8123/db"),
+            "http://…@[::1]:8123/db"
+        );
     }
 
     #[test]

@@ -18,7 +18,7 @@ pub mod input;
 pub mod resend;
 pub mod retry;
 
-use crate::config::{ConfigError, KafkaConfig, Overrides, RawConfig};
+use crate::config::{ConfigError, KafkaConfig, RawConfig};
 use crate::ops::Outcome;
 use input::Line;
 use rdkafka::error::KafkaError;
@@ -113,12 +113,8 @@ impl ProducerArgs {
     pub fn options(&self) -> Result<SendOptions, ConfigError> {
         let kafka = match &self.config {
             Some(path) => {
-                let overrides = Overrides {
-                    brokers: self.brokers.clone(),
-                    ..Overrides::default()
-                };
-                let cfg = RawConfig::load(path, std::env::vars())?.validate(overrides)?;
-                Some(cfg.kafka)
+                let raw = RawConfig::load(path, std::env::vars())?;
+                Some(raw.kafka_side(self.brokers.clone())?)
             }
             None => None,
         };

@@ -23,6 +23,7 @@ use super::state::{Phase, Sink, Stats};
 use super::writer::WriterCtx;
 use super::SinkContext;
 use crate::ch::ClickHouse;
+use crate::config::secret::redact_url;
 use crate::config::{Config, Route};
 use crate::http;
 use crate::telemetry::Metrics;
@@ -243,13 +244,14 @@ async fn connect_clickhouse(cfg: &Config) -> anyhow::Result<ClickHouse> {
         match connected {
             Ok(ch) => return Ok(ch),
             Err(e) if e.is_retriable() && Instant::now() < deadline => {
-                tracing::warn!(url = %cfg.clickhouse.url, error = %e, "ClickHouse not reachable yet");
+                let url = redact_url(&cfg.clickhouse.url);
+                tracing::warn!(%url, error = %e, "ClickHouse not reachable yet");
                 tokio::time::sleep(Duration::from_secs(1)).await;
             }
             Err(e) => {
                 return Err(anyhow!(
                     "cannot use ClickHouse at {}: {e}",
-                    cfg.clickhouse.url
+                    redact_url(&cfg.clickhouse.url)
                 ))
             }
         }

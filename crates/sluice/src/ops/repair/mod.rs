@@ -63,6 +63,19 @@ pub struct RepairArgs {
     pub ch: ChArgs,
 }
 
+/// Where a run stands with the partition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Nothing made yet (or only read).
+    Untouched,
+    /// The staging and backup tables exist; the partition is as it was.
+    TablesMade,
+    /// The replace was sent and has not been acknowledged.
+    Replacing,
+    /// The replace was acknowledged.
+    Replaced,
+}
+
 /// The steps that change something.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -101,9 +114,8 @@ struct Run<'a> {
     client: clickhouse::Client,
     /// The offset column's name.
     offset: String,
-    /// This run made its tables and has not replaced the partition yet: a
-    /// failure leaves the partition as it was.
-    unreplaced: bool,
+    /// Where this run stands with the replace, for the note on a failure.
+    phase: Phase,
     table: Table,
     plan: Plan,
     bar: ProgressBar,
@@ -150,7 +162,7 @@ pub async fn repair(args: &RepairArgs, conn: &Conn) -> Result<RepairReport, OpsE
         args,
         client,
         offset,
-        unreplaced: false,
+        phase: Phase::Untouched,
         table,
         plan,
         bar,
@@ -158,9 +170,9 @@ pub async fn repair(args: &RepairArgs, conn: &Conn) -> Result<RepairReport, OpsE
     };
     let result = run.go().await;
     run.bar.finish_and_clear();
-    match result {
-        Err(e) if run.unreplaced => Err(run.what_is_left(e).await),
-        r => r,
+    match (result, run.phase) {
+        (Err(e), Phase::TablesMade | Phase::Replacing) => Err(run.what_is_left(e).await),
+        (r, _) => r,
     }
 }
 
@@ -229,7 +241,7 @@ impl Run<'_> {
     async fn execute(&mut self, before: Snapshot) -> Result<RepairReport, OpsError> {
         self.step("creating the staging and backup tables");
         let p = self.plan.clone();
-        self.unreplaced = true;
+        self.phase = Phase::TablesMade;
         self.create_copy(&p.staging, &p.create_staging, &p.create_staging_explicit)
             .await?;
         self.create_copy(&p.backup, &p.create_backup, &p.create_backup_explicit)
@@ -262,8 +274,9 @@ impl Run<'_> {
         if now != before {
             return self.refuse("while the copy was being built").await;
         }
+        self.phase = Phase::Replacing;
         self.exec(&p.replace).await?;
-        self.unreplaced = false;
+        self.phase = Phase::Replaced;
         self.checkpoint(Step::Replace)?;
         self.finish(backup, staging, Some(since)).await
     }
@@ -437,14 +450,23 @@ impl Run<'_> {
         if left.is_empty() {
             return e;
         }
-        OpsError::Left {
-            error: Box::new(e),
-            left: format!(
+        let left = match self.phase {
+            Phase::Replacing => format!(
+                "Whether the partition was replaced is not known. This run left {}; keep \
+                 them and run the same command again: it reads what the tables hold and \
+                 finishes the repair or rolls it back (the backup holds the partition as it was).",
+                left.join(" and ")
+            ),
+            _ => format!(
                 "The partition was not replaced and is as it was. This run left {}: the next \
                  run drops them before it starts again, or DROP TABLE {} yourself.",
                 left.join(" and "),
                 left.join(", ")
             ),
+        };
+        OpsError::Left {
+            error: Box::new(e),
+            left,
         }
     }
 
@@ -456,29 +478,48 @@ impl Run<'_> {
         inherit: &str,
         explicit: &str,
     ) -> Result<(), OpsError> {
-        if let Err(e) = self.exec(inherit).await {
-            tracing::debug!(error = %e, "the server does not copy keys; spelling them out");
-            self.exec(explicit).await?;
+        let first = self.exec(inherit).await;
+        if first.is_ok() || self.exists(name).await? {
+            if self.same_keys(name).await? {
+                return Ok(());
+            }
+            // Made, without the keys: this server does not copy them.
+            self.exec(&format!("DROP TABLE IF EXISTS {}", name.sql()))
+                .await?;
         }
-        let copy = Table::describe(&self.client, name).await?.info;
-        let keys = |i: &TableInfo| {
-            [
-                i.partition_key.clone(),
-                i.sorting_key.clone(),
-                i.primary_key.clone(),
-                i.sampling_key.clone(),
-            ]
-        };
-        if keys(&copy) != keys(&self.table.info) {
+        if let Err(e) = self.exec(explicit).await {
+            return Err(first.err().unwrap_or(e));
+        }
+        if !self.same_keys(name).await? {
             return Err(OpsError::Invalid(format!(
-                "the copy {name} did not get the keys of {} (partition, sorting, primary, \
-                 sampling: {:?}, got {:?}); REPLACE PARTITION needs them identical",
-                self.table.name,
-                keys(&self.table.info),
-                keys(&copy)
+                "the copy {name} did not get the keys of {}; REPLACE PARTITION needs them \
+                 identical",
+                self.table.name
             )));
         }
         Ok(())
+    }
+
+    /// Whether a copy shows the table's keys in `system.tables` (one outer
+    /// pair of parentheses aside: `(id)` and `id` are one key).
+    async fn same_keys(&self, copy: &TableName) -> Result<bool, OpsError> {
+        let bare = |k: &str| {
+            k.strip_prefix('(')
+                .and_then(|k| k.strip_suffix(')'))
+                .unwrap_or(k)
+                .to_string()
+        };
+        let keys = |i: &TableInfo| {
+            [
+                &i.partition_key,
+                &i.sorting_key,
+                &i.primary_key,
+                &i.sampling_key,
+            ]
+            .map(|k| bare(k))
+        };
+        let made = Table::describe(&self.client, copy).await?.info;
+        Ok(keys(&made) == keys(&self.table.info))
     }
 
     async fn exists(&self, t: &TableName) -> Result<bool, OpsError> {
