@@ -53,6 +53,7 @@ pub const FIELDS: &[(&str, Kind)] = &[
     ("clickhouse.password", Str),
     ("clickhouse.password_file", Str),
     ("clickhouse.insert_timeout", Str),
+    ("clickhouse.cluster", Str),
     ("sink.delivery", Str),
     ("sink.max_batch_rows", Int),
     ("sink.max_batch_bytes", Int),
@@ -357,6 +358,50 @@ mod tests {
         o.flag("clickhouse.url", "--clickhouse-url");
         assert_eq!(o.ignored.len(), 1);
         assert_eq!(o.clickhouse_url, Origin::Flag("--clickhouse-url"));
+    }
+
+    /// Every field of every section has its variable, and every variable
+    /// names a field: read from the types themselves, so neither side can
+    /// drift from the other. Maps (`properties`, `settings`,
+    /// `read_settings`) and sections come from the file only.
+    #[test]
+    fn every_setting_has_a_variable_and_back() {
+        use crate::config::{security, RawClickHouse, RawKafka};
+        use serde_aux::serde_introspection::serde_introspect;
+        let file_only = [
+            "properties",
+            "settings",
+            "read_settings",
+            "tls",
+            "sasl",
+            "columns",
+        ];
+        let sections: [(&str, &[&str]); 8] = [
+            ("kafka", serde_introspect::<RawKafka>()),
+            ("kafka.tls", serde_introspect::<security::RawTls>()),
+            ("kafka.sasl", serde_introspect::<security::RawSasl>()),
+            ("clickhouse", serde_introspect::<RawClickHouse>()),
+            ("sink", serde_introspect::<crate::config::RawSink>()),
+            (
+                "sink.columns",
+                serde_introspect::<crate::config::RawColumns>(),
+            ),
+            ("metrics", serde_introspect::<crate::config::RawMetrics>()),
+            ("dlq", serde_introspect::<crate::config::RawDlq>()),
+        ];
+        let mut from_types: Vec<String> = sections
+            .iter()
+            .flat_map(|(section, fields)| {
+                fields
+                    .iter()
+                    .filter(|f| !file_only.contains(f))
+                    .map(move |f| format!("{section}.{f}"))
+            })
+            .collect();
+        let mut listed: Vec<String> = FIELDS.iter().map(|(p, _)| p.to_string()).collect();
+        from_types.sort();
+        listed.sort();
+        assert_eq!(from_types, listed);
     }
 
     #[test]
