@@ -229,8 +229,9 @@ impl PrivateBroker {
     /// Starts a broker that tells clients to connect to `advertised`
     /// (`host:port`, a proxy in front of it) instead of its own port.
     pub async fn start_advertising(advertised: Option<String>) -> anyhow::Result<Self> {
-        let bin = std::env::var_os("SLUICE_TANSU_BIN")
-            .context("SLUICE_TANSU_BIN is not set: the broker-restart scenario runs its own broker (make stack prints it)")?;
+        let bin = std::env::var_os("SLUICE_TANSU_BIN").context(
+            "SLUICE_TANSU_BIN is not set: the lab runs brokers of its own (make stack prints it)",
+        )?;
         let dir = std::env::temp_dir().join(Stack::unique("lab_broker"));
         std::fs::create_dir_all(dir.join("data"))?;
         let port = std::net::TcpListener::bind("127.0.0.1:0")?

@@ -5,7 +5,8 @@
 //! processes ([`process`]), injects the fault by real means ([`proxy`],
 //! kill -9, SIGSTOP), waits until the table is still and counts in
 //! ClickHouse. [`report`] prints the matrix. The modes of one scenario run
-//! side by side; each has its own topic, table and group.
+//! side by side on a broker of the scenario's own; each has its own topic,
+//! table and group.
 
 pub mod fixture;
 pub mod kafka_proxy;
@@ -58,10 +59,8 @@ pub struct LabArgs {
     /// Soak: the seed of the fault sequence (default: the clock).
     #[arg(long)]
     pub seed: Option<u64>,
-    /// Kafka bootstrap servers.
-    #[arg(long, env = "KAFKA_BROKERS")]
-    pub brokers: String,
-    /// ClickHouse HTTP URL.
+    /// ClickHouse HTTP URL. (Kafka is a tansu broker the lab starts for each
+    /// scenario, from SLUICE_TANSU_BIN.)
     #[arg(long, env = "CLICKHOUSE_URL")]
     pub clickhouse_url: String,
 }
@@ -70,12 +69,8 @@ pub struct LabArgs {
 /// a soak run (found something on any duplicate, loss or stall), or the
 /// rendering of a saved run.
 pub async fn main(a: LabArgs) -> anyhow::Result<Outcome> {
-    let stack = Stack {
-        brokers: a.brokers.clone(),
-        clickhouse_url: a.clickhouse_url.clone(),
-    };
     let Some(duration) = a.soak else {
-        run(&a, &stack).await?;
+        run(&a).await?;
         return Ok(Outcome::Clean);
     };
     let o = soak::SoakOptions {
@@ -88,7 +83,7 @@ pub async fn main(a: LabArgs) -> anyhow::Result<Outcome> {
                 .map_or(1, |d| d.as_secs())
         }),
     };
-    let r = soak::run(&stack, o).await?;
+    let r = soak::run(&a.clickhouse_url, o).await?;
     let md = soak::markdown(&r, &o);
     println!("{md}");
     if let Some(p) = &a.markdown {
@@ -105,7 +100,7 @@ pub async fn main(a: LabArgs) -> anyhow::Result<Outcome> {
 }
 
 /// Runs the matrix, prints it, writes the files; returns the cells.
-pub async fn run(o: &LabArgs, stack: &Stack) -> anyhow::Result<Vec<Cell>> {
+pub async fn run(o: &LabArgs) -> anyhow::Result<Vec<Cell>> {
     // Clap checked the names; asked for or all of them, in the lists' order.
     let pick = |all: &[&'static str], asked: &[String]| -> Vec<&'static str> {
         all.iter()
@@ -129,6 +124,14 @@ pub async fn run(o: &LabArgs, stack: &Stack) -> anyhow::Result<Vec<Cell>> {
     let mut cells = Vec::new();
     for s in &scenarios {
         eprintln!("lab: {s} ({})", modes.join(", "));
+        // A broker of the scenario's own: tansu's coordinator slows down as
+        // groups pile up (heartbeats answered after the session timeout), and
+        // late in a full run that stalled every mode of a scenario.
+        let broker = fixture::PrivateBroker::start().await?;
+        let stack = &Stack {
+            brokers: broker.brokers(),
+            clickhouse_url: o.clickhouse_url.clone(),
+        };
         let runs = modes.iter().map(|m| scenarios::run(stack, s, m, params));
         for (m, r) in modes.iter().zip(futures::future::join_all(runs).await) {
             let cell = r.map_err(|e| anyhow::anyhow!("{s} / {m}: {e:#}"))?;

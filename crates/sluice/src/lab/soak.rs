@@ -101,18 +101,18 @@ impl Rng {
     }
 }
 
-pub async fn run(stack: &Stack, o: SoakOptions) -> anyhow::Result<SoakReport> {
+pub async fn run(clickhouse_url: &str, o: SoakOptions) -> anyhow::Result<SoakReport> {
     let mut rng = Rng::new(o.seed);
     let mut broker = PrivateBroker::start().await?;
     let insert_timeout = Duration::from_secs(5);
     let proxy = Proxy::start(
-        Proxy::upstream_of(&stack.clickhouse_url),
+        Proxy::upstream_of(clickhouse_url),
         insert_timeout * 2 + Duration::from_secs(1),
     )
     .await?;
     let own = Stack {
         brokers: broker.brokers(),
-        clickhouse_url: stack.clickhouse_url.clone(),
+        clickhouse_url: clickhouse_url.into(),
     };
     let topic = Stack::unique("soak");
     own.create_topic(&topic, PARTITIONS).await?;

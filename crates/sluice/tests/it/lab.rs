@@ -4,7 +4,6 @@
 //! that shows no failure for them proves nothing).
 
 use crate::harness::*;
-use sluice::lab::fixture::PrivateBroker;
 
 #[derive(serde::Deserialize, Debug)]
 struct Cell {
@@ -25,17 +24,14 @@ fn quick_matrix_exactly_once_is_clean_and_baselines_fail() {
     let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("lab-quick");
     std::fs::create_dir_all(&dir).unwrap();
     let (json, md) = (dir.join("lab.json"), dir.join("lab.md"));
-    // A broker of its own: the rest of the suite's groups and topics on the
-    // shared tansu slow its coordinator until heartbeats time out (6 s),
-    // and each lost assignment costs exactly-once a fence.
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    let broker = rt.block_on(PrivateBroker::start()).unwrap();
+    // The lab starts a broker for each scenario: the rest of the suite's
+    // groups and topics on the shared tansu slow its coordinator until
+    // heartbeats time out (6 s), and each lost assignment costs a fence.
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
         .args(["lab", "--quick", "--json"])
         .arg(&json)
         .arg("--markdown")
         .arg(&md)
-        .env("KAFKA_BROKERS", broker.brokers())
         .env("CLICKHOUSE_URL", clickhouse_url())
         .output()
         .expect("running sluice lab");
