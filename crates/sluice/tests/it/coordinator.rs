@@ -64,6 +64,9 @@ async fn second_owner(prefix: &str, cut_off: bool) {
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
     let n = first + more;
+    // tansu hands a static member's partition over in its own time (once
+    // more than 50 s): the end is judged once B holds it.
+    wait_for_log(&b, "partition active", Duration::from_secs(120)).await;
     let got = wait_for(&ch, &table, n, Duration::from_secs(180)).await;
     // A late insert of A's has every chance to show before the count.
     tokio::time::sleep(Duration::from_secs(8)).await;
