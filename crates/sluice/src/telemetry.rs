@@ -120,8 +120,8 @@ impl TopicCounters {
         self.bytes.increment(bytes as u64);
     }
 
-    pub fn dedup_dropped(&self) {
-        self.dedup_dropped.increment(1);
+    pub fn dedup_dropped(&self, records: u64) {
+        self.dedup_dropped.increment(records);
     }
 
     pub fn redelivered(&self) {

@@ -19,7 +19,7 @@ use super::dlq::Dlq;
 use super::lease::renew;
 use super::lease::Lease;
 use super::owners::{new_owner, register_group, Owners};
-use super::state::{Phase, Sink, Stats};
+use super::state::{Sink, Stats};
 use super::writer::WriterCtx;
 use super::SinkContext;
 use crate::ch::ClickHouse;
@@ -32,13 +32,10 @@ use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::types::{RDKafkaErrorCode, RDKafkaRespErr};
 use sluice_core::RowEncoder;
-use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tokio::runtime::Handle;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
@@ -137,10 +134,9 @@ pub async fn run(
         delivery: cfg.sink.delivery,
         permits: Semaphore::new(cfg.sink.max_concurrent_inserts),
         dlq,
-        encoders: encoders.clone(),
+        encoders,
     });
     let stopping = CancellationToken::new();
-    let (tx, rx) = mpsc::channel();
     let me = new_owner();
     // Leases are renewed until the consumer thread is done: a graceful stop
     // still inserts and reconciles what it has read.
@@ -149,6 +145,14 @@ pub async fn run(
     let routes: Vec<Arc<Route>> = cfg.routes.iter().cloned().map(Arc::new).collect();
     let owners = Owners::new(&cfg.kafka, routes.clone())
         .context("creating the client of the register of owners")?;
+    let sink = Sink::new(
+        cfg.clone(),
+        routes,
+        ctx.clone(),
+        owners.clone(),
+        me,
+        stopping.clone(),
+    );
     if cfg.sink.delivery.is_exactly_once() {
         tracing::info!(
             owner = me,
@@ -161,7 +165,7 @@ pub async fn run(
             ctx.lease.clone(),
             owners.clone(),
             me,
-            tx.clone(),
+            sink.events(),
             renewing.clone(),
         ));
     }
@@ -176,32 +180,6 @@ pub async fn run(
         tracing::info!(%bound, "serving /metrics, /health and /ready");
     }
 
-    let sink = Sink {
-        routes,
-        encoders,
-        counters: cfg
-            .routes
-            .iter()
-            .map(|r| crate::telemetry::TopicCounters::new(&r.topic))
-            .collect(),
-        cfg: cfg.clone(),
-        parts: HashMap::new(),
-        leaving: HashMap::new(),
-        ctx,
-        handle: Handle::current(),
-        tx,
-        rx,
-        in_flight_bytes: 0,
-        in_flight: 0,
-        next_generation: 0,
-        overloaded: false,
-        fatal: None,
-        stopping: stopping.clone(),
-        stats: Stats::default(),
-        owners,
-        me,
-        taken: HashMap::new(),
-    };
     let consumer = build_consumer(&cfg, sink)?;
     // Fail fast, with the address, when the brokers cannot be reached.
     consumer
@@ -217,9 +195,10 @@ pub async fn run(
         shutdown.await;
         stop.cancel();
     });
+    let (loop_cfg, loop_stopping) = (cfg.clone(), stopping.clone());
     let thread = std::thread::Builder::new()
         .name("sluice-consumer".into())
-        .spawn(move || poll_loop(consumer))
+        .spawn(move || poll_loop(consumer, &loop_cfg, loop_stopping))
         .context("starting the consumer thread")?;
     // Both ends answered and the group is joined (or being joined).
     ready.store(true, Ordering::SeqCst);
@@ -307,12 +286,12 @@ fn lock(consumer: &BaseConsumer<SinkContext>) -> std::sync::MutexGuard<'_, Sink>
         .unwrap_or_else(|p| p.into_inner())
 }
 
-fn poll_loop(consumer: BaseConsumer<SinkContext>) -> anyhow::Result<()> {
-    let (commit_interval, progress_every, stopping) = {
-        let s = lock(&consumer);
-        let c = &s.cfg.sink;
-        (c.commit_interval, c.progress_interval, s.stopping.clone())
-    };
+fn poll_loop(
+    consumer: BaseConsumer<SinkContext>,
+    cfg: &Config,
+    stopping: CancellationToken,
+) -> anyhow::Result<()> {
+    let (commit_interval, progress_every) = (cfg.sink.commit_interval, cfg.sink.progress_interval);
     let mut last_stats = Stats::default();
     let mut last_commit = Instant::now();
     let mut last_sweep = Instant::now();
@@ -335,8 +314,8 @@ fn poll_loop(consumer: BaseConsumer<SinkContext>) -> anyhow::Result<()> {
             Some(Ok(m)) => s.on_record(&m, now),
             Some(Err(e)) => match fatal_cause(&e, consumer.client().fatal_error()) {
                 Some(cause) => {
-                    let group = s.cfg.kafka.group_id.clone();
-                    s.fatal.get_or_insert(anyhow!(
+                    let group = &cfg.kafka.group_id;
+                    s.fail(anyhow!(
                         "the Kafka consumer of group {group:?} cannot go on: {cause}; sluice stops"
                     ));
                     kafka_failed = true;
@@ -353,7 +332,7 @@ fn poll_loop(consumer: BaseConsumer<SinkContext>) -> anyhow::Result<()> {
                 break;
             }
         }
-        if s.fatal.is_some() {
+        if s.failed() {
             break;
         }
         if now.duration_since(last_sweep) >= Duration::from_millis(20) {
@@ -366,57 +345,13 @@ fn poll_loop(consumer: BaseConsumer<SinkContext>) -> anyhow::Result<()> {
             s.expire_leaving();
         }
         if progress_every.is_some_and(|every| now.duration_since(last_report) >= every) {
-            let st = s.stats;
-            let secs = now.duration_since(last_report).as_secs_f64().max(1e-3);
-            last_report = now;
-            tracing::info!(
-                records = st.records,
-                records_per_sec = ((st.records - last_stats.records) as f64 / secs).round(),
-                rows_inserted = st.rows_inserted,
-                batches = st.batches,
-                dlq = st.dlq,
-                dedup_dropped = st.dedup_dropped,
-                dedup_keyless = st.dedup_keyless,
-                redelivered = st.redelivered,
-                in_flight = s.in_flight,
-                in_flight_mb = s.in_flight_bytes / (1 << 20),
-                partitions = s
-                    .parts
-                    .values()
-                    .filter(|p| p.phase == Phase::Active)
-                    .count(),
-                "progress"
-            );
-            last_stats = st;
+            s.log_progress(&last_stats, now.duration_since(last_report).as_secs_f64());
+            (last_report, last_stats) = (now, s.stats());
         }
     }
-    // Graceful stop: flush what was read (a bad record never entered a
-    // batch), wait for every insert, commit, mark the hand-off clean,
-    // leave the group. A consumer that cannot go on (fenced, refused) owns
-    // nothing any more: it abandons its work and inserts nothing new.
-    let fatal = {
-        let mut s = lock(&consumer);
-        if !kafka_failed {
-            s.cut_due(Instant::now(), true);
-            let timeout = s.cfg.clickhouse.insert_timeout * 3;
-            let drained = s.wait_in_flight(&consumer, None, timeout);
-            s.commit(&consumer, None, CommitMode::Sync);
-            if drained {
-                s.hand_off_clean(None);
-            }
-        }
-        for p in s.parts.values() {
-            p.abandon.cancel();
-        }
-        s.parts.clear();
-        tracing::info!(
-            records = s.stats.records,
-            rows_inserted = s.stats.rows_inserted,
-            dlq = s.stats.dlq,
-            "stopped"
-        );
-        s.fatal.take()
-    };
+    // Graceful stop: flush, drain, commit, mark the hand-off clean, then
+    // leave the group.
+    let fatal = lock(&consumer).stop(&consumer, kafka_failed);
     consumer.unsubscribe();
     drop(consumer);
     match fatal {

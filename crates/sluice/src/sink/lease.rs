@@ -23,8 +23,8 @@
 //! attempt this process started under a lease read before the claim has
 //! ended by then, on the server's clock (see [`super::handoff`]).
 
-use super::owners::{Owner, Owners};
-use super::state::{Event, Key};
+use super::event::Event;
+use super::owners::{Key, Owner, Owners};
 use std::collections::HashMap;
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};

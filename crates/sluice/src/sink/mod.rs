@@ -1,21 +1,23 @@
 //! `sluice run`: the sink daemon.
 //!
-//! Data flow: the Kafka consumer thread ([`driver`]) → per-partition batch
-//! builders ([`state`]) → insert tasks ([`writer`]) → completions back to the
-//! consumer thread → the in-order durable frontier → offset commits.
-//! [`handoff`] moves partitions between owners without overlap, through a
-//! register of [`owners`] kept by the broker; [`lease`] decides whether this
-//! process may still write a partition, on its own clock; [`dedup`]
-//! rebuilds a partition's key dedup window when it changes hands; [`dlq`]
-//! sends records that cannot become rows to the dead-letter topic.
+//! Data flow: the Kafka consumer thread ([`driver`]) → the sink's state
+//! ([`state`]: per-partition batch builders) → insert tasks ([`writer`]) →
+//! [`event`]s back to the consumer thread → the in-order durable frontier →
+//! offset commits. Partitions change owners without overlap (the state's
+//! hand-off, with [`prepare`] off the consumer thread), through a register
+//! of [`owners`] kept by the broker; [`lease`] decides whether this process
+//! may still write a partition, on its own clock; [`dedup`] rebuilds a
+//! partition's key dedup window when it changes hands; [`dlq`] sends
+//! records that cannot become rows to the dead-letter topic.
 
 mod dedup;
 mod dlq;
 mod driver;
+mod event;
 mod fates;
-mod handoff;
 mod lease;
 mod owners;
+mod prepare;
 mod state;
 mod writer;
 

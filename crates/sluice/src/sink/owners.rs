@@ -19,7 +19,6 @@
 //! callers run them off the consumer thread (the clean hand-off at a
 //! revocation excepted, where the thread waits anyway).
 
-use super::state::Key;
 use crate::config::{KafkaConfig, Route};
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::error::KafkaResult;
@@ -28,6 +27,9 @@ use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::sync::Arc;
 use std::time::Duration;
+
+/// A partition of a route: `(route index, partition)`.
+pub(super) type Key = (usize, i32);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Owner {

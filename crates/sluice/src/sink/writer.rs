@@ -28,13 +28,14 @@
 //! ClickHouse rejects another ([`Fates`]).
 
 use super::dlq::{self, Dlq, DlqError, Letter, Pending};
+use super::event::{Completion, Outcome};
 use super::fates::Fates;
 use super::lease::Lease;
 use crate::ch::{deadline_passed, ChError, ChErrorKind, ClickHouse, InsertRequest};
 use crate::config::{Delivery, Route};
 use crate::telemetry;
 use sluice_core::acks::Ticket;
-use sluice_core::dedup::{conditional_excluded, KeyHash};
+use sluice_core::dedup::conditional_excluded;
 use sluice_core::token::{insert_token, query_id};
 use sluice_core::{Batch, Offset, RowEncoder};
 use std::sync::Arc;
@@ -73,37 +74,6 @@ pub struct Job {
     pub conditional: Vec<(Offset, Offset)>,
     /// What became of the partition's earlier rows.
     pub fates: Arc<Fates>,
-}
-
-#[derive(Debug)]
-pub enum Outcome {
-    Durable {
-        /// Rows inserted by this job (fewer than the batch after reconciliation).
-        inserted: usize,
-        /// Rows ClickHouse rejected (sent to the DLQ), with their business
-        /// key on a key dedup route.
-        rejected: Vec<(Offset, Option<KeyHash>)>,
-        /// Conditional rows left out: a copy of their key is stored.
-        excluded: usize,
-    },
-    Abandoned,
-    Failed(ChError),
-    /// A DLQ write failed for good.
-    DlqFailed(DlqError),
-}
-
-pub struct Completion {
-    pub route_idx: usize,
-    pub partition: i32,
-    pub ticket: Ticket,
-    pub generation: u64,
-    pub bytes: usize,
-    /// Records it wrote to the DLQ (refused by the encoder or rejected by
-    /// ClickHouse), acknowledged.
-    pub dlq: usize,
-    /// The copies its conditional rows depended on.
-    pub copies: Vec<Offset>,
-    pub outcome: Outcome,
 }
 
 /// Retriable answers a query gives before it starts work: nothing of it

@@ -1,279 +1,37 @@
-//! Partitions changing hands: assignment, preparation and revocation.
+//! Preparing partitions, off the consumer thread: where each one starts.
 //!
-//! Assign (exactly-once): the partitions are taken at once (so the group
-//! sees them owned) but paused; nothing else happens in the rebalance
-//! callback. A task, off the consumer thread, reads the group's committed
-//! positions until it knows them, then *claims* each partition: it writes
-//! this process into the register of owners ([`super::owners`]) and reads
-//! it back. From that read it waits out `fence_wait`, unless every
-//! previous owner left cleanly: the previous owner stops writing within a
-//! lease of the claim ([`super::lease`]), and its last inserts end within
-//! `2 × insert_timeout` after that. A partition that is someone else's in
-//! the register after the fence was claimed by another owner meanwhile; it
-//! is claimed again. A claim that cannot be written or read back is tried
-//! again; the partition stays paused meanwhile. Then the task reads the
-//! watermarks from ClickHouse and the log's bounds from the broker, and
-//! plans each partition with [`resume_plan`]: what ClickHouse holds
-//! decides, the reset policy applies only where it holds nothing. The
-//! plans come back as [`Prepared`] events; the consumer thread seeks and
-//! resumes each partition ([`Sink::activate`]).
-//!
-//! Taken: the lease found another owner in the register for an active
-//! partition ([`Sink::on_taken`]). Its work is abandoned at once; while the
-//! group still assigns it here it is prepared again, after a whole fence,
-//! or as soon as the owner that took it hands it off cleanly.
-//!
-//! Revoke (exactly-once): stop batching the partitions and let go of them at
-//! once; their in-flight inserts finish off the consumer thread, under the
-//! lease, and then their frontier is committed and they are marked clean in
-//! the register ([`Sink::settle_leaving`]). A new owner that is fencing
-//! meanwhile stops when it sees the mark. At-least-once waits for the
-//! inserts and commits before letting go: the next owner starts there. If the
-//! assignment was lost instead, abandon their work at once: the group has
-//! already moved on.
+//! In: the partitions of one assignment (paused on the consumer thread,
+//! see [`super::state`]), with their generations. A task reads the group's
+//! committed positions until it knows them, then, in exactly-once mode,
+//! *claims* each partition: it writes this process into the register of
+//! owners ([`super::owners`]) and reads it back. From that read it waits
+//! out `fence_wait`, unless every previous owner left cleanly: the previous
+//! owner stops writing within a lease of the claim ([`super::lease`]), and
+//! its last inserts end within `2 × insert_timeout` after that. A partition
+//! that is someone else's in the register after the fence was claimed by
+//! another owner meanwhile; it is claimed again. A claim that cannot be
+//! written or read back is tried again; the partition stays paused
+//! meanwhile. Then the task reads the watermarks from ClickHouse and the
+//! log's bounds from the broker, and plans each partition with
+//! [`resume_plan`]: what ClickHouse holds decides, the reset policy applies
+//! only where it holds nothing. Out: each plan, as an [`Event::Prepared`]
+//! to the consumer thread, which seeks and resumes the partition.
 
-use super::dedup::{rebuild, Seeds};
-use super::owners::{jitter, Owner, Owners};
-use super::state::{Event, Key, Phase, Sink};
-use super::SinkContext;
+use super::dedup::rebuild;
+use super::event::{Event, Prepared};
+use super::owners::{jitter, Key, Owner, Owners};
 use crate::ch::ClickHouse;
 use crate::config::{KafkaConfig, Route};
-use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
+use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaResult;
 use rdkafka::{Offset as KOffset, TopicPartitionList};
-use sluice_core::resume::{resume_plan, Committed, LogBounds, ResetPolicy, ResumePlan};
+use sluice_core::resume::{resume_plan, Committed, LogBounds, ResetPolicy};
 use sluice_core::NextOffset;
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
-
-/// A partition whose start position is known.
-pub(super) struct Prepared {
-    pub key: Key,
-    pub generation: u64,
-    pub plan: ResumePlan,
-    /// Keys for the partition's dedup window, when its route has one.
-    pub seeds: Option<Seeds>,
-    /// The send time of the read that last showed this process in the
-    /// register for it: where its lease starts.
-    pub confirmed: Instant,
-    /// Failed attempts to activate it (seek).
-    pub attempts: u32,
-}
-
-impl Sink {
-    fn keys_of(&self, tpl: &TopicPartitionList) -> Vec<Key> {
-        tpl.elements()
-            .iter()
-            .filter_map(|e| Some((self.route_of(e.topic())?, e.partition())))
-            .collect()
-    }
-
-    fn name(&self, k: Key) -> String {
-        format!("{}[{}]", self.routes[k.0].topic, k.1)
-    }
-
-    pub fn on_assign(
-        &mut self,
-        consumer: &BaseConsumer<SinkContext>,
-        tpl: &TopicPartitionList,
-    ) -> KafkaResult<()> {
-        let keys = self.keys_of(tpl);
-        consumer.incremental_assign(tpl)?;
-        if keys.is_empty() {
-            return Ok(());
-        }
-        tracing::info!(partitions = ?keys.iter().map(|k| self.name(*k)).collect::<Vec<_>>(), "assigned");
-        let exactly_once = self.cfg.sink.delivery.is_exactly_once();
-        let dedup = keys.iter().any(|k| self.routes[k.0].dedup.is_some());
-        if !exactly_once && !dedup {
-            for &(ri, p) in &keys {
-                let part = self.new_part(ri, p, Phase::Active);
-                self.parts.insert((ri, p), part);
-            }
-            return Ok(());
-        }
-        consumer.pause(tpl)?;
-        self.prepare(&keys, Duration::ZERO, false);
-        Ok(())
-    }
-
-    /// Starts preparing `keys` (paused by the caller) off the consumer
-    /// thread, after `wait`; if `watch`, the wait ends once the register
-    /// shows them handed off cleanly.
-    fn prepare(&mut self, keys: &[Key], wait: Duration, watch: bool) {
-        let mut parts: BTreeMap<usize, Vec<(Key, u64)>> = BTreeMap::new();
-        let mut given_up = HashMap::new();
-        for &(ri, p) in keys {
-            // One generation of a partition at a time: an older one of this
-            // process (active, or revoked and finishing) stops before this
-            // one claims, so the claim's fence covers its inserts too.
-            for older in [self.parts.remove(&(ri, p)), self.leaving.remove(&(ri, p))]
-                .into_iter()
-                .flatten()
-            {
-                older.abandon.cancel();
-            }
-            self.ctx.lease.release((ri, p));
-            let mut part = self.new_part(ri, p, Phase::Preparing);
-            part.paused = true;
-            parts
-                .entry(ri)
-                .or_default()
-                .push(((ri, p), part.generation));
-            given_up.insert(((ri, p), part.generation), part.abandon.clone());
-            self.parts.insert((ri, p), part);
-        }
-        let prep = Preparation {
-            ch: self.ctx.ch.clone(),
-            kafka: self.cfg.kafka.clone(),
-            routes: self.routes.clone(),
-            tx: self.tx.clone(),
-            stopping: self.stopping.clone(),
-            exactly_once: self.cfg.sink.delivery.is_exactly_once(),
-            fence_wait: self.cfg.sink.fence_wait,
-            reset: self.cfg.kafka.auto_offset_reset,
-            owners: self.owners.clone(),
-            me: self.me,
-            wait,
-            watch,
-            given_up,
-            parts,
-        };
-        self.handle.spawn(prep.run());
-    }
-
-    /// Another owner (`by`) is in the register for a partition this process
-    /// was writing: give it up at once and, since the group still assigns
-    /// it here, prepare it again. It waits a fence first, doubled each time
-    /// it is taken again soon after it went active (up to 4 fences): two
-    /// owners that a broken coordinator both believes in would otherwise
-    /// take it from each other every fence, each writing a moment.
-    ///
-    /// The wait ends early when the owner that took it hands it off
-    /// cleanly (the coordinator settled on this process): that owner's
-    /// fence outlasted this process's inserts, and it drained its own. Not
-    /// when the register said `clean` to begin with: nobody fenced this
-    /// process's own inserts, which may still be running.
-    pub(super) fn on_taken(
-        &mut self,
-        consumer: &BaseConsumer<SinkContext>,
-        key: Key,
-        generation: u64,
-        by: Owner,
-    ) {
-        if self
-            .parts
-            .get(&key)
-            .is_none_or(|p| p.generation != generation)
-        {
-            return;
-        }
-        let Some(part) = self.parts.remove(&key) else {
-            return;
-        };
-        part.abandon.cancel();
-        self.ctx.lease.give_up(key, generation);
-        let settled = self.cfg.sink.fence_wait * 2;
-        if part.active_since.is_some_and(|t| t.elapsed() > settled) {
-            self.taken.remove(&key);
-        }
-        let mut tpl = TopicPartitionList::new();
-        tpl.add_partition(&self.routes[key.0].topic, key.1);
-        if let Err(e) = consumer.pause(&tpl) {
-            tracing::warn!(error = %e, "pause failed");
-        }
-        let n = self.taken.entry(key).or_default();
-        *n += 1;
-        let wait = self.cfg.sink.fence_wait * 2u32.pow((*n - 1).min(2));
-        self.prepare(&[key], wait, matches!(by, Owner::Process(_)));
-    }
-
-    /// Sends `p` back to the consumer thread after a backoff that grows
-    /// with its failed attempts (0.5 s, 1 s, 2 s, 4 s, then 5 s).
-    pub(super) fn retry_prepared(&self, mut p: Prepared) {
-        let delay =
-            (Duration::from_millis(500) * 2u32.pow(p.attempts.min(4))).min(Duration::from_secs(5));
-        p.attempts += 1;
-        let tx = self.tx.clone();
-        let stopping = self.stopping.clone();
-        self.handle.spawn(async move {
-            tokio::select! {
-                _ = tokio::time::sleep(delay) => { let _ = tx.send(Event::Prepared(p)); }
-                _ = stopping.cancelled() => {}
-            }
-        });
-    }
-
-    pub fn on_revoke(
-        &mut self,
-        consumer: &BaseConsumer<SinkContext>,
-        tpl: &TopicPartitionList,
-    ) -> KafkaResult<()> {
-        let keys: Vec<Key> = self
-            .keys_of(tpl)
-            .into_iter()
-            .filter(|k| self.parts.contains_key(k) || self.leaving.contains_key(k))
-            .collect();
-        let lost = consumer.assignment_lost();
-        if !keys.is_empty() {
-            tracing::info!(lost, partitions = ?keys.iter().map(|k| self.name(*k)).collect::<Vec<_>>(), "revoked");
-        }
-        for k in &keys {
-            if let Some(p) = self.parts.get_mut(k) {
-                p.builder.clear();
-                p.builder_uncertain = false;
-                // Their records are read again by the next owner.
-                p.letters.clear();
-                p.letter_bytes = 0;
-            }
-            self.taken.remove(k);
-        }
-        if lost {
-            for k in &keys {
-                for p in [self.parts.remove(k), self.leaving.remove(k)]
-                    .into_iter()
-                    .flatten()
-                {
-                    p.abandon.cancel();
-                }
-                self.ctx.lease.release(*k);
-            }
-        } else if self.cfg.sink.delivery.is_exactly_once() {
-            // The inserts finish off the consumer thread; the lease still
-            // bounds them, and the next owner fences until they are marked
-            // clean.
-            for k in &keys {
-                let Some(p) = self.parts.remove(k) else {
-                    continue;
-                };
-                if p.phase != Phase::Active {
-                    p.abandon.cancel();
-                    continue;
-                }
-                self.ctx.lease.leave(*k, p.generation);
-                if let Some(older) = self.leaving.insert(*k, p) {
-                    older.abandon.cancel();
-                }
-                self.settle_leaving(consumer, *k);
-            }
-        } else {
-            // The next owner starts where this one committed: let the
-            // inserts end first.
-            let timeout = self.cfg.clickhouse.insert_timeout * 3;
-            self.wait_in_flight(consumer, Some(&keys), timeout);
-            self.commit(consumer, Some(&keys), CommitMode::Sync);
-            for k in &keys {
-                if let Some(p) = self.parts.remove(k) {
-                    p.abandon.cancel();
-                }
-            }
-        }
-        consumer.incremental_unassign(tpl)
-    }
-}
 
 /// What the group committed for one partition, from one element of a
 /// committed-offsets answer.
@@ -288,29 +46,29 @@ fn committed_of(offset: KOffset, error: KafkaResult<()>) -> Committed {
 }
 
 /// The work of preparing one assignment, off the consumer thread.
-struct Preparation {
-    ch: ClickHouse,
-    kafka: KafkaConfig,
-    routes: Vec<Arc<Route>>,
-    owners: Owners,
-    tx: mpsc::Sender<Event>,
-    stopping: CancellationToken,
-    exactly_once: bool,
-    fence_wait: Duration,
-    reset: ResetPolicy,
+pub(super) struct Preparation {
+    pub(super) ch: ClickHouse,
+    pub(super) kafka: KafkaConfig,
+    pub(super) routes: Vec<Arc<Route>>,
+    pub(super) owners: Owners,
+    pub(super) tx: mpsc::Sender<Event>,
+    pub(super) stopping: CancellationToken,
+    pub(super) exactly_once: bool,
+    pub(super) fence_wait: Duration,
+    pub(super) reset: ResetPolicy,
     /// This process's id in the register.
-    me: u64,
+    pub(super) me: u64,
     /// How long to wait before claiming: a partition just taken from this
-    /// process waits (see [`Sink::on_taken`]).
-    wait: Duration,
+    /// process waits (see [`super::state::Sink::on_taken`]).
+    pub(super) wait: Duration,
     /// Whether the wait ends once the register shows the partitions
     /// handed off cleanly.
-    watch: bool,
+    pub(super) watch: bool,
     /// Per route: the partitions and their generations.
-    parts: BTreeMap<usize, Vec<(Key, u64)>>,
+    pub(super) parts: BTreeMap<usize, Vec<(Key, u64)>>,
     /// Cancelled when this generation of a partition is given up (revoked,
     /// lost, taken): its preparation stops claiming it.
-    given_up: HashMap<(Key, u64), CancellationToken>,
+    pub(super) given_up: HashMap<(Key, u64), CancellationToken>,
 }
 
 /// How long a claim on a clean partition settles before it is read back:
@@ -328,7 +86,7 @@ const WATCH_EVERY: Duration = Duration::from_secs(1);
 type Lookup = Arc<BaseConsumer>;
 
 impl Preparation {
-    async fn run(self) {
+    pub(super) async fn run(self) {
         let Some(lookup) = self
             .retry("create a Kafka lookup client", || {
                 let kafka = self.kafka.clone();

@@ -1,0 +1,72 @@
+//! What tasks report back to the consumer thread, over one channel: an
+//! insert task's [`Completion`], a partition's [`Prepared`] start, and a
+//! partition [`Event::Taken`] by another owner (found by the lease's
+//! renewal). The consumer thread's [`super::state::Sink`] acts on each.
+
+use super::dedup::Seeds;
+use super::dlq::DlqError;
+use super::owners::{Key, Owner};
+use crate::ch::ChError;
+use sluice_core::acks::Ticket;
+use sluice_core::dedup::KeyHash;
+use sluice_core::resume::ResumePlan;
+use sluice_core::Offset;
+use std::time::Instant;
+
+pub(super) enum Event {
+    Completion(Completion),
+    Prepared(Prepared),
+    /// Another owner (`by`) is in the register for this generation of the
+    /// partition.
+    Taken {
+        key: Key,
+        generation: u64,
+        by: Owner,
+    },
+}
+
+/// What became of one batch.
+#[derive(Debug)]
+pub(super) enum Outcome {
+    Durable {
+        /// Rows inserted by this job (fewer than the batch after reconciliation).
+        inserted: usize,
+        /// Rows ClickHouse rejected (sent to the DLQ), with their business
+        /// key on a key dedup route.
+        rejected: Vec<(Offset, Option<KeyHash>)>,
+        /// Conditional rows left out: a copy of their key is stored.
+        excluded: usize,
+    },
+    Abandoned,
+    Failed(ChError),
+    /// A DLQ write failed for good.
+    DlqFailed(DlqError),
+}
+
+pub(super) struct Completion {
+    pub(super) route_idx: usize,
+    pub(super) partition: i32,
+    pub(super) ticket: Ticket,
+    pub(super) generation: u64,
+    pub(super) bytes: usize,
+    /// Records it wrote to the DLQ (refused by the encoder or rejected by
+    /// ClickHouse), acknowledged.
+    pub(super) dlq: usize,
+    /// The copies its conditional rows depended on.
+    pub(super) copies: Vec<Offset>,
+    pub(super) outcome: Outcome,
+}
+
+/// A partition whose start position is known.
+pub(super) struct Prepared {
+    pub(super) key: Key,
+    pub(super) generation: u64,
+    pub(super) plan: ResumePlan,
+    /// Keys for the partition's dedup window, when its route has one.
+    pub(super) seeds: Option<Seeds>,
+    /// The send time of the read that last showed this process in the
+    /// register for it: where its lease starts.
+    pub(super) confirmed: Instant,
+    /// Failed attempts to activate it (seek).
+    pub(super) attempts: u32,
+}

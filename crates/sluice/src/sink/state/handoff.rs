@@ -1,0 +1,424 @@
+//! Partitions changing hands, on the consumer thread: assignment,
+//! activation, revocation, a partition taken by another owner, and the
+//! hand-off at a stop.
+//!
+//! Assign (exactly-once, or a key dedup route): the partitions are taken
+//! at once (so the group sees them owned) but paused; nothing else happens
+//! in the rebalance callback. A [`Preparation`] task, off the consumer
+//! thread, claims and fences them and works out where each starts
+//! ([`super::super::prepare`]); its plans come back as
+//! [`Event::Prepared`], and [`Sink::activate`] seeks and resumes each
+//! partition under a lease.
+//!
+//! Taken: the lease found another owner in the register for an active
+//! partition ([`Sink::on_taken`]). Its work is abandoned at once; while the
+//! group still assigns it here it is prepared again, after a whole fence,
+//! or as soon as the owner that took it hands it off cleanly.
+//!
+//! Revoke (exactly-once): stop batching the partitions and let go of them at
+//! once; their in-flight inserts finish off the consumer thread, under the
+//! lease, and then their frontier is committed and they are marked clean in
+//! the register ([`Sink::settle_leaving`]). A new owner that is fencing
+//! meanwhile stops when it sees the mark. At-least-once waits for the
+//! inserts and commits before letting go: the next owner starts there. If the
+//! assignment was lost instead, abandon their work at once: the group has
+//! already moved on.
+//!
+//! Stop ([`Sink::stop`]): flush, drain, commit, and mark the partitions
+//! clean, so the next owner need not fence.
+
+use super::{Key, Phase, Sink};
+use crate::sink::event::{Event, Prepared};
+use crate::sink::owners::{Owner, Owners};
+use crate::sink::prepare::Preparation;
+use crate::sink::SinkContext;
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
+use rdkafka::error::KafkaResult;
+use rdkafka::{Offset as KOffset, TopicPartitionList};
+use sluice_core::AckTracker;
+use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, Instant};
+
+/// How long a seek may hold the consumer thread (a heartbeat interval);
+/// one that takes longer is tried again.
+const SEEK_WAIT: Duration = Duration::from_secs(1);
+
+impl Sink {
+    fn keys_of(&self, tpl: &TopicPartitionList) -> Vec<Key> {
+        tpl.elements()
+            .iter()
+            .filter_map(|e| Some((self.route_of(e.topic())?, e.partition())))
+            .collect()
+    }
+
+    fn name(&self, k: Key) -> String {
+        format!("{}[{}]", self.routes[k.0].topic, k.1)
+    }
+
+    pub fn on_assign(
+        &mut self,
+        consumer: &BaseConsumer<SinkContext>,
+        tpl: &TopicPartitionList,
+    ) -> KafkaResult<()> {
+        let keys = self.keys_of(tpl);
+        consumer.incremental_assign(tpl)?;
+        if keys.is_empty() {
+            return Ok(());
+        }
+        tracing::info!(partitions = ?keys.iter().map(|k| self.name(*k)).collect::<Vec<_>>(), "assigned");
+        let exactly_once = self.cfg.sink.delivery.is_exactly_once();
+        let dedup = keys.iter().any(|k| self.routes[k.0].dedup.is_some());
+        if !exactly_once && !dedup {
+            for &(ri, p) in &keys {
+                let part = self.new_part(ri, p, Phase::Active);
+                self.parts.insert((ri, p), part);
+            }
+            return Ok(());
+        }
+        consumer.pause(tpl)?;
+        self.prepare(&keys, Duration::ZERO, false);
+        Ok(())
+    }
+
+    /// Starts preparing `keys` (paused by the caller) off the consumer
+    /// thread, after `wait`; if `watch`, the wait ends once the register
+    /// shows them handed off cleanly.
+    fn prepare(&mut self, keys: &[Key], wait: Duration, watch: bool) {
+        let mut parts: BTreeMap<usize, Vec<(Key, u64)>> = BTreeMap::new();
+        let mut given_up = HashMap::new();
+        for &(ri, p) in keys {
+            // One generation of a partition at a time: an older one of this
+            // process (active, or revoked and finishing) stops before this
+            // one claims, so the claim's fence covers its inserts too.
+            for older in [self.parts.remove(&(ri, p)), self.leaving.remove(&(ri, p))]
+                .into_iter()
+                .flatten()
+            {
+                older.abandon.cancel();
+            }
+            self.ctx.lease.release((ri, p));
+            let part = self.new_part(ri, p, Phase::Preparing);
+            parts
+                .entry(ri)
+                .or_default()
+                .push(((ri, p), part.generation));
+            given_up.insert(((ri, p), part.generation), part.abandon.clone());
+            self.parts.insert((ri, p), part);
+        }
+        let prep = Preparation {
+            ch: self.ctx.ch.clone(),
+            kafka: self.cfg.kafka.clone(),
+            routes: self.routes.clone(),
+            tx: self.tx.clone(),
+            stopping: self.stopping.clone(),
+            exactly_once: self.cfg.sink.delivery.is_exactly_once(),
+            fence_wait: self.cfg.sink.fence_wait,
+            reset: self.cfg.kafka.auto_offset_reset,
+            owners: self.owners.clone(),
+            me: self.me,
+            wait,
+            watch,
+            given_up,
+            parts,
+        };
+        self.handle.spawn(prep.run());
+    }
+
+    /// Another owner (`by`) is in the register for a partition this process
+    /// was writing: give it up at once and, since the group still assigns
+    /// it here, prepare it again. It waits a fence first, doubled each time
+    /// it is taken again soon after it went active (up to 4 fences): two
+    /// owners that a broken coordinator both believes in would otherwise
+    /// take it from each other every fence, each writing a moment.
+    ///
+    /// The wait ends early when the owner that took it hands it off
+    /// cleanly (the coordinator settled on this process): that owner's
+    /// fence outlasted this process's inserts, and it drained its own. Not
+    /// when the register said `clean` to begin with: nobody fenced this
+    /// process's own inserts, which may still be running.
+    pub(super) fn on_taken(
+        &mut self,
+        consumer: &BaseConsumer<SinkContext>,
+        key: Key,
+        generation: u64,
+        by: Owner,
+    ) {
+        if self
+            .parts
+            .get(&key)
+            .is_none_or(|p| p.generation != generation)
+        {
+            return;
+        }
+        let Some(part) = self.parts.remove(&key) else {
+            return;
+        };
+        part.abandon.cancel();
+        self.ctx.lease.give_up(key, generation);
+        let settled = self.cfg.sink.fence_wait * 2;
+        if part.active_since.is_some_and(|t| t.elapsed() > settled) {
+            self.taken.remove(&key);
+        }
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition(&self.routes[key.0].topic, key.1);
+        if let Err(e) = consumer.pause(&tpl) {
+            tracing::warn!(error = %e, "pause failed");
+        }
+        let n = self.taken.entry(key).or_default();
+        *n += 1;
+        let wait = self.cfg.sink.fence_wait * 2u32.pow((*n - 1).min(2));
+        self.prepare(&[key], wait, matches!(by, Owner::Process(_)));
+    }
+
+    /// Sends `p` back to the consumer thread after a backoff that grows
+    /// with its failed attempts (0.5 s, 1 s, 2 s, 4 s, then 5 s).
+    fn retry_prepared(&self, mut p: Prepared) {
+        let delay =
+            (Duration::from_millis(500) * 2u32.pow(p.attempts.min(4))).min(Duration::from_secs(5));
+        p.attempts += 1;
+        let tx = self.tx.clone();
+        let stopping = self.stopping.clone();
+        self.handle.spawn(async move {
+            tokio::select! {
+                _ = tokio::time::sleep(delay) => { let _ = tx.send(Event::Prepared(p)); }
+                _ = stopping.cancelled() => {}
+            }
+        });
+    }
+
+    pub fn on_revoke(
+        &mut self,
+        consumer: &BaseConsumer<SinkContext>,
+        tpl: &TopicPartitionList,
+    ) -> KafkaResult<()> {
+        let keys: Vec<Key> = self
+            .keys_of(tpl)
+            .into_iter()
+            .filter(|k| self.parts.contains_key(k) || self.leaving.contains_key(k))
+            .collect();
+        let lost = consumer.assignment_lost();
+        if !keys.is_empty() {
+            tracing::info!(lost, partitions = ?keys.iter().map(|k| self.name(*k)).collect::<Vec<_>>(), "revoked");
+        }
+        for k in &keys {
+            if let Some(p) = self.parts.get_mut(k) {
+                p.builder.clear();
+                p.builder_uncertain = false;
+                // Their records are read again by the next owner.
+                p.letters.clear();
+                p.letter_bytes = 0;
+            }
+            self.taken.remove(k);
+        }
+        if lost {
+            for k in &keys {
+                for p in [self.parts.remove(k), self.leaving.remove(k)]
+                    .into_iter()
+                    .flatten()
+                {
+                    p.abandon.cancel();
+                }
+                self.ctx.lease.release(*k);
+            }
+        } else if self.cfg.sink.delivery.is_exactly_once() {
+            // The inserts finish off the consumer thread; the lease still
+            // bounds them, and the next owner fences until they are marked
+            // clean.
+            for k in &keys {
+                let Some(p) = self.parts.remove(k) else {
+                    continue;
+                };
+                if p.phase != Phase::Active {
+                    p.abandon.cancel();
+                    continue;
+                }
+                self.ctx.lease.leave(*k, p.generation);
+                if let Some(older) = self.leaving.insert(*k, p) {
+                    older.abandon.cancel();
+                }
+                self.settle_leaving(consumer, *k);
+            }
+        } else {
+            // The next owner starts where this one committed: let the
+            // inserts end first.
+            let timeout = self.cfg.clickhouse.insert_timeout * 3;
+            self.wait_in_flight(consumer, Some(&keys), timeout);
+            self.commit(consumer, Some(&keys), CommitMode::Sync);
+            for k in &keys {
+                if let Some(p) = self.parts.remove(k) {
+                    p.abandon.cancel();
+                }
+            }
+        }
+        consumer.incremental_unassign(tpl)
+    }
+
+    /// A revoked partition whose inserts have all ended commits its
+    /// frontier and, under its lease still, is marked clean: the next owner
+    /// need not fence (or stops fencing). Off the consumer thread.
+    pub(super) fn settle_leaving(&mut self, consumer: &BaseConsumer<SinkContext>, key: Key) {
+        let drained = self
+            .leaving
+            .get(&key)
+            .is_some_and(|p| p.acks.as_ref().is_none_or(|a| a.in_flight() == 0));
+        let Some(part) = drained.then(|| self.leaving.remove(&key)).flatten() else {
+            return;
+        };
+        if let Some(frontier) = part.acks.as_ref().map(|a| a.frontier()) {
+            if part.committed != Some(frontier) && self.ctx.lease.live(key, part.generation) {
+                let mut tpl = TopicPartitionList::new();
+                let mut e = tpl.add_partition(&self.routes[key.0].topic, key.1);
+                let _ = e.set_offset(KOffset::Offset(frontier.0));
+                if let Err(e) = consumer.commit(&tpl, CommitMode::Async) {
+                    tracing::warn!(error = %e, "commit failed");
+                }
+            }
+        }
+        let clean = self.leases_ended(&[(key, part.generation)]);
+        self.handle.spawn(mark_clean(self.owners.clone(), clean));
+    }
+
+    /// Gives up revoked partitions whose lease ran out before their inserts
+    /// ended (the next owner claimed them): those inserts are abandoned.
+    pub fn expire_leaving(&mut self) {
+        let lease = &self.ctx.lease;
+        self.leaving.retain(|k, p| {
+            let live = lease.live(*k, p.generation);
+            if !live {
+                p.abandon.cancel();
+                lease.give_up(*k, p.generation);
+            }
+            live
+        });
+    }
+
+    /// The stop: flush what was read (a bad record never entered a batch),
+    /// wait for every insert, commit, mark the hand-off clean. A consumer
+    /// that cannot go on (`kafka_failed`: fenced, refused) owns nothing any
+    /// more: it abandons its work and inserts nothing new. Returns why the
+    /// sink stopped, if it failed.
+    pub fn stop(
+        &mut self,
+        consumer: &BaseConsumer<SinkContext>,
+        kafka_failed: bool,
+    ) -> Option<anyhow::Error> {
+        if !kafka_failed {
+            self.cut_due(Instant::now(), true);
+            let timeout = self.cfg.clickhouse.insert_timeout * 3;
+            let drained = self.wait_in_flight(consumer, None, timeout);
+            self.commit(consumer, None, CommitMode::Sync);
+            if drained {
+                self.hand_off_clean(None);
+            }
+        }
+        for p in self.parts.values() {
+            p.abandon.cancel();
+        }
+        self.parts.clear();
+        tracing::info!(
+            records = self.stats.records,
+            rows_inserted = self.stats.rows_inserted,
+            dlq = self.stats.dlq,
+            "stopped"
+        );
+        self.fatal.take()
+    }
+
+    /// Marks `keys` (or every partition) clean in the register after their
+    /// inserts drained, waiting for the write: at a stop.
+    fn hand_off_clean(&mut self, keys: Option<&[Key]>) {
+        let list: Vec<(Key, u64)> = self
+            .parts
+            .iter()
+            .chain(&self.leaving)
+            .filter(|(k, p)| keys.is_none_or(|ks| ks.contains(k)) && p.phase == Phase::Active)
+            .map(|(k, p)| (*k, p.generation))
+            .collect();
+        let clean = self.leases_ended(&list);
+        self.handle.block_on(mark_clean(self.owners.clone(), clean));
+    }
+
+    /// Ends the leases of `list` (nothing more is written under them) and
+    /// returns the partitions whose lease was still live, which may be
+    /// marked clean, with the earliest end of those leases.
+    fn leases_ended(&self, list: &[(Key, u64)]) -> (Vec<Key>, Option<Instant>) {
+        let lease = &self.ctx.lease;
+        let mut first = None::<Instant>;
+        let mut keys = Vec::new();
+        for &(k, g) in list {
+            if let Some(until) = lease.until(k, g) {
+                first = Some(first.map_or(until, |f| f.min(until)));
+                keys.push(k);
+            }
+            lease.give_up(k, g);
+        }
+        (keys, first)
+    }
+
+    /// Positions a prepared partition (claimed and fenced, in exactly-once
+    /// mode) and lets its records flow; its lease starts from the read that
+    /// last showed this process in the register. A failed seek is tried
+    /// again after a backoff ([`Sink::retry_prepared`]).
+    pub(super) fn activate(&mut self, consumer: &BaseConsumer<SinkContext>, p: Prepared) {
+        let exactly_once = self.cfg.sink.delivery.is_exactly_once();
+        let topic = self.routes[p.key.0].topic.clone();
+        let name = format!("{topic}[{}]", p.key.1);
+        let Some(part) = self
+            .parts
+            .get_mut(&p.key)
+            .filter(|x| x.generation == p.generation && x.phase == Phase::Preparing)
+        else {
+            return;
+        };
+        let start = p.plan.start;
+        // An earlier generation still finishing was fenced out by this one.
+        if let Some(older) = self.leaving.remove(&p.key) {
+            older.abandon.cancel();
+        }
+        let seek = KOffset::Offset(start.0);
+        if let Err(e) = consumer.seek(&topic, p.key.1, seek, SEEK_WAIT) {
+            tracing::warn!(partition = %name, attempt = p.attempts, error = %e, "seek failed; retrying");
+            self.retry_prepared(p);
+            return;
+        }
+        if exactly_once {
+            self.ctx.lease.hold(p.key, p.generation, p.confirmed);
+        }
+        part.check_through = p.plan.check_through;
+        if let Some(d) = &self.routes[p.key.0].dedup {
+            part.keys = Some(crate::sink::dedup::window(d, p.seeds.as_ref()));
+        }
+        part.position = Some(start);
+        part.acks = Some(AckTracker::new(start));
+        part.phase = Phase::Active;
+        part.active_since = Some(Instant::now());
+        tracing::info!(
+            partition = %name,
+            start = start.0,
+            check_through = ?p.plan.check_through.map(|o| o.0),
+            "partition active"
+        );
+    }
+}
+
+/// Marks `keys` clean in the register: their inserts drained under leases
+/// that have just ended ([`Sink::leases_ended`]), the first of them at
+/// `until`, so the next owner need not fence, or stops fencing. The mark
+/// must land before `until`, while no new owner can have finished its fence;
+/// one acknowledged later is reported.
+async fn mark_clean(owners: Owners, (keys, until): (Vec<Key>, Option<Instant>)) {
+    let Some(until) = until else {
+        return;
+    };
+    match tokio::task::spawn_blocking(move || owners.write(keys, 0)).await {
+        Ok(Ok(())) if Instant::now() > until => tracing::warn!(
+            late_ms = (Instant::now() - until).as_millis() as u64,
+            "the clean mark was acknowledged after the lease ended; a new owner that finished its fence meanwhile would take it for clean"
+        ),
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "cannot mark the hand-off clean; the next owner fences")
+        }
+        Err(e) => tracing::warn!(error = %e, "marking the hand-off clean failed"),
+    }
+}

@@ -1,0 +1,589 @@
+//! The sink's state on the consumer thread: partitions, batches, completions
+//! and commits. Only the consumer thread touches it (rebalance callbacks
+//! included, through the consumer's context).
+//!
+//! Records in ([`Sink::on_record`]: [`record`] decides what becomes of each,
+//! [`Sink`] counts it) → per-partition [`BatchBuilder`]s → due batches
+//! spawned as insert tasks ([`Sink::cut`]) → [`Event`]s back from the tasks
+//! ([`Sink::on_event`]) → each partition's [`AckTracker`] → the durable
+//! frontier, committed to Kafka ([`Sink::commit`]). Partitions come, go and
+//! are taken over in [`handoff`].
+//!
+//! Memory: builders plus in-flight batches stay under their share of
+//! `max_buffered_bytes` (the rest is librdkafka's); over it, every partition
+//! is paused (the consumer keeps polling, so the group does not evict it)
+//! until half of it is free.
+
+mod handoff;
+mod record;
+
+use super::dlq::Letter;
+use super::event::{Completion, Event, Outcome};
+use super::fates::Fates;
+use super::owners::{Key, Owners};
+use super::writer::{deliver, Job, WriterCtx};
+use super::SinkContext;
+use crate::config::{Config, Route};
+use crate::telemetry::{self, TopicCounters};
+use anyhow::anyhow;
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
+use rdkafka::message::Message;
+use rdkafka::{Offset as KOffset, TopicPartitionList};
+use record::{Fate, Record};
+use sluice_core::dedup::KeyWindow;
+use sluice_core::{AckTracker, BatchBuilder, BatchLimits, NextOffset, Offset, PartitionId};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::runtime::Handle;
+use tokio_util::sync::CancellationToken;
+
+/// A batch is cut once it accounts for this many DLQ writes.
+const MAX_LETTERS_PER_BATCH: usize = 10_000;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Assigned and paused; the start position is being worked out.
+    Preparing,
+    /// Positioned; its records are being batched and inserted.
+    Active,
+}
+
+struct Part {
+    phase: Phase,
+    builder: BatchBuilder,
+    /// The batch being built holds rows that may already be stored.
+    builder_uncertain: bool,
+    acks: Option<AckTracker>,
+    committed: Option<NextOffset>,
+    check_through: Option<Offset>,
+    generation: u64,
+    abandon: CancellationToken,
+    /// Paused by backpressure (preparing partitions are always paused).
+    paused: bool,
+    /// Business keys written within the route's dedup window, if it has one.
+    keys: Option<KeyWindow>,
+    /// The offset after the last record taken: a record below it was
+    /// delivered twice by the client and is ignored.
+    position: Option<NextOffset>,
+    /// DLQ writes for records of the batch being built.
+    letters: Vec<Letter>,
+    /// The memory `letters` hold.
+    letter_bytes: usize,
+    /// Key dedup: rows of the batch being built written on condition,
+    /// `(row, copy)` ([`sluice_core::dedup::Verdict::WriteUnless`]).
+    conditional: Vec<(Offset, Offset)>,
+    /// The copies that conditional rows, in flight or being batched, wait
+    /// on (with their counts): [`Fates`] keeps what is at or above the
+    /// lowest.
+    waiting: BTreeMap<Offset, usize>,
+    /// What became of this activation's rows, for conditional rows.
+    fates: Arc<Fates>,
+    /// When it went active.
+    active_since: Option<Instant>,
+}
+
+impl Part {
+    fn new(id: PartitionId, limits: BatchLimits, generation: u64, phase: Phase) -> Self {
+        Self {
+            phase,
+            builder: BatchBuilder::new(id, limits),
+            builder_uncertain: false,
+            acks: None,
+            committed: None,
+            check_through: None,
+            generation,
+            abandon: CancellationToken::new(),
+            paused: phase == Phase::Preparing,
+            keys: None,
+            position: None,
+            letters: Vec::new(),
+            letter_bytes: 0,
+            conditional: Vec::new(),
+            waiting: BTreeMap::new(),
+            fates: Arc::default(),
+            active_since: None,
+        }
+    }
+}
+
+/// The sink's counts since it started, for the progress and stop lines.
+#[derive(Default, Debug, Clone, Copy)]
+pub(super) struct Stats {
+    pub records: u64,
+    pub rows_inserted: u64,
+    pub batches: u64,
+    /// Records dropped because their key was written within the window.
+    pub dedup_dropped: u64,
+    /// Records of a dedup route without a usable key (kept).
+    pub dedup_keyless: u64,
+    /// Records the client delivered a second time (ignored).
+    pub redelivered: u64,
+    /// Records this process wrote to the DLQ, acknowledged.
+    pub dlq: u64,
+}
+
+/// All state of the sink; lives in the consumer context so rebalance
+/// callbacks can reach it.
+pub(super) struct Sink {
+    cfg: Config,
+    routes: Vec<Arc<Route>>,
+    /// Per-route metrics, indexed like `routes`: bumped with [`Stats`], in
+    /// [`Sink::note`] and [`Sink::on_completion`] only.
+    counters: Vec<TopicCounters>,
+    stats: Stats,
+    parts: HashMap<Key, Part>,
+    /// Revoked partitions (exactly-once) whose inserts are finishing, off
+    /// the consumer thread's way ([`Sink::on_revoke`]).
+    leaving: HashMap<Key, Part>,
+    ctx: Arc<WriterCtx>,
+    handle: Handle,
+    tx: mpsc::Sender<Event>,
+    rx: mpsc::Receiver<Event>,
+    in_flight_bytes: usize,
+    in_flight: usize,
+    next_generation: u64,
+    overloaded: bool,
+    /// Why the sink stops, once it must.
+    fatal: Option<anyhow::Error>,
+    stopping: CancellationToken,
+    /// The register of owners, and this process's id in it.
+    owners: Owners,
+    me: u64,
+    /// How often each partition was taken from this process since the
+    /// group last assigned it ([`Sink::on_taken`]).
+    taken: HashMap<Key, u32>,
+}
+
+impl Sink {
+    /// A sink with no partitions yet, on the current tokio runtime. Tasks
+    /// report to it through [`Sink::events`].
+    pub fn new(
+        cfg: Config,
+        routes: Vec<Arc<Route>>,
+        ctx: Arc<WriterCtx>,
+        owners: Owners,
+        me: u64,
+        stopping: CancellationToken,
+    ) -> Self {
+        let (tx, rx) = mpsc::channel();
+        Self {
+            counters: routes
+                .iter()
+                .map(|r| TopicCounters::new(&r.topic))
+                .collect(),
+            cfg,
+            routes,
+            stats: Stats::default(),
+            parts: HashMap::new(),
+            leaving: HashMap::new(),
+            ctx,
+            handle: Handle::current(),
+            tx,
+            rx,
+            in_flight_bytes: 0,
+            in_flight: 0,
+            next_generation: 0,
+            overloaded: false,
+            fatal: None,
+            stopping,
+            owners,
+            me,
+            taken: HashMap::new(),
+        }
+    }
+
+    /// Where tasks report to this sink.
+    pub fn events(&self) -> mpsc::Sender<Event> {
+        self.tx.clone()
+    }
+
+    pub fn stats(&self) -> Stats {
+        self.stats
+    }
+
+    /// Stops the sink with `e`, unless it is stopping for an earlier reason.
+    pub fn fail(&mut self, e: anyhow::Error) {
+        self.fatal.get_or_insert(e);
+    }
+
+    pub fn failed(&self) -> bool {
+        self.fatal.is_some()
+    }
+
+    /// Logs the progress line: the counts, and the rate since `last`, `secs` ago.
+    pub fn log_progress(&self, last: &Stats, secs: f64) {
+        let st = self.stats;
+        tracing::info!(
+            records = st.records,
+            records_per_sec = ((st.records - last.records) as f64 / secs.max(1e-3)).round(),
+            rows_inserted = st.rows_inserted,
+            batches = st.batches,
+            dlq = st.dlq,
+            dedup_dropped = st.dedup_dropped,
+            dedup_keyless = st.dedup_keyless,
+            redelivered = st.redelivered,
+            in_flight = self.in_flight,
+            in_flight_mb = self.in_flight_bytes / (1 << 20),
+            partitions = self
+                .parts
+                .values()
+                .filter(|p| p.phase == Phase::Active)
+                .count(),
+            "progress"
+        );
+    }
+
+    fn route_of(&self, topic: &str) -> Option<usize> {
+        self.routes.iter().position(|r| r.topic == topic)
+    }
+
+    fn new_part(&mut self, ri: usize, partition: i32, phase: Phase) -> Part {
+        self.next_generation += 1;
+        let id = PartitionId {
+            topic: self.routes[ri].topic.clone(),
+            partition,
+        };
+        Part::new(id, self.cfg.sink.limits, self.next_generation, phase)
+    }
+
+    /// Takes one record into its partition's batch ([`record`]), counts
+    /// what became of it, and cuts the batch when it is due.
+    pub fn on_record(&mut self, m: &impl Message, now: Instant) {
+        let Some(ri) = self.route_of(m.topic()) else {
+            return;
+        };
+        let rec = Record::of(m);
+        let key = (ri, rec.partition);
+        let Some(part) = self.parts.get_mut(&key) else {
+            return;
+        };
+        let fate = part.take(&self.ctx.encoders[ri], &rec, self.ctx.dlq.is_some(), now);
+        let due = part.builder.is_due(now) || part.letters.len() >= MAX_LETTERS_PER_BATCH;
+        if self.note(ri, &rec, fate) && due {
+            self.cut(key);
+        }
+    }
+
+    /// Counts what became of a record, in the stats and the metrics; the
+    /// one place a record's fate is counted. False when the sink must stop.
+    fn note(&mut self, ri: usize, rec: &Record, fate: Fate) -> bool {
+        let bytes = rec.payload.map_or(0, <[u8]>::len);
+        let counters = &self.counters[ri];
+        match fate {
+            Fate::Ignored => return true,
+            Fate::Redelivered { expected } => {
+                self.stats.redelivered += 1;
+                counters.redelivered();
+                tracing::warn!(
+                    record = %rec,
+                    expected = expected.map(|p| p.0),
+                    "ignored a record the client delivered a second time"
+                );
+                return true;
+            }
+            _ => {}
+        }
+        self.stats.records += 1;
+        counters.record_read(bytes);
+        match fate {
+            Fate::Row { keyless } => self.stats.dedup_keyless += u64::from(keyless),
+            Fate::Dropped => {
+                self.stats.dedup_dropped += 1;
+                counters.dedup_dropped(1);
+                tracing::debug!(record = %rec, "dropped: its key was written within the dedup window");
+            }
+            Fate::Refused {
+                error,
+                queued: true,
+            } => {
+                tracing::debug!(record = %rec, error = %error, "for the DLQ");
+            }
+            Fate::Refused {
+                error,
+                queued: false,
+            } => {
+                self.fail(anyhow!(
+                    "record {rec} cannot become a row: {error}. \
+                     sluice stops rather than skip it; set [dlq] topic to send such records there"
+                ));
+                return false;
+            }
+            Fate::Ignored | Fate::Redelivered { .. } => {}
+        }
+        true
+    }
+
+    /// Sends every due batch (every non-empty one with `all`).
+    pub fn cut_due(&mut self, now: Instant, all: bool) {
+        let due: Vec<Key> = self
+            .parts
+            .iter()
+            .filter(|(_, p)| !p.builder.is_empty() && (all || p.builder.is_due(now)))
+            .map(|(k, _)| *k)
+            .collect();
+        for key in due {
+            self.cut(key);
+        }
+    }
+
+    fn cut(&mut self, key: Key) {
+        let Some(part) = self.parts.get_mut(&key) else {
+            return;
+        };
+        let Some(batch) = part.builder.take() else {
+            return;
+        };
+        let uncertain = std::mem::take(&mut part.builder_uncertain);
+        let Some(acks) = part.acks.as_mut() else {
+            return;
+        };
+        let ticket = acks.register(batch.end());
+        let letters = std::mem::take(&mut part.letters);
+        let bytes = batch.bytes() + std::mem::take(&mut part.letter_bytes);
+        let conditional = std::mem::take(&mut part.conditional);
+        self.in_flight_bytes += bytes;
+        telemetry::in_flight_bytes(self.in_flight_bytes);
+        self.in_flight += 1;
+        self.stats.batches += 1;
+        let job = Job {
+            route: self.routes[key.0].clone(),
+            route_idx: key.0,
+            batch,
+            uncertain,
+            ticket,
+            generation: part.generation,
+            abandon: part.abandon.clone(),
+            letters,
+            bytes,
+            conditional,
+            fates: part.fates.clone(),
+        };
+        let ctx = self.ctx.clone();
+        let tx = self.tx.clone();
+        self.handle.spawn(async move {
+            let c = deliver(job, ctx).await;
+            let _ = tx.send(Event::Completion(c));
+        });
+    }
+
+    /// Handles everything the tasks reported, without waiting.
+    pub fn drain_events(&mut self, consumer: &BaseConsumer<SinkContext>) {
+        while let Ok(e) = self.rx.try_recv() {
+            self.on_event(consumer, e);
+        }
+    }
+
+    pub fn on_event(&mut self, consumer: &BaseConsumer<SinkContext>, e: Event) {
+        match e {
+            Event::Completion(c) => self.on_completion(consumer, c),
+            Event::Prepared(p) => self.activate(consumer, p),
+            Event::Taken {
+                key,
+                generation,
+                by,
+            } => self.on_taken(consumer, key, generation, by),
+        }
+    }
+
+    fn on_completion(&mut self, consumer: &BaseConsumer<SinkContext>, c: Completion) {
+        self.in_flight_bytes -= c.bytes;
+        telemetry::in_flight_bytes(self.in_flight_bytes);
+        self.in_flight -= 1;
+        let key = (c.route_idx, c.partition);
+        let leaving = self
+            .leaving
+            .get(&key)
+            .is_some_and(|p| p.generation == c.generation);
+        let mut part = if leaving {
+            self.leaving.get_mut(&key)
+        } else {
+            self.parts
+                .get_mut(&key)
+                .filter(|p| p.generation == c.generation)
+        };
+        if let Some(p) = part.as_mut() {
+            for copy in &c.copies {
+                if let Some(n) = p.waiting.get_mut(copy) {
+                    *n -= 1;
+                    if *n == 0 {
+                        p.waiting.remove(copy);
+                    }
+                }
+            }
+        }
+        match c.outcome {
+            Outcome::Durable {
+                inserted,
+                rejected,
+                excluded,
+            } => {
+                self.stats.rows_inserted += inserted as u64;
+                self.stats.dlq += c.dlq as u64;
+                self.stats.dedup_dropped += excluded as u64;
+                self.counters[c.route_idx].dedup_dropped(excluded as u64);
+                if let Some(p) = part {
+                    // A rejected copy does not stand for its key any more.
+                    if let Some(window) = p.keys.as_mut() {
+                        for (offset, key) in &rejected {
+                            if let Some(k) = key {
+                                window.forget(*k, *offset);
+                            }
+                        }
+                    }
+                    if let Some(acks) = p.acks.as_mut() {
+                        acks.ack(c.ticket);
+                        let lowest = p.waiting.keys().next().map(|o| NextOffset(o.0));
+                        let below = lowest.map_or(acks.frontier(), |w| w.min(acks.frontier()));
+                        p.fates.prune_below(below);
+                    }
+                }
+            }
+            Outcome::Abandoned => {}
+            Outcome::DlqFailed(e) => {
+                self.fail(anyhow::Error::new(e).context("sluice stops rather than skip a record"));
+            }
+            Outcome::Failed(e) => {
+                let route = &self.routes[c.route_idx];
+                self.fail(anyhow!(
+                    "inserting into {}.{} (topic {:?}, partition {}) failed and cannot succeed by retrying: {e}",
+                    route.database,
+                    route.table,
+                    route.topic,
+                    c.partition
+                ));
+            }
+        }
+        if leaving {
+            self.settle_leaving(consumer, key);
+        }
+    }
+
+    /// Waits for in-flight batches (of `only`, or of every partition),
+    /// handling events meanwhile. False if `timeout` passed first.
+    pub fn wait_in_flight(
+        &mut self,
+        consumer: &BaseConsumer<SinkContext>,
+        only: Option<&[Key]>,
+        timeout: Duration,
+    ) -> bool {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let busy = match only {
+                Some(keys) => keys.iter().any(|k| {
+                    self.parts
+                        .get(k)
+                        .and_then(|p| p.acks.as_ref())
+                        .is_some_and(|a| a.in_flight() > 0)
+                }),
+                None => self.in_flight > 0,
+            };
+            if !busy {
+                return true;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            match self.rx.recv_timeout(left.min(Duration::from_millis(200))) {
+                Ok(e) => self.on_event(consumer, e),
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+                Err(mpsc::RecvTimeoutError::Disconnected) => return false,
+            }
+        }
+    }
+
+    /// Commits the durable frontier of `keys` (or of every partition that
+    /// moved). In exactly-once mode only partitions under a live lease
+    /// commit: one whose lease ran out may have a new owner.
+    pub fn commit(
+        &mut self,
+        consumer: &BaseConsumer<SinkContext>,
+        keys: Option<&[Key]>,
+        mode: CommitMode,
+    ) {
+        let mut tpl = TopicPartitionList::new();
+        let mut moved = Vec::new();
+        for (key, part) in &self.parts {
+            if keys.is_some_and(|ks| !ks.contains(key)) || part.phase != Phase::Active {
+                continue;
+            }
+            let Some(frontier) = part.acks.as_ref().map(|a| a.frontier()) else {
+                continue;
+            };
+            if part.committed == Some(frontier) || !self.may_write(*key, part.generation) {
+                continue;
+            }
+            let mut e = tpl.add_partition(&self.routes[key.0].topic, key.1);
+            let _ = e.set_offset(KOffset::Offset(frontier.0));
+            moved.push((*key, frontier));
+        }
+        if moved.is_empty() {
+            return;
+        }
+        match consumer.commit(&tpl, mode) {
+            Ok(()) => {
+                for (key, frontier) in moved {
+                    if let Some(p) = self.parts.get_mut(&key) {
+                        p.committed = Some(frontier);
+                    }
+                }
+            }
+            Err(e) => tracing::warn!(
+                error = %e,
+                "offset commit failed; it is advisory, progress lives in ClickHouse"
+            ),
+        }
+    }
+
+    /// Whether this generation of `key` may insert and commit: always in
+    /// at-least-once mode, under a live lease in exactly-once mode.
+    fn may_write(&self, key: Key, generation: u64) -> bool {
+        !self.cfg.sink.delivery.is_exactly_once() || self.ctx.lease.live(key, generation)
+    }
+
+    /// Pauses every partition while too much is buffered; preparing
+    /// partitions stay paused regardless.
+    pub fn apply_backpressure(&mut self, consumer: &BaseConsumer<SinkContext>) {
+        let building: usize = self
+            .parts
+            .values()
+            .map(|p| p.builder.bytes() + p.letter_bytes)
+            .sum();
+        let buffered = self.in_flight_bytes + building;
+        let max = self.cfg.sink.batch_buffer_bytes();
+        self.overloaded = if self.overloaded {
+            buffered >= max / 2
+        } else {
+            buffered >= max
+        };
+        if self.overloaded {
+            // Send what is built so the memory can drain.
+            self.cut_due(Instant::now(), true);
+        }
+        let mut pause = TopicPartitionList::new();
+        let mut resume = TopicPartitionList::new();
+        for (key, part) in self.parts.iter_mut() {
+            let want = self.overloaded || part.phase == Phase::Preparing;
+            if want != part.paused {
+                let list = if want { &mut pause } else { &mut resume };
+                list.add_partition(&self.routes[key.0].topic, key.1);
+                part.paused = want;
+            }
+        }
+        for (list, pausing) in [(pause, true), (resume, false)] {
+            if list.count() == 0 {
+                continue;
+            }
+            let r = if pausing {
+                consumer.pause(&list)
+            } else {
+                consumer.resume(&list)
+            };
+            if let Err(e) = r {
+                tracing::warn!(error = %e, pausing, "pause/resume failed");
+            }
+        }
+    }
+}

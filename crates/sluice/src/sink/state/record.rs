@@ -1,0 +1,268 @@
+//! One record's way into its partition's batch, decided without I/O.
+//!
+//! In: a [`Record`] read from Kafka and its partition's [`Part`]. The
+//! partition's position says whether the client delivered it a second
+//! time; the encoder turns it into a row of the batch being built; on a
+//! dedup route, the key window says whether the row is written, dropped,
+//! or written on condition that an in-flight copy of its key is not
+//! stored; a record that cannot become a row is queued for the DLQ (or
+//! stops the sink, without one). Out: its [`Fate`], which the sink counts
+//! ([`super::Sink::note`]).
+
+use super::{Letter, Part, Phase};
+use rdkafka::message::Message;
+use sluice_core::dedup::{verdict, Verdict};
+use sluice_core::{AckTracker, NextOffset, Offset, RowEncoder, RowError};
+use std::fmt;
+use std::time::Instant;
+
+/// A record as read from Kafka, borrowed from the client's message.
+pub(super) struct Record<'a> {
+    pub topic: &'a str,
+    pub partition: i32,
+    pub offset: Offset,
+    pub timestamp: Option<i64>,
+    pub key: Option<&'a [u8]>,
+    pub payload: Option<&'a [u8]>,
+}
+
+impl<'a> Record<'a> {
+    pub fn of(m: &'a impl Message) -> Self {
+        Self {
+            topic: m.topic(),
+            partition: m.partition(),
+            offset: Offset(m.offset()),
+            timestamp: m.timestamp().to_millis(),
+            key: m.key(),
+            payload: m.payload(),
+        }
+    }
+}
+
+impl fmt::Display for Record<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}[{}]@{}", self.topic, self.partition, self.offset.0)
+    }
+}
+
+/// What became of one record.
+#[derive(Debug)]
+pub(super) enum Fate {
+    /// Its partition is not active here: fetched before a pause took hold;
+    /// it is read again after the seek.
+    Ignored,
+    /// The client delivered it a second time: offsets only move forward
+    /// within one activation, and taking it again would insert it twice.
+    Redelivered { expected: Option<NextOffset> },
+    /// A row of the batch being built; `keyless`: on a dedup route, without
+    /// a usable key (kept).
+    Row { keyless: bool },
+    /// Its key was written within the dedup window.
+    Dropped,
+    /// It cannot become a row; `queued` for the DLQ when there is one.
+    Refused { error: RowError, queued: bool },
+}
+
+impl Part {
+    /// Takes `rec` into the batch being built; `dlq`: whether records that
+    /// cannot become rows go to a DLQ.
+    pub fn take(&mut self, encoder: &RowEncoder, rec: &Record, dlq: bool, now: Instant) -> Fate {
+        if self.phase != Phase::Active {
+            return Fate::Ignored;
+        }
+        let offset = rec.offset;
+        if self.position.is_some_and(|p| p.covers(offset)) {
+            return Fate::Redelivered {
+                expected: self.position,
+            };
+        }
+        self.position = Some(offset.next());
+        self.acks
+            .get_or_insert_with(|| AckTracker::new(NextOffset(offset.0)));
+        if self.check_through.is_some_and(|c| offset <= c) {
+            self.builder_uncertain = true;
+        }
+        let (partition, payload) = (rec.partition, rec.payload);
+        let mut keyless = false;
+        let pushed = match self.keys.as_mut() {
+            None => self
+                .builder
+                .push(offset, now, |buf| {
+                    encoder.encode(payload, partition, offset.0, buf)
+                })
+                .map(|_| true),
+            Some(window) => {
+                // Below the frontier every row is settled: stored, or
+                // rejected and forgotten by the window.
+                let settled = self
+                    .acks
+                    .as_ref()
+                    .map_or(NextOffset(offset.0), |a| a.frontier());
+                let conditional = &mut self.conditional;
+                let waiting = &mut self.waiting;
+                self.builder.push_or_skip(offset, now, |buf| {
+                    let Some(key) = encoder.encode_keyed(payload, partition, offset.0, buf)? else {
+                        keyless = true;
+                        return Ok(true);
+                    };
+                    Ok(
+                        match verdict(window.check(key, rec.timestamp, offset), settled) {
+                            Verdict::Write => true,
+                            Verdict::Drop => false,
+                            Verdict::WriteUnless { copy } => {
+                                window.replace_copy(key, rec.timestamp, offset);
+                                conditional.push((offset, copy));
+                                *waiting.entry(copy).or_default() += 1;
+                                true
+                            }
+                        },
+                    )
+                })
+            }
+        };
+        match pushed {
+            Ok(true) => Fate::Row { keyless },
+            Ok(false) => Fate::Dropped,
+            Err(error) if !dlq => Fate::Refused {
+                error,
+                queued: false,
+            },
+            Err(error) => {
+                self.builder.skip(offset, now);
+                let letter = Letter {
+                    topic: rec.topic.to_string(),
+                    partition,
+                    offset: offset.0,
+                    timestamp: rec.timestamp,
+                    key: rec.key.map(<[u8]>::to_vec),
+                    value: payload.map(<[u8]>::to_vec),
+                    kind: error.kind(),
+                    reason: error.to_string(),
+                };
+                self.letter_bytes += letter.bytes();
+                self.letters.push(letter);
+                Fate::Refused {
+                    error,
+                    queued: true,
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sluice_core::dedup::KeyWindow;
+    use sluice_core::{BatchLimits, MetadataColumns, PartitionId};
+    use std::time::Duration;
+
+    fn part(phase: Phase) -> Part {
+        let id = PartitionId {
+            topic: "t".into(),
+            partition: 0,
+        };
+        let limits = BatchLimits {
+            max_rows: 1000,
+            max_bytes: 1 << 20,
+            max_age: Duration::from_secs(60),
+            aligned: false,
+        };
+        Part::new(id, limits, 1, phase)
+    }
+
+    fn rec(offset: i64, payload: &[u8]) -> Record<'_> {
+        Record {
+            topic: "t",
+            partition: 0,
+            offset: Offset(offset),
+            timestamp: Some(1_000),
+            key: None,
+            payload: Some(payload),
+        }
+    }
+
+    fn encoder() -> RowEncoder {
+        RowEncoder::new("t", MetadataColumns::default())
+    }
+
+    #[test]
+    fn a_preparing_partition_takes_nothing() {
+        let mut p = part(Phase::Preparing);
+        let fate = p.take(&encoder(), &rec(5, br#"{"a":1}"#), false, Instant::now());
+        assert!(matches!(fate, Fate::Ignored));
+        assert!(p.position.is_none() && p.builder.is_empty());
+    }
+
+    #[test]
+    fn a_record_at_or_below_the_position_is_a_redelivery() {
+        let (mut p, e, now) = (part(Phase::Active), encoder(), Instant::now());
+        assert!(matches!(
+            p.take(&e, &rec(5, br#"{"a":1}"#), false, now),
+            Fate::Row { keyless: false }
+        ));
+        for offset in [5, 4] {
+            let fate = p.take(&e, &rec(offset, br#"{"a":1}"#), false, now);
+            assert!(
+                matches!(
+                    fate,
+                    Fate::Redelivered {
+                        expected: Some(NextOffset(6))
+                    }
+                ),
+                "{fate:?}"
+            );
+        }
+        assert!(matches!(
+            p.take(&e, &rec(9, br#"{"a":1}"#), false, now),
+            Fate::Row { .. }
+        ));
+        let batch = p.builder.take().expect("a batch");
+        assert_eq!(batch.offsets().collect::<Vec<_>>(), [Offset(5), Offset(9)]);
+    }
+
+    #[test]
+    fn a_record_that_cannot_be_a_row_stops_the_sink_or_goes_to_the_dlq() {
+        let (e, now) = (encoder(), Instant::now());
+        let mut p = part(Phase::Active);
+        let fate = p.take(&e, &rec(3, b"not json"), false, now);
+        assert!(
+            matches!(fate, Fate::Refused { queued: false, .. }),
+            "{fate:?}"
+        );
+        assert!(p.letters.is_empty());
+
+        let mut p = part(Phase::Active);
+        let fate = p.take(&e, &rec(3, b"not json"), true, now);
+        assert!(
+            matches!(fate, Fate::Refused { queued: true, .. }),
+            "{fate:?}"
+        );
+        assert_eq!(p.letters.len(), 1);
+        assert_eq!(p.letters[0].offset, 3);
+        assert_eq!(p.letters[0].value.as_deref(), Some(&b"not json"[..]));
+        assert!(p.letter_bytes > 0);
+        // The batch accounts for the skipped offset: its end passes it.
+        let batch = p
+            .builder
+            .take()
+            .expect("the skipped offset is accounted for");
+        assert_eq!(batch.end(), NextOffset(4));
+        assert!(batch.is_empty());
+    }
+
+    #[test]
+    fn a_second_copy_of_a_key_in_flight_is_written_on_condition() {
+        let (now, e) = (Instant::now(), encoder().with_key(vec!["id".into()]));
+        let mut p = part(Phase::Active);
+        p.keys = Some(KeyWindow::new(Duration::from_secs(60), 100));
+        let first = p.take(&e, &rec(1, br#"{"id":7}"#), false, now);
+        let second = p.take(&e, &rec(2, br#"{"id":7}"#), false, now);
+        let keyless = p.take(&e, &rec(3, br#"{"other":1}"#), false, now);
+        assert!(matches!(first, Fate::Row { keyless: false }));
+        assert!(matches!(second, Fate::Row { keyless: false }));
+        assert!(matches!(keyless, Fate::Row { keyless: true }));
+        assert_eq!(p.conditional, [(Offset(2), Offset(1))]);
+        assert_eq!(p.waiting.get(&Offset(1)), Some(&1));
+    }
+}
