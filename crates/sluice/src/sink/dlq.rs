@@ -20,6 +20,7 @@
 //! crash a record may be written again; its source headers identify it.
 
 use crate::config::KafkaConfig;
+use crate::retry::Delays;
 use crate::telemetry;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
@@ -94,12 +95,12 @@ impl Dlq {
         l: &Letter,
         abandon: &CancellationToken,
     ) -> Result<Option<Pending>, KafkaError> {
+        let mut delays = Delays::up_to(Duration::from_millis(10), Duration::from_millis(200));
         loop {
             match self.try_send(l) {
                 Err(KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull)) => {
-                    tokio::select! {
-                        _ = tokio::time::sleep(Duration::from_millis(10)) => {}
-                        _ = abandon.cancelled() => return Ok(None),
+                    if !delays.wait(abandon).await {
+                        return Ok(None);
                     }
                 }
                 other => return other.map(Some),

@@ -26,6 +26,7 @@ use crate::ch::ClickHouse;
 use crate::config::secret::redact_url;
 use crate::config::{Config, Route};
 use crate::http;
+use crate::retry::Delays;
 use crate::telemetry::Metrics;
 use anyhow::{anyhow, Context as _};
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
@@ -212,6 +213,7 @@ pub async fn run(
 
 async fn connect_clickhouse(cfg: &Config) -> anyhow::Result<ClickHouse> {
     let deadline = Instant::now() + Duration::from_secs(15);
+    let mut delays = Delays::new(Duration::from_millis(500));
     loop {
         let connected = ClickHouse::connect(
             &cfg.clickhouse,
@@ -225,7 +227,7 @@ async fn connect_clickhouse(cfg: &Config) -> anyhow::Result<ClickHouse> {
             Err(e) if e.is_retriable() && Instant::now() < deadline => {
                 let url = redact_url(&cfg.clickhouse.url);
                 tracing::warn!(%url, error = %e, "ClickHouse not reachable yet");
-                tokio::time::sleep(Duration::from_secs(1)).await;
+                tokio::time::sleep(delays.next_delay()).await;
             }
             Err(e) => {
                 return Err(anyhow!(

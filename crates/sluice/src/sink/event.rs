@@ -7,6 +7,7 @@ use super::dedup::Seeds;
 use super::dlq::DlqError;
 use super::owners::{Key, Owner};
 use crate::ch::ChError;
+use crate::retry::Delays;
 use sluice_core::acks::Ticket;
 use sluice_core::dedup::KeyHash;
 use sluice_core::resume::ResumePlan;
@@ -69,4 +70,6 @@ pub(super) struct Prepared {
     pub(super) confirmed: Instant,
     /// Failed attempts to activate it (seek).
     pub(super) attempts: u32,
+    /// The waits before each next attempt.
+    pub(super) delays: Delays,
 }

@@ -121,11 +121,6 @@ pub(super) fn new_owner() -> u64 {
     (random() >> 1).max(1)
 }
 
-/// A random duration below `max`.
-pub(super) fn jitter(max: Duration) -> Duration {
-    Duration::from_nanos(random() % (max.as_nanos() as u64).max(1))
-}
-
 /// 64 random bits, from the standard library's randomly keyed hasher.
 fn random() -> u64 {
     let nanos = std::time::SystemTime::now()

@@ -19,9 +19,10 @@
 
 use super::dedup::rebuild;
 use super::event::{Event, Prepared};
-use super::owners::{jitter, Key, Owner, Owners};
+use super::owners::{Key, Owner, Owners};
 use crate::ch::ClickHouse;
 use crate::config::{KafkaConfig, Route};
+use crate::retry::{self, Delays};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaResult;
 use rdkafka::{Offset as KOffset, TopicPartitionList};
@@ -109,7 +110,7 @@ impl Preparation {
             return;
         }
         let mut pending: Vec<(Key, u64)> = self.parts.values().flatten().copied().collect();
-        let mut backoff = Duration::from_millis(500);
+        let mut delays = Delays::new(Duration::from_millis(500));
         loop {
             pending.retain(|p| self.current(p));
             if pending.is_empty() {
@@ -134,10 +135,9 @@ impl Preparation {
                 return;
             }
             // Two claimers that keep losing to each other drift apart.
-            if !self.sleep(backoff + jitter(backoff)).await {
+            if !delays.wait(&self.stopping).await {
                 return;
             }
-            backoff = (backoff * 2).min(Duration::from_secs(5));
         }
     }
 
@@ -272,7 +272,7 @@ impl Preparation {
     /// The register's entries for `keys`, read until every one is known,
     /// with the time the read that answered was sent. `None` when stopping.
     async fn read_owners_at(&self, keys: &[Key]) -> Option<(HashMap<Key, Owner>, Instant)> {
-        let mut backoff = Duration::from_millis(200);
+        let mut delays = Delays::new(Duration::from_millis(200));
         loop {
             let (owners, ks) = (self.owners.clone(), keys.to_vec());
             let sent = Instant::now();
@@ -285,10 +285,9 @@ impl Preparation {
                     tracing::warn!(error = %format!("{e:#}"), "cannot read the ownership markers yet; the partitions wait")
                 }
             }
-            if !self.sleep(backoff).await {
+            if !delays.wait(&self.stopping).await {
                 return None;
             }
-            backoff = (backoff * 2).min(Duration::from_secs(5));
         }
     }
 
@@ -366,6 +365,7 @@ impl Preparation {
                     seeds,
                     confirmed,
                     attempts: 0,
+                    delays: Delays::new(Duration::from_millis(500)),
                 }));
             }
         }
@@ -407,7 +407,7 @@ impl Preparation {
         lookup: &Lookup,
         keys: &[(Key, u64)],
     ) -> Option<HashMap<Key, Committed>> {
-        let mut backoff = Duration::from_millis(300);
+        let mut delays = Delays::new(Duration::from_millis(300));
         for attempt in 1u32.. {
             let mut tpl = TopicPartitionList::new();
             for ((ri, p), _) in keys {
@@ -438,37 +438,21 @@ impl Preparation {
                     tracing::warn!(attempt, error = %e, "cannot read the committed offsets yet; the partitions wait")
                 }
             }
-            if !self.sleep(backoff).await {
+            if !delays.wait(&self.stopping).await {
                 return None;
             }
-            backoff = (backoff * 2).min(Duration::from_secs(5));
         }
         None
     }
 
-    /// Runs `f` until it succeeds, with backoff; `None` once stopping.
-    async fn retry<T, F, Fut>(&self, what: &str, mut f: F) -> Option<T>
+    /// Runs `f` until it succeeds ([`retry::until_ok`]); `None` once stopping.
+    async fn retry<T, F, Fut>(&self, what: &str, f: F) -> Option<T>
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = anyhow::Result<T>>,
     {
-        let mut backoff = Duration::from_millis(200);
-        loop {
-            if self.stopping.is_cancelled() {
-                return None;
-            }
-            match f().await {
-                Ok(v) => return Some(v),
-                Err(e) => {
-                    tracing::warn!(error = %format!("{e:#}"), "cannot {what} yet; retrying");
-                    tokio::select! {
-                        _ = tokio::time::sleep(backoff) => {}
-                        _ = self.stopping.cancelled() => return None,
-                    }
-                    backoff = (backoff * 2).min(Duration::from_secs(5));
-                }
-            }
-        }
+        let f = retry::until_ok(what, Duration::from_millis(200), &self.stopping, f);
+        f.await
     }
 }
 

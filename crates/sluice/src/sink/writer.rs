@@ -33,6 +33,7 @@ use super::fates::Fates;
 use super::lease::Lease;
 use crate::ch::{deadline_passed, ChError, ChErrorKind, ClickHouse, InsertRequest};
 use crate::config::{Delivery, Route};
+use crate::retry::Delays;
 use crate::telemetry;
 use sluice_core::acks::Ticket;
 use sluice_core::dedup::conditional_excluded;
@@ -159,7 +160,7 @@ async fn attempt_until_done(job: &Job, ctx: &WriterCtx, letters: &mut Vec<Pendin
     let mut uncertain = exactly_once && job.uncertain;
     // The last attempt whose outcome is unknown: its query id and deadline.
     let mut previous: Option<(String, i64)> = None;
-    let mut backoff = Backoff::new();
+    let mut delays = Delays::new(Duration::from_millis(100));
     // Rows ClickHouse rejected, sent to the DLQ: never inserted.
     let mut rejected: Vec<Offset> = Vec::new();
     let p = &job.batch.partition;
@@ -194,7 +195,7 @@ async fn attempt_until_done(job: &Job, ctx: &WriterCtx, letters: &mut Vec<Pendin
                 Ok(b) => b,
                 Err(e) => {
                     tracing::warn!(partition = %p, error = %e, "reconciliation failed; will retry");
-                    backoff.wait().await;
+                    delays.wait(&job.abandon).await;
                     continue;
                 }
             }
@@ -256,7 +257,7 @@ async fn attempt_until_done(job: &Job, ctx: &WriterCtx, letters: &mut Vec<Pendin
                 if let Err(e) = ctx.ch.server_now(true).await {
                     tracing::warn!(error = %e, "cannot read the server's clock");
                 }
-                backoff.wait().await;
+                delays.wait(&job.abandon).await;
             }
             Err(e) if !e.is_retriable() => {
                 let Some((offset, row)) = rejected_row(&e, &batch) else {
@@ -316,7 +317,7 @@ async fn attempt_until_done(job: &Job, ctx: &WriterCtx, letters: &mut Vec<Pendin
                         _ => deadline_ms.map(|d| (qid, d)),
                     };
                 }
-                backoff.wait().await;
+                delays.wait(&job.abandon).await;
             }
         }
     }
@@ -429,19 +430,6 @@ async fn reconcile(
         "reconciled"
     );
     Ok(rest)
-}
-
-struct Backoff(Duration);
-
-impl Backoff {
-    fn new() -> Self {
-        Self(Duration::from_millis(100))
-    }
-
-    async fn wait(&mut self) {
-        tokio::time::sleep(self.0).await;
-        self.0 = (self.0 * 2).min(Duration::from_secs(5));
-    }
 }
 
 #[cfg(test)]

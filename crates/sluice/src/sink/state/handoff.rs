@@ -170,11 +170,10 @@ impl Sink {
         self.prepare(&[key], wait, matches!(by, Owner::Process(_)));
     }
 
-    /// Sends `p` back to the consumer thread after a backoff that grows
-    /// with its failed attempts (0.5 s, 1 s, 2 s, 4 s, then 5 s).
+    /// Sends `p` back to the consumer thread after its next wait
+    /// ([`crate::retry`]: from 0.5 s, doubling, up to 5 s).
     fn retry_prepared(&self, mut p: Prepared) {
-        let delay =
-            (Duration::from_millis(500) * 2u32.pow(p.attempts.min(4))).min(Duration::from_secs(5));
+        let delay = p.delays.next_delay();
         p.attempts += 1;
         let tx = self.tx.clone();
         let stopping = self.stopping.clone();
