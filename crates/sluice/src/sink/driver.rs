@@ -146,6 +146,17 @@ pub async fn run(
     let routes: Vec<Arc<Route>> = cfg.routes.iter().cloned().map(Arc::new).collect();
     let owners = Owners::new(&cfg.kafka, routes.clone())
         .context("creating the client of the register of owners")?;
+    // Before the sink: it looks its counters up in the installed recorder.
+    let ready = Arc::new(AtomicBool::new(false));
+    if let Some(addr) = cfg.metrics_listen {
+        let metrics = Metrics::install()?;
+        let stop = stopping.clone();
+        let bound = http::serve(addr, metrics, ready.clone(), async move {
+            stop.cancelled().await
+        })
+        .await?;
+        tracing::info!(%bound, "serving /metrics, /health and /ready");
+    }
     let sink = Sink::new(
         cfg.clone(),
         routes,
@@ -169,16 +180,6 @@ pub async fn run(
             sink.events(),
             renewing.clone(),
         ));
-    }
-    let ready = Arc::new(AtomicBool::new(false));
-    if let Some(addr) = cfg.metrics_listen {
-        let metrics = Metrics::install()?;
-        let stop = stopping.clone();
-        let bound = http::serve(addr, metrics, ready.clone(), async move {
-            stop.cancelled().await
-        })
-        .await?;
-        tracing::info!(%bound, "serving /metrics, /health and /ready");
     }
 
     let consumer = build_consumer(&cfg, sink)?;
