@@ -4,7 +4,9 @@
 mod client;
 mod error;
 mod service;
+mod table;
 
 pub use client::{client, CONNECT_TIMEOUT};
 pub use error::{ChError, ChErrorKind};
 pub use service::{deadline_passed, ClickHouse, InsertRequest};
+pub use table::{ident, ident_list, literal, TableRef};

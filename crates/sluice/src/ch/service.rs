@@ -28,6 +28,7 @@
 //! says.
 
 use super::error::{ChError, ChErrorKind};
+use super::TableRef;
 use crate::config::{ClickHouseConfig, Delivery, Route};
 use bytes::Bytes;
 use sluice_core::dedup::{key_hash, KeyHash};
@@ -47,8 +48,7 @@ const CLOCK_MARGIN_MS: i64 = 1_000;
 /// One insert attempt.
 #[derive(Debug, Clone)]
 pub struct InsertRequest {
-    /// `` `db`.`table` ``.
-    pub table: String,
+    pub table: TableRef,
     pub body: Bytes,
     /// `insert_deduplication_token`, when the mode uses one.
     pub token: Option<String>,
@@ -296,9 +296,9 @@ impl ClickHouse {
                 "INSERT INTO {} SELECT * FROM input() \
                  WHERE (SELECT throwIf(toUnixTimestamp64Milli(now64(3)) > {d}, '{DEADLINE_PASSED}')) = 0 \
                  FORMAT JSONEachRow",
-                req.table
+                req.table.sql()
             ),
-            None => format!("INSERT INTO {} FORMAT JSONEachRow", req.table),
+            None => format!("INSERT INTO {} FORMAT JSONEachRow", req.table.sql()),
         };
         let mut ins = self
             .client
@@ -325,15 +325,17 @@ impl ClickHouse {
     /// The highest stored offset of each partition of `topic` in `route`'s table.
     pub async fn watermarks(&self, route: &Route) -> Result<HashMap<i32, Offset>, ChError> {
         let c = &self.columns;
-        let sql = format!(
-            "SELECT toInt32({p}), toInt64(max({o})) FROM {t} WHERE {tp} = ? GROUP BY {tp}, {p}",
-            p = q(&c.partition),
-            o = q(&c.offset),
-            tp = q(&c.topic),
-            t = route.qualified()
-        );
+        let (p, o) = (q(&c.partition), q(&c.offset));
         let rows: Vec<(i32, i64)> = self
-            .bounded(self.read(&sql).bind(&route.topic).fetch_all())
+            .bounded(
+                self.rows_of(
+                    route,
+                    &format!("toInt32({p}), toInt64(max({o}))"),
+                    None,
+                    &format!("GROUP BY {p}"),
+                )
+                .fetch_all(),
+            )
             .await?;
         Ok(rows.into_iter().map(|(p, o)| (p, Offset(o))).collect())
     }
@@ -350,11 +352,11 @@ impl ClickHouse {
         let o = q(&self.columns.offset);
         let rows: Vec<i64> = self
             .bounded(
-                self.range_query(
+                self.rows_of(
                     route,
                     &format!("toInt64({o}) AS o"),
+                    Some((partition, first, last)),
                     "ORDER BY o",
-                    (partition, first, last),
                 )
                 .fetch_all(),
             )
@@ -373,11 +375,11 @@ impl ClickHouse {
     ) -> Result<u64, ChError> {
         let o = q(&self.columns.offset);
         self.bounded(
-            self.range_query(
+            self.rows_of(
                 route,
                 &format!("uniqExact({o})"),
+                Some((partition, first, last)),
                 "",
-                (partition, first, last),
             )
             .fetch_one(),
         )
@@ -405,42 +407,52 @@ impl ClickHouse {
             .map(|f| format!(" AND isNotNull({})", q(f)))
             .collect();
         let mut cursor = self
-            .range_query(
+            .rows_of(
                 route,
                 &format!("arrayStringConcat([{}], '\\x1f')", parts.join(", ")),
+                Some((partition, first, last)),
                 &not_null,
-                (partition, first, last),
             )
             .fetch::<String>()?;
-        let mut keys = Vec::new();
-        while let Some(k) = cursor.next().await? {
-            keys.push(key_hash([k.as_bytes()]));
-        }
-        Ok(keys)
+        self.bounded(async {
+            let mut keys = Vec::new();
+            while let Some(k) = cursor.next().await? {
+                keys.push(key_hash([k.as_bytes()]));
+            }
+            Ok(keys)
+        })
+        .await
     }
 
-    /// `SELECT {select} … {tail}` over the rows of one partition whose offsets
-    /// lie in `first..=last`.
-    fn range_query(
+    /// `SELECT {select} … {tail}` over the route's rows: those of its topic
+    /// and, with `range`, of one partition with offsets in `first..=last`.
+    /// The one WHERE clause of every protocol read.
+    fn rows_of(
         &self,
         route: &Route,
         select: &str,
+        range: Option<(i32, Offset, Offset)>,
         tail: &str,
-        (partition, first, last): (i32, Offset, Offset),
     ) -> clickhouse::query::Query {
         let c = &self.columns;
+        let within = match range {
+            Some(_) => format!(
+                " AND {} = ? AND {} BETWEEN ? AND ?",
+                q(&c.partition),
+                q(&c.offset)
+            ),
+            None => String::new(),
+        };
         let sql = format!(
-            "SELECT {select} FROM {t} WHERE {tp} = ? AND {p} = ? AND {o} BETWEEN ? AND ? {tail}",
-            p = q(&c.partition),
-            o = q(&c.offset),
+            "SELECT {select} FROM {t} WHERE {tp} = ?{within} {tail}",
             tp = q(&c.topic),
-            t = route.qualified()
+            t = route.table_ref().sql()
         );
-        self.read(&sql)
-            .bind(&route.topic)
-            .bind(partition)
-            .bind(first.0)
-            .bind(last.0)
+        let query = self.read(&sql).bind(&route.topic);
+        match range {
+            Some((partition, first, last)) => query.bind(partition).bind(first.0).bind(last.0),
+            None => query,
+        }
     }
 
     /// Makes sure the attempt `query_id`, whose deadline is `deadline_ms` on
@@ -654,8 +666,8 @@ pub fn deadline_passed(e: &ChError) -> bool {
     e.kind == ChErrorKind::Server && e.code == Some(395) && e.message.contains(DEADLINE_PASSED)
 }
 
-fn q(ident: &str) -> String {
-    crate::config::quote_ident(ident)
+fn q(name: &str) -> String {
+    super::ident(name)
 }
 
 #[cfg(test)]

@@ -127,7 +127,7 @@ fn check(text: &str, vars: &[(String, String)]) -> Result<(), TestCaseError> {
                 format!("{c:?}"),
             );
             for r in &c.routes {
-                let _ = r.qualified();
+                let _ = r.table_ref().sql();
             }
         }
         Err(e) => {

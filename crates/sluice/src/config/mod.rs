@@ -25,6 +25,7 @@ pub use kafka::{KafkaConfig, RawKafka};
 pub use secret::Secret;
 pub use security::KafkaSecurity;
 
+use crate::ch::TableRef;
 use serde::Deserialize;
 use sluice_core::{BatchLimits, MetadataColumns};
 use std::path::{Path, PathBuf};
@@ -277,19 +278,10 @@ pub struct KeyDedup {
 }
 
 impl Route {
-    /// `` `db`.`table` `` for SQL.
-    pub fn qualified(&self) -> String {
-        format!(
-            "{}.{}",
-            quote_ident(&self.database),
-            quote_ident(&self.table)
-        )
+    /// The route's table.
+    pub fn table_ref(&self) -> TableRef {
+        TableRef::new(&self.database, &self.table)
     }
-}
-
-/// Back-quotes an identifier for ClickHouse SQL.
-pub fn quote_ident(s: &str) -> String {
-    format!("`{}`", s.replace('\\', "\\\\").replace('`', "\\`"))
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -783,7 +775,7 @@ mod tests {
     fn defaults_and_routes() {
         let c = load(MIN).unwrap();
         assert_eq!(c.sink.delivery, Delivery::ExactlyOnce);
-        assert_eq!(c.routes[0].qualified(), "`shop`.`orders`");
+        assert_eq!(c.routes[0].table_ref().sql(), "`shop`.`orders`");
         assert_eq!(c.sink.fence_wait, Duration::from_secs(75));
         assert_eq!(c.lease(), Duration::from_secs(10));
         assert_eq!(c.fence_is_short(), None);

@@ -13,9 +13,9 @@
 //! The two classes add up: `rows − distinct keys = replay + producer`.
 //! Exit status: 0 when clean, 1 when duplicates were found, 2 on error.
 
-use super::db::{ident_list, literal, parse_columns, ChArgs, Columns, Conn, Table, TableName};
+use super::db::{parse_columns, ChArgs, Columns, Conn, Table};
 use super::{grid, progress, thousands, OpsError, Outcome};
-use crate::config::quote_ident as qi;
+use crate::ch::{ident as qi, ident_list, literal, TableRef};
 use serde::Serialize;
 use sluice_core::MetadataColumns;
 use std::time::Duration;
@@ -23,8 +23,8 @@ use std::time::Duration;
 #[derive(Debug, Clone, clap::Args)]
 pub struct AuditArgs {
     /// The table, as DB.TABLE.
-    #[arg(long, value_parser = TableName::parse)]
-    pub table: TableName,
+    #[arg(long, value_parser = TableRef::parse)]
+    pub table: TableRef,
     /// The business key, comma-separated columns. Without it only the same
     /// offset stored twice is found.
     #[arg(long, value_parser = parse_columns)]
@@ -121,7 +121,7 @@ pub struct AuditSql {
 }
 
 pub fn audit_sql(
-    t: &TableName,
+    t: &TableRef,
     meta: &MetadataColumns,
     key: Option<&[String]>,
     filter: &str,
@@ -340,7 +340,7 @@ mod tests {
 
     #[test]
     fn sql_groups_by_offset_and_by_key() {
-        let t = TableName::parse("db.orders").unwrap();
+        let t = TableRef::parse("db.orders").unwrap();
         let key = vec!["order_id".to_string()];
         let sql = audit_sql(
             &t,

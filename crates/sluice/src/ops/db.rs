@@ -8,9 +8,9 @@
 //! failure is an [`OpsError`](super::OpsError) that names the table or column involved.
 
 use super::OpsError;
-use crate::config::{quote_ident, ClickHouseConfig, ConfigError, RawConfig, Secret};
+use crate::ch::TableRef;
+use crate::config::{ClickHouseConfig, ConfigError, RawConfig, Secret};
 use sluice_core::row::MetadataColumns;
-use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -112,48 +112,6 @@ impl ChServer {
 /// Where the operator tools look without a flag, a file or CLICKHOUSE_URL.
 pub const DEFAULT_URL: &str = "http://127.0.0.1:8123";
 
-/// `DB.TABLE`, as given on the command line.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TableName {
-    pub database: String,
-    pub table: String,
-}
-
-impl TableName {
-    pub fn parse(s: &str) -> Result<Self, String> {
-        match s.split_once('.') {
-            Some((d, t)) if !d.is_empty() && !t.is_empty() && !t.contains('.') => Ok(Self {
-                database: d.into(),
-                table: t.into(),
-            }),
-            _ => Err(format!("{s:?} is not DB.TABLE")),
-        }
-    }
-
-    /// `` `db`.`table` ``.
-    pub fn sql(&self) -> String {
-        format!(
-            "{}.{}",
-            quote_ident(&self.database),
-            quote_ident(&self.table)
-        )
-    }
-
-    /// Another table in the same database.
-    pub fn sibling(&self, table: String) -> Self {
-        Self {
-            database: self.database.clone(),
-            table,
-        }
-    }
-}
-
-impl fmt::Display for TableName {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}.{}", self.database, self.table)
-    }
-}
-
 /// A comma-separated column list (`--key order_id,region`), as one flag value.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Columns(pub Vec<String>);
@@ -176,19 +134,6 @@ pub fn parse_columns(s: &str) -> Result<Columns, String> {
         return Err("expected one or more column names, comma-separated".into());
     }
     Ok(Columns(cols))
-}
-
-/// A single-quoted SQL string literal.
-pub fn literal(s: &str) -> String {
-    format!("'{}'", s.replace('\\', "\\\\").replace('\'', "\\'"))
-}
-
-/// `` `a`, `b` ``.
-pub fn ident_list(cols: &[String]) -> String {
-    cols.iter()
-        .map(|c| quote_ident(c))
-        .collect::<Vec<_>>()
-        .join(", ")
 }
 
 /// What `system.tables` says about a table.
@@ -275,14 +220,14 @@ impl Column {
 /// A table that exists, with its columns.
 #[derive(Debug, Clone)]
 pub struct Table {
-    pub name: TableName,
+    pub name: TableRef,
     pub info: TableInfo,
     pub columns: Vec<Column>,
 }
 
 impl Table {
     /// Reads a table's description; a clear error if it does not exist.
-    pub async fn describe(client: &clickhouse::Client, name: &TableName) -> Result<Self, OpsError> {
+    pub async fn describe(client: &clickhouse::Client, name: &TableRef) -> Result<Self, OpsError> {
         let info: Option<TableInfo> = client
             .query(
                 "SELECT engine, engine_full, partition_key, sorting_key, primary_key, \
@@ -312,7 +257,7 @@ impl Table {
     }
 
     /// Whether a table exists.
-    pub async fn exists(client: &clickhouse::Client, name: &TableName) -> Result<bool, OpsError> {
+    pub async fn exists(client: &clickhouse::Client, name: &TableRef) -> Result<bool, OpsError> {
         Ok(client
             .query("SELECT count() FROM system.tables WHERE database = ? AND name = ?")
             .bind(&name.database)
@@ -367,15 +312,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn table_names() {
-        let t = TableName::parse("db.events").unwrap();
-        assert_eq!(t.sql(), "`db`.`events`");
-        assert!(TableName::parse("events").is_err());
-        assert!(TableName::parse("a.b.c").is_err());
-        assert!(TableName::parse(".b").is_err());
-    }
-
-    #[test]
     fn settings_clause() {
         let info = TableInfo {
             engine: "ReplicatedReplacingMergeTree".into(),
@@ -399,9 +335,7 @@ mod tests {
     }
 
     #[test]
-    fn quoting() {
-        assert_eq!(literal("it's"), "'it\\'s'");
-        assert_eq!(ident_list(&["a".into(), "b`c".into()]), "`a`, `b\\`c`");
+    fn column_lists() {
         assert_eq!(parse_columns(" a, b ,").unwrap().0, vec!["a", "b"]);
         assert!(parse_columns(" , ").is_err());
     }

@@ -10,16 +10,16 @@
 //! - `ReplacingMergeTree(_offset)` ordered by the key, so copies of a key
 //!   fold into the one with the highest offset, and a note on `FINAL`.
 
-use super::db::{ident_list, parse_columns, ChArgs, Columns, Conn, Table, TableName};
+use super::db::{parse_columns, ChArgs, Columns, Conn, Table};
 use super::{OpsError, Outcome};
-use crate::config::quote_ident as qi;
+use crate::ch::{ident as qi, ident_list, TableRef};
 use sluice_core::MetadataColumns;
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct SchemaArgs {
     /// The table, as DB.TABLE.
-    #[arg(long, value_parser = TableName::parse)]
-    pub table: TableName,
+    #[arg(long, value_parser = TableRef::parse)]
+    pub table: TableRef,
     /// The business key, comma-separated columns (becomes ORDER BY).
     #[arg(long, value_parser = parse_columns)]
     pub key: Columns,
@@ -43,7 +43,7 @@ pub const METADATA_TYPES: [&str; 3] = ["LowCardinality(String)", "UInt32", "UInt
 /// What the DDL is built from.
 #[derive(Debug, Clone)]
 pub struct Spec {
-    pub table: TableName,
+    pub table: TableRef,
     pub key: Vec<String>,
     /// `(name, type)` of the data columns, metadata excluded.
     pub columns: Vec<(String, String)>,
@@ -197,7 +197,7 @@ mod tests {
 
     fn spec(cluster: Option<&str>) -> Spec {
         Spec {
-            table: TableName::parse("shop.orders").unwrap(),
+            table: TableRef::parse("shop.orders").unwrap(),
             key: vec!["order_id".into()],
             columns: parse_column_defs("order_id UInt64, amount Decimal(12, 2), _offset UInt64")
                 .unwrap(),

@@ -12,8 +12,9 @@
 //! Exit status: 0 when the window covers the longest re-submit, 1 when it
 //! does not, 2 on error.
 
-use super::db::{literal, ChArgs, Conn, Table, TableName};
+use super::db::{ChArgs, Conn, Table};
 use super::{progress, thousands, OpsError, Outcome};
+use crate::ch::{literal, TableRef};
 use comfy_table::Table as Grid;
 use serde::Serialize;
 use sluice_core::window::{self, Recommendation, RetryInterval, WindowSettings};
@@ -22,8 +23,8 @@ use std::time::Duration;
 #[derive(Debug, Clone, clap::Args)]
 pub struct WindowArgs {
     /// The table, as DB.TABLE.
-    #[arg(long, value_parser = TableName::parse)]
-    pub table: TableName,
+    #[arg(long, value_parser = TableRef::parse)]
+    pub table: TableRef,
     /// Sum the block rate over every replica of this cluster
     /// (`clusterAllReplicas`).
     #[arg(long)]
@@ -126,7 +127,7 @@ pub struct PartLogSql {
     pub caught: String,
 }
 
-pub fn part_log_sql(cluster: Option<&str>, t: &TableName, since: Duration) -> PartLogSql {
+pub fn part_log_sql(cluster: Option<&str>, t: &TableRef, since: Duration) -> PartLogSql {
     let src = match cluster {
         Some(c) => format!("clusterAllReplicas({}, system.part_log)", literal(c)),
         None => "system.part_log".to_string(),
@@ -555,7 +556,7 @@ mod tests {
 
     #[test]
     fn cluster_queries_sum_every_replica() {
-        let t = TableName::parse("default.events").unwrap();
+        let t = TableRef::parse("default.events").unwrap();
         let sql = part_log_sql(Some("default"), &t, Duration::from_secs(86_400));
         assert_eq!(
             sql.rate,

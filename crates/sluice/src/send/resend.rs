@@ -11,8 +11,8 @@
 
 use super::input::{key_of, Line};
 use super::{send, ProducerArgs, SendError, SendOptions, SendReport};
-use crate::config::quote_ident;
-use crate::ops::db::{literal, ChServer, TableName};
+use crate::ch::{ident, literal, TableRef};
+use crate::ops::db::ChServer;
 use crate::ops::Outcome;
 use anyhow::Context;
 use std::collections::HashSet;
@@ -22,8 +22,8 @@ use std::path::PathBuf;
 #[derive(Debug, Clone, clap::Args)]
 pub struct ResendArgs {
     /// The table the records should be in, as DB.TABLE.
-    #[arg(long, value_parser = TableName::parse)]
-    pub table: TableName,
+    #[arg(long, value_parser = TableRef::parse)]
+    pub table: TableRef,
     /// Only list what would be sent and skipped.
     #[arg(long)]
     pub dry_run: bool,
@@ -90,13 +90,13 @@ pub struct ResendReport {
 }
 
 /// The lookup for one batch of keys.
-pub fn lookup_sql(table: &TableName, field: &str, keys: &[&str]) -> String {
+pub fn lookup_sql(table: &TableRef, field: &str, keys: &[&str]) -> String {
     let list: Vec<String> = keys.iter().map(|k| literal(k)).collect();
     format!(
         "SELECT DISTINCT toString({f}) FROM {} WHERE {f} IN ({})",
         table.sql(),
         list.join(", "),
-        f = quote_ident(field)
+        f = ident(field)
     )
 }
 
@@ -104,7 +104,7 @@ pub fn lookup_sql(table: &TableName, field: &str, keys: &[&str]) -> String {
 /// sends the rest (unless `dry_run`).
 pub async fn resend(
     client: &clickhouse::Client,
-    table: &TableName,
+    table: &TableRef,
     key_field: &str,
     opts: &SendOptions,
     lines: Vec<Line>,
@@ -160,7 +160,7 @@ mod tests {
 
     #[test]
     fn lookup_quotes_keys() {
-        let t = TableName::parse("shop.orders").unwrap();
+        let t = TableRef::parse("shop.orders").unwrap();
         assert_eq!(
             lookup_sql(&t, "order_id", &["1", "it's"]),
             "SELECT DISTINCT toString(`order_id`) FROM `shop`.`orders` WHERE `order_id` IN ('1', 'it\\'s')"

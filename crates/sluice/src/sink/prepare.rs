@@ -313,7 +313,7 @@ impl Preparation {
                 .retry("read watermarks", || async {
                     let t0 = Instant::now();
                     let m = self.ch.watermarks(route).await?;
-                    tracing::info!(table = %route.qualified(), ms = t0.elapsed().as_millis() as u64, "read watermarks");
+                    tracing::info!(table = %route.table_ref(), ms = t0.elapsed().as_millis() as u64, "read watermarks");
                     Ok::<_, anyhow::Error>(m)
                 })
                 .await

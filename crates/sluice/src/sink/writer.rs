@@ -164,6 +164,8 @@ async fn attempt_until_done(job: &Job, ctx: &WriterCtx, letters: &mut Vec<Pendin
     // Rows ClickHouse rejected, sent to the DLQ: never inserted.
     let mut rejected: Vec<Offset> = Vec::new();
     let p = &job.batch.partition;
+    let table = job.route.table_ref();
+    let label = table.to_string();
     let Some(earlier_uncovered) = earlier_uncovered(job).await else {
         return Outcome::Abandoned;
     };
@@ -211,14 +213,8 @@ async fn attempt_until_done(job: &Job, ctx: &WriterCtx, letters: &mut Vec<Pendin
         if exactly_once && (lease_end.is_none() || job.abandon.is_cancelled()) {
             continue;
         }
-        let token = exactly_once.then(|| {
-            insert_token(
-                &job.route.qualified(),
-                &p.topic,
-                p.partition,
-                batch.offsets(),
-            )
-        });
+        let token = exactly_once
+            .then(|| insert_token(&table.sql(), &p.topic, p.partition, batch.offsets()));
         let qid = match &token {
             Some(t) => query_id(t, attempt),
             None => format!(
@@ -229,12 +225,11 @@ async fn attempt_until_done(job: &Job, ctx: &WriterCtx, letters: &mut Vec<Pendin
             ),
         };
         let started = Instant::now();
-        let req_table = format!("{}.{}", job.route.database, job.route.table);
         let deadline_ms = lease_end
             .filter(|_| exactly_once)
             .map(|end| ctx.ch.deadline_by(end));
         let req = InsertRequest {
-            table: job.route.qualified(),
+            table: table.clone(),
             body: batch.body().clone(),
             token,
             query_id: qid.clone(),
@@ -243,14 +238,14 @@ async fn attempt_until_done(job: &Job, ctx: &WriterCtx, letters: &mut Vec<Pendin
         match ctx.ch.insert(req).await {
             Ok(()) => {
                 tracing::debug!(partition = %p, rows = batch.len(), attempt, "inserted");
-                telemetry::batch_inserted(&req_table, batch.len(), started.elapsed());
+                telemetry::batch_inserted(&label, batch.len(), started.elapsed());
                 return durable(job, ctx, batch.len(), &rejected, excluded.len());
             }
             Err(e) if deadline_passed(&e) => {
                 // It reached the server too late and stored nothing: the
                 // clocks moved apart, or the request was held on the way.
                 tracing::warn!(partition = %p, attempt, "insert reached ClickHouse after its deadline; retrying");
-                telemetry::insert_retried(&req_table, "deadline");
+                telemetry::insert_retried(&label, "deadline");
                 // Our clock may have stood still (a suspended VM): trust the
                 // lease again only after a renewal read sent from now on.
                 ctx.lease.suspect(key, job.generation);
@@ -298,7 +293,7 @@ async fn attempt_until_done(job: &Job, ctx: &WriterCtx, letters: &mut Vec<Pendin
                 previous = None;
             }
             Err(e) => {
-                telemetry::insert_retried(&req_table, e.kind.name());
+                telemetry::insert_retried(&label, e.kind.name());
                 tracing::warn!(
                     partition = %p,
                     first = batch.first().map_or(-1, |o| o.0),
@@ -417,7 +412,7 @@ async fn reconcile(
         .await?;
     let rest = batch.without(&present);
     telemetry::reconciled(
-        &format!("{}.{}", job.route.database, job.route.table),
+        &job.route.table_ref().to_string(),
         batch.len() - rest.len(),
         batch.len(),
     );

@@ -30,19 +30,17 @@ mod plan;
 
 pub use plan::{copy_ddl, decide, plan, Decision, Leftovers, Plan, Snapshot};
 
-use super::db::{
-    ident_list, literal, parse_columns, ChArgs, Columns, Conn, Table, TableInfo, TableName,
-};
+use super::db::{parse_columns, ChArgs, Columns, Conn, Table, TableInfo};
 use super::{grid, thousands, OpsError, Outcome};
-use crate::config::quote_ident as qi;
+use crate::ch::{ident as qi, ident_list, literal, TableRef};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct RepairArgs {
     /// The table, as DB.TABLE.
-    #[arg(long, value_parser = TableName::parse)]
-    pub table: TableName,
+    #[arg(long, value_parser = TableRef::parse)]
+    pub table: TableRef,
     /// The partition's ID (`system.parts.partition_id`; `sluice audit`
     /// prints it).
     #[arg(long)]
@@ -405,7 +403,7 @@ impl Run<'_> {
         Ok(())
     }
 
-    fn snapshot_sql(&self, t: &TableName) -> String {
+    fn snapshot_sql(&self, t: &TableRef) -> String {
         format!(
             "SELECT count(), uniqExact({}), toInt64(max({})) FROM {} WHERE _partition_id = {}",
             ident_list(&self.args.key),
@@ -415,12 +413,12 @@ impl Run<'_> {
         )
     }
 
-    async fn snapshot(&self, t: &TableName) -> Result<Snapshot, OpsError> {
+    async fn snapshot(&self, t: &TableRef) -> Result<Snapshot, OpsError> {
         Ok(self.client.query(&self.snapshot_sql(t)).fetch_one().await?)
     }
 
     /// A snapshot and the server's clock when it was taken.
-    async fn snapshot_at(&self, t: &TableName) -> Result<(Snapshot, String), OpsError> {
+    async fn snapshot_at(&self, t: &TableRef) -> Result<(Snapshot, String), OpsError> {
         let sql = self
             .snapshot_sql(t)
             .replacen("SELECT ", "SELECT toString(now64(6)) AS at, ", 1);
@@ -474,7 +472,7 @@ impl Run<'_> {
     /// table's keys (`REPLACE PARTITION` refuses otherwise).
     async fn create_copy(
         &self,
-        name: &TableName,
+        name: &TableRef,
         inherit: &str,
         explicit: &str,
     ) -> Result<(), OpsError> {
@@ -502,7 +500,7 @@ impl Run<'_> {
 
     /// Whether a copy shows the table's keys in `system.tables` (one outer
     /// pair of parentheses aside: `(id)` and `id` are one key).
-    async fn same_keys(&self, copy: &TableName) -> Result<bool, OpsError> {
+    async fn same_keys(&self, copy: &TableRef) -> Result<bool, OpsError> {
         let bare = |k: &str| {
             k.strip_prefix('(')
                 .and_then(|k| k.strip_suffix(')'))
@@ -522,7 +520,7 @@ impl Run<'_> {
         Ok(keys(&made) == keys(&self.table.info))
     }
 
-    async fn exists(&self, t: &TableName) -> Result<bool, OpsError> {
+    async fn exists(&self, t: &TableRef) -> Result<bool, OpsError> {
         Table::exists(&self.client, t).await
     }
 

@@ -2,8 +2,8 @@
 //! what to do about it ([`decide`]), and the statements of one repair
 //! ([`plan`], [`copy_ddl`]). No I/O: every rule here is unit-tested.
 
-use crate::config::quote_ident;
-use crate::ops::db::{ident_list, literal, Table, TableName};
+use crate::ch::{ident, ident_list, literal, TableRef};
+use crate::ops::db::Table;
 use serde::Serialize;
 
 /// What a partition (or a sluice table) holds, as far as the repair cares.
@@ -77,8 +77,8 @@ pub fn decide(left: Leftovers) -> Decision {
 /// The names and statements of one repair.
 #[derive(Debug, Clone)]
 pub struct Plan {
-    pub staging: TableName,
-    pub backup: TableName,
+    pub staging: TableRef,
+    pub backup: TableRef,
     pub create_staging: String,
     pub create_backup: String,
     /// The same, keys spelled out ([`explicit_copy_ddl`]).
@@ -133,7 +133,7 @@ pub fn plan(t: &Table, partition: &str, key: &[String], offset: &str) -> Plan {
             staging.sql(),
             backup.sql(),
             k = ident_list(key),
-            o = quote_ident(offset)
+            o = ident(offset)
         ),
         replace: format!(
             "ALTER TABLE {} REPLACE PARTITION ID {pid} FROM {}",
@@ -151,7 +151,7 @@ pub fn plan(t: &Table, partition: &str, key: &[String], offset: &str) -> Plan {
 /// and leaves out `t`'s merging rules, TTL and Keeper path. The run checks
 /// the copy's keys against `t`'s; a server that does not copy them gets
 /// [`explicit_copy_ddl`] instead.
-pub fn copy_ddl(t: &Table, new: &TableName, comment: &str) -> String {
+pub fn copy_ddl(t: &Table, new: &TableRef, comment: &str) -> String {
     let mut ddl = format!(
         "CREATE TABLE {} AS {} ENGINE = MergeTree",
         new.sql(),
@@ -167,7 +167,7 @@ pub fn copy_ddl(t: &Table, new: &TableName, comment: &str) -> String {
 /// a key's columns without their parentheses (so each goes back inside a
 /// pair) and an absent key as empty (so it stays absent: an unpartitioned
 /// table's copy is unpartitioned too).
-pub fn explicit_copy_ddl(t: &Table, new: &TableName, comment: &str) -> String {
+pub fn explicit_copy_ddl(t: &Table, new: &TableRef, comment: &str) -> String {
     let i = &t.info;
     let mut ddl = format!(
         "CREATE TABLE {} AS {} ENGINE = MergeTree",
@@ -254,7 +254,7 @@ mod tests {
             default_kind: k.into(),
         };
         Table {
-            name: TableName::parse("db.events").unwrap(),
+            name: TableRef::parse("db.events").unwrap(),
             info: TableInfo {
                 engine: engine.into(),
                 engine_full: engine_full.into(),
