@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# bench.sh — what `make bench` runs: start a private stack (see below), build sluice and raw_fetch, install the
+# bench.sh — what `make bench` runs: start a private stack (see below), build sluice, raw_fetch and raw_insert, install the
 # pinned Python deps (scripts/bench/requirements.txt) into a cached venv outside the work tree,
 # run the cases (scripts/bench/run.py -> docs/bench/results.json) and render the report
 # (scripts/bench/report.py -> docs/bench/README.md + SVGs).
@@ -47,16 +47,16 @@ if [ -n "${BENCH_REV:-}" ]; then   # bench a commit, not the work tree: build a 
   SRC="$CACHE/bench-src"        # a fixed path, so the next build of another commit is incremental
   rm -rf "$SRC" && mkdir -p "$SRC"
   git archive "$BENCH_REV" | tar -x -C "$SRC"
-  (cd "$SRC" && CARGO_TARGET_DIR="$CACHE/bench-target" cargo build --release --quiet --bin sluice --example raw_fetch)
+  (cd "$SRC" && CARGO_TARGET_DIR="$CACHE/bench-target" cargo build --release --quiet --bin sluice --example raw_fetch --example raw_insert)
   OUT="$CACHE/bench-target/release"
   export BENCH_SOURCE="commit $(git rev-parse --short "$BENCH_REV")"
 else
-  cargo build --release --quiet --bin sluice --example raw_fetch
+  cargo build --release --quiet --bin sluice --example raw_fetch --example raw_insert
   OUT=target/release
   dirty="$(git status --porcelain -- crates Cargo.toml Cargo.lock | wc -l)"
   export BENCH_SOURCE="work tree at $(git rev-parse --short HEAD)$([ "$dirty" = 0 ] || echo " + $dirty uncommitted file(s)")"
 fi
-cp "$OUT/sluice" "$OUT/examples/raw_fetch" "$BIN/"
+cp "$OUT/sluice" "$OUT/examples/raw_fetch" "$OUT/examples/raw_insert" "$BIN/"
 
 VENV="$CACHE/venv-bench-$(sha256sum "$REQ" | cut -c1-12)"
 if [ ! -f "$VENV/.complete" ]; then

@@ -7,9 +7,9 @@ Data flow, for each record size (1 KB and 200 B JSON objects):
        i % P, lz4, idempotent producer), check every partition's offsets run 0..n-1
     -> cases, one after another, each with its own consumer group / fresh table:
        raw_fetch   target/release/examples/raw_fetch reads the topic and discards it (Kafka limit)
-       raw_insert  the same rows as sluice would encode them (`,"_topic":…,"_partition":…,"_offset":…}`),
-                   cut as sluice cuts them (per partition, 100k rows / 16 MiB), posted by 4 threads
-                   with sluice's insert settings (ClickHouse limit); bodies built before the clock
+       raw_insert  target/release/examples/raw_insert: the topic read, encoded and cut into batches by
+                   sluice's own code before the clock, then inserted by sluice's own ClickHouse
+                   service, 4 at a time (ClickHouse limit)
        sluice_eo   `sluice run`, delivery = exactly-once (fence_wait = 0s: the group is fresh)
        sluice_alo  `sluice run`, delivery = at-least-once
        baseline    scripts/bench/baseline.py (confluent-kafka + clickhouse-connect, commit after insert)
@@ -20,7 +20,7 @@ Data flow, for each record size (1 KB and 200 B JSON objects):
 
 Env: BENCH_MB (MB of JSON per record size, default 250: ~10 min on 2 cores), BENCH_SIZES ("1k,200b"),
 BENCH_PARTITIONS (4), BENCH_CASES (comma list, default all), BENCH_OUT (docs/bench),
-BENCH_BIN (dir holding private copies of sluice and raw_fetch), KAFKA_BROKERS, CLICKHOUSE_URL.
+BENCH_BIN (dir holding private copies of sluice, raw_fetch and raw_insert), KAFKA_BROKERS, CLICKHOUSE_URL.
 Every process it starts is killed on exit (also on Ctrl-C and errors). Exit status 1 on any
 verification failure.
 """
@@ -35,7 +35,6 @@ import threading
 import time
 import urllib.parse
 import urllib.request
-from concurrent.futures import ThreadPoolExecutor
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -334,64 +333,29 @@ def case_raw_fetch(ds):
     return res
 
 
-def sluice_bodies(ds):
-    """Per partition, the rows sluice would write, cut into its batches: [(partition, first, body)]."""
-    topic, out = ds["topic"], []
-    for part in range(PARTS):
-        rows, size, first = [], 0, 0
-        for off, i in enumerate(range(part, len(ds["data"]), PARTS)):
-            v = ds["data"][i]
-            row = b"%s,\"_topic\":\"%s\",\"_partition\":%d,\"_offset\":%d}\n" % (
-                v[:-1], topic.encode(), part, off)
-            if rows and (len(rows) >= BATCH_ROWS or size + len(row) > BATCH_BYTES):
-                out.append((part, first, b"".join(rows)))
-                rows, size, first = [], 0, off
-            rows.append(row)
-            size += len(row)
-        if rows:
-            out.append((part, first, b"".join(rows)))
-    return out
-
-
-def insert_settings(exactly_once=True):
-    """sluice's insert settings (crates/sluice/src/ch/service.rs), those the server knows."""
-    block = str(max(BATCH_ROWS + 1, 1_048_449))
-    want = {"async_insert": "0", "insert_deduplicate": "1", "max_insert_block_size": block,
-            "min_insert_block_size_rows": block, "max_insert_block_size_bytes": "0",
-            "max_execution_time": "30", "timeout_overflow_mode": "throw",
-            "http_receive_timeout": "30", "http_send_timeout": "30"}
-    if exactly_once:
-        want["deduplicate_insert"] = "enable"
-    names = ",".join(f"'{k}'" for k in want)
-    known = set(ch(f"SELECT name FROM system.settings WHERE name IN ({names})").split())
-    return {k: v for k, v in want.items() if k in known}
-
-
 def case_raw_insert(ds):
+    """target/release/examples/raw_insert: the topic read and encoded by sluice's own code before the
+    clock starts, then inserted with sluice's own ClickHouse service and settings."""
     table = f"bench.raw_insert_{ds['size']}_{RUN}"
     create_table(table, ds["size"])
-    bodies = sluice_bodies(ds)
-    settings = insert_settings()
-    sql = f"INSERT INTO {table} FORMAT JSONEachRow"
-    done, lock, series = [0], threading.Lock(), []
-    s0, cpu0 = stack_cpu(), time.process_time()
-    t0 = time.time()
-
-    def send(item):
-        part, first, body = item
-        tok = f"bench-{table}-{part}-{first}"
-        ch(sql, body, dict(settings, insert_deduplication_token=tok, query_id=tok), timeout=60)
-        with lock:
-            done[0] += body.count(b"\n")
-            series.append((round(time.time() - t0, 3), done[0]))
-
-    with ThreadPoolExecutor(CONCURRENCY) as pool:
-        list(pool.map(send, bodies))
-    secs = time.time() - t0
-    res = rates({"table": table, "batches": len(bodies), "settings": settings,
-                 "body_bytes": sum(len(b[2]) for b in bodies)}, ds["records"], ds["bytes"], secs)
-    res.update(wall_seconds=round(secs, 3), client_cpu_seconds=round(time.process_time() - cpu0, 2),
-               stack_cpu=diff(s0, stack_cpu()), rows_series=series,
+    config = sluice_config(ds, "exactly-once", table, f"bench-raw-insert-{ds['size']}-{RUN}")
+    log = open(f"{WORK}/raw_insert-{ds['size']}.log", "w")
+    s0 = stack_cpu()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLUICE_")}
+    p = spawn([f"{BIN}/raw_insert", config], log, stdout=subprocess.PIPE, text=True, env=env)
+    w = Watch(p.pid)
+    out_text, _ = p.communicate(timeout=CASE_TIMEOUT)
+    w.finish()
+    if p.returncode != 0:
+        raise RuntimeError(f"raw_insert failed (exit {p.returncode}); see {log.name}")
+    r = json.loads(out_text)
+    log.close()
+    series = [(round(x["t"], 3), x["records"]) for x in map(json.loads, open(log.name)) if "t" in x]
+    res = rates({"table": table, "batches": r["batches"], "body_bytes": r["body_bytes"]},
+                r["records"], r["bytes"], r["seconds"])
+    cpu, _, peak = w.last or (0, 0, 0)
+    res.update(wall_seconds=round(r["seconds"], 3), cpu_seconds=cpu, peak_rss_mb=round(peak, 1),
+               stack_cpu=diff(s0, stack_cpu()), rows_series=series + [(r["seconds"], r["records"])],
                verify=verify(table, ds["records"], True))
     return res
 

@@ -27,7 +27,7 @@ pub use security::KafkaSecurity;
 
 use crate::ch::TableRef;
 use serde::Deserialize;
-use sluice_core::{BatchLimits, MetadataColumns};
+use sluice_core::{BatchLimits, MetadataColumns, RowEncoder};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -210,6 +210,18 @@ impl Config {
                 o.clickhouse_url
             ),
         ]
+    }
+
+    /// The encoder of `route`'s records: the sink's columns and record
+    /// limit, the route's required fields and dedup key.
+    pub fn encoder(&self, route: &Route) -> RowEncoder {
+        let e = RowEncoder::new(&route.topic, self.sink.columns.clone())
+            .with_required(route.required.clone())
+            .with_max_bytes(self.sink.max_record_bytes);
+        match &route.dedup {
+            Some(d) => e.with_key(d.fields.clone()),
+            None => e,
+        }
     }
 
     /// How long a writer goes on without reading its own ownership marker

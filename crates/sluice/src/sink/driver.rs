@@ -109,19 +109,7 @@ pub async fn run(
              a previous owner's last insert can land after this process starts writing"
         );
     }
-    let encoders: Vec<RowEncoder> = cfg
-        .routes
-        .iter()
-        .map(|r| {
-            let e = RowEncoder::new(&r.topic, cfg.sink.columns.clone())
-                .with_required(r.required.clone())
-                .with_max_bytes(cfg.sink.max_record_bytes);
-            match &r.dedup {
-                Some(d) => e.with_key(d.fields.clone()),
-                None => e,
-            }
-        })
-        .collect();
+    let encoders: Vec<RowEncoder> = cfg.routes.iter().map(|r| cfg.encoder(r)).collect();
     let dlq = match &cfg.dlq {
         None => None,
         Some(topic) => Some(
