@@ -8,12 +8,19 @@
 //! environment variables ([`env`]), then command-line flags (and
 //! `KAFKA_BROKERS` / `CLICKHOUSE_URL`, which stand for `--brokers` and
 //! `--clickhouse-url`). Secrets: [`secret`]. Kafka TLS and SASL: [`security`].
+//!
+//! One room per section, each validating its own: `[kafka]` (`kafka.rs`),
+//! `[clickhouse]` (`clickhouse.rs`), `[sink]` with its defaults (`sink.rs`),
+//! `[[route]]` (`route.rs`); this module joins them and checks the rules
+//! that span sections (a DLQ topic that is also routed, a topic routed twice).
 
 mod clickhouse;
 pub mod env;
 mod kafka;
+mod route;
 pub mod secret;
 pub mod security;
+mod sink;
 
 #[cfg(test)]
 mod fuzz_tests;
@@ -22,41 +29,19 @@ pub use clickhouse::{
     ClickHouseConfig, RawClickHouse, DEFAULT_DATABASE, DEFAULT_INSERT_TIMEOUT, DEFAULT_USER,
 };
 pub use kafka::{KafkaConfig, RawKafka};
+pub use route::{KeyDedup, RawRoute, Route, DEFAULT_DEDUP_MAX_KEYS, DEFAULT_DEDUP_WINDOW};
 pub use secret::Secret;
 pub use security::KafkaSecurity;
+pub use sink::{
+    Delivery, RawColumns, RawSink, SinkConfig, DEFAULT_COMMIT_INTERVAL, DEFAULT_MAX_BATCH_AGE,
+    DEFAULT_MAX_BATCH_BYTES, DEFAULT_MAX_BATCH_ROWS, DEFAULT_MAX_BUFFERED_BYTES,
+    DEFAULT_MAX_CONCURRENT_INSERTS, DEFAULT_PROGRESS_INTERVAL,
+};
 
-use crate::ch::TableRef;
 use serde::Deserialize;
-use sluice_core::{BatchLimits, MetadataColumns, RowEncoder};
+use sluice_core::{MetadataColumns, RowEncoder};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
-
-/// How strongly records are delivered.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default, clap::ValueEnum)]
-#[serde(rename_all = "kebab-case")]
-pub enum Delivery {
-    /// Resume from ClickHouse, reconcile unknown outcomes, fence on rebalance.
-    #[default]
-    ExactlyOnce,
-    /// Commit after insert and re-send blindly on failure (today's pipelines).
-    AtLeastOnce,
-    /// Deterministic batch boundaries and an `insert_deduplication_token` on
-    /// every insert, nothing else: the design of sinks that rely on
-    /// ClickHouse's dedup window. A baseline for `sluice lab`.
-    TokenOnly,
-}
-
-impl Delivery {
-    /// Whether the sink resumes from ClickHouse, reconciles and fences.
-    pub fn is_exactly_once(self) -> bool {
-        self == Delivery::ExactlyOnce
-    }
-
-    /// Whether every insert carries a deterministic dedup token.
-    pub fn sends_tokens(self) -> bool {
-        self != Delivery::AtLeastOnce
-    }
-}
 
 #[derive(Debug, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
@@ -98,79 +83,6 @@ pub struct RawMetrics {
     /// `host:port` to serve `/metrics`, `/health` and `/ready` on
     /// (e.g. `127.0.0.1:9464`). Default: not served.
     pub listen: Option<String>,
-}
-
-#[derive(Debug, Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-pub struct RawSink {
-    /// `exactly-once` (default), `at-least-once` or `token-only`.
-    pub delivery: Option<Delivery>,
-    /// Rows per insert, at most. Default 100000.
-    pub max_batch_rows: Option<usize>,
-    /// Bytes per insert, at most (approximately). Default 16 MiB.
-    pub max_batch_bytes: Option<usize>,
-    /// How long a row may wait for its batch to fill. Default 1s.
-    #[serde(default, with = "humantime_serde")]
-    pub max_batch_age: Option<Duration>,
-    /// Bytes buffered in batches being built or sent; over it, fetching
-    /// pauses. Default 256 MiB.
-    pub max_buffered_bytes: Option<usize>,
-    /// Inserts running at once. Default 4.
-    pub max_concurrent_inserts: Option<usize>,
-    /// How often durable positions are committed to Kafka. Default 1s.
-    #[serde(default, with = "humantime_serde")]
-    pub commit_interval: Option<Duration>,
-    /// How long a new owner waits before reading ClickHouse when the previous
-    /// owner did not hand the partition over cleanly: the previous owner's
-    /// last attempt may start up to an insert timeout after the group let it
-    /// go and run for another. Default: 2 × insert timeout + 5s.
-    #[serde(default, with = "humantime_serde")]
-    pub fence_wait: Option<Duration>,
-    /// A record value larger than this cannot become a row (it goes to the
-    /// DLQ). Default: `max_batch_bytes`.
-    pub max_record_bytes: Option<usize>,
-    /// How often a one-line progress summary is logged; `0s`: never.
-    /// Default 10s.
-    #[serde(default, with = "humantime_serde")]
-    pub progress_interval: Option<Duration>,
-    /// Names of the metadata columns.
-    #[serde(default)]
-    pub columns: RawColumns,
-}
-
-#[derive(Debug, Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-pub struct RawColumns {
-    /// Column for the source topic. Default `_topic`.
-    pub topic: Option<String>,
-    /// Column for the source partition. Default `_partition`.
-    pub partition: Option<String>,
-    /// Column for the source offset. Default `_offset`.
-    pub offset: Option<String>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawRoute {
-    /// Kafka topic to consume.
-    pub topic: String,
-    /// Target table, `table` or `database.table`.
-    pub table: String,
-    /// Key-level dedup: the top-level JSON fields that make a record's
-    /// business key. A record whose key was written within `dedup_window`
-    /// is dropped. Empty (default): off.
-    #[serde(default)]
-    pub dedup_key: Vec<String>,
-    /// How long a written key is remembered, in record time. Default 1h.
-    #[serde(default, with = "humantime_serde")]
-    pub dedup_window: Option<Duration>,
-    /// Keys remembered per partition at most; past it the oldest are
-    /// forgotten early. Default 10,000,000 (about 600 MB per partition).
-    pub dedup_max_keys: Option<usize>,
-    /// Top-level fields every record must have; a record without one of
-    /// them cannot become a row (it goes to the DLQ). Default: none.
-    #[serde(default)]
-    pub required: Vec<String>,
 }
 
 /// A validated configuration.
@@ -240,59 +152,6 @@ impl Config {
     pub fn fence_is_short(&self) -> Option<Duration> {
         let safe = self.clickhouse.insert_timeout * 2 + MIN_LEASE + FENCE_MARGIN;
         (self.sink.fence_wait < safe).then_some(safe)
-    }
-}
-
-#[derive(Debug, Clone)]
-pub struct SinkConfig {
-    pub delivery: Delivery,
-    pub limits: BatchLimits,
-    pub max_buffered_bytes: usize,
-    pub max_concurrent_inserts: usize,
-    pub commit_interval: Duration,
-    pub fence_wait: Duration,
-    pub max_record_bytes: usize,
-    /// How often the progress line is logged, if at all.
-    pub progress_interval: Option<Duration>,
-    pub columns: MetadataColumns,
-}
-
-impl SinkConfig {
-    /// The part of `max_buffered_bytes` for librdkafka's prefetch queue: a
-    /// quarter (1 MiB to 64 MiB).
-    pub fn kafka_buffer_bytes(&self) -> usize {
-        (self.max_buffered_bytes / 4).clamp(1 << 20, 64 << 20)
-    }
-
-    /// The part of `max_buffered_bytes` for batches being built or inserted.
-    pub fn batch_buffer_bytes(&self) -> usize {
-        self.max_buffered_bytes - self.kafka_buffer_bytes().min(self.max_buffered_bytes / 2)
-    }
-}
-
-/// A topic and the table its rows go to.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Route {
-    pub topic: String,
-    pub database: String,
-    pub table: String,
-    pub dedup: Option<KeyDedup>,
-    /// Fields every record must have.
-    pub required: Vec<String>,
-}
-
-/// Key-level dedup settings of a route.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct KeyDedup {
-    pub fields: Vec<String>,
-    pub window: Duration,
-    pub max_keys: usize,
-}
-
-impl Route {
-    /// The route's table.
-    pub fn table_ref(&self) -> TableRef {
-        TableRef::new(&self.database, &self.table)
     }
 }
 
@@ -460,54 +319,10 @@ impl RawConfig {
         if o.clickhouse_url.is_some() {
             origins.flag("clickhouse.url", "--clickhouse-url");
         }
-        let kafka = self.kafka.validate(o.brokers, o.group_id)?;
-        let clickhouse = self.clickhouse.validate(o.clickhouse_url)?;
-        let (database, insert_timeout) = (clickhouse.database.clone(), clickhouse.insert_timeout);
+        let kafka = self.kafka.validate(o.brokers.clone(), o.group_id.clone())?;
+        let clickhouse = self.clickhouse.validate(o.clickhouse_url.clone())?;
 
-        let s = self.sink;
-        let limits = BatchLimits {
-            max_rows: positive(
-                "sink.max_batch_rows",
-                o.max_batch_rows.or(s.max_batch_rows),
-                100_000,
-            )?,
-            max_bytes: positive("sink.max_batch_bytes", s.max_batch_bytes, 16 << 20)?,
-            max_age: bounded("sink.max_batch_age", s.max_batch_age)?
-                .unwrap_or(Duration::from_secs(1)),
-            aligned: o.delivery.or(s.delivery) == Some(Delivery::TokenOnly),
-        };
-        if o.delivery
-            .or(s.delivery)
-            .unwrap_or_default()
-            .is_exactly_once()
-        {
-            if let Some(name) = PROTOCOL_SETTINGS
-                .iter()
-                .find(|n| clickhouse.settings.contains_key(**n))
-            {
-                return Err(invalid(
-                    &format!("clickhouse.settings.{name}"),
-                    "not set: exactly-once sets it (its bounds come from clickhouse.insert_timeout)",
-                    &clickhouse.settings[*name],
-                ));
-            }
-        }
-        if limits.max_bytes > 1 << 30 {
-            return Err(invalid(
-                "sink.max_batch_bytes",
-                "at most 1 GiB",
-                &limits.max_bytes.to_string(),
-            ));
-        }
-        let max_buffered_bytes =
-            positive("sink.max_buffered_bytes", s.max_buffered_bytes, 256 << 20)?;
-        if max_buffered_bytes < 2 * limits.max_bytes {
-            return Err(ConfigError::BufferTooSmall {
-                buffered: max_buffered_bytes,
-                batch: limits.max_bytes,
-            });
-        }
-        let columns = s.columns.validate()?;
+        let sink = self.sink.validate(&o, &clickhouse)?;
 
         if self.routes.is_empty() {
             return Err(ConfigError::Missing {
@@ -517,52 +332,11 @@ impl RawConfig {
         }
         let mut routes: Vec<Route> = Vec::new();
         for (i, r) in self.routes.into_iter().enumerate() {
-            if r.topic.is_empty() {
-                return Err(invalid(
-                    &format!("route[{i}].topic"),
-                    "a topic name",
-                    &r.topic,
-                ));
+            let route = r.validate(i, &clickhouse.database, &sink.columns)?;
+            if routes.iter().any(|x| x.topic == route.topic) {
+                return Err(ConfigError::DuplicateTopic(route.topic));
             }
-            let (db, table) = match r.table.split_once('.') {
-                Some((db, t)) => (db.to_string(), t.to_string()),
-                None => (database.clone(), r.table.clone()),
-            };
-            if db.is_empty() || table.is_empty() {
-                return Err(invalid(
-                    &format!("route[{i}].table"),
-                    "table or database.table",
-                    &r.table,
-                ));
-            }
-            if routes.iter().any(|x| x.topic == r.topic) {
-                return Err(ConfigError::DuplicateTopic(r.topic));
-            }
-            let dedup = key_dedup(i, &r, &columns)?;
-            for (j, f) in r.required.iter().enumerate() {
-                let meta = [&columns.topic, &columns.partition, &columns.offset];
-                if f.is_empty() || meta.contains(&f) || r.required[..j].contains(f) {
-                    return Err(invalid(
-                        &format!("route[{i}].required[{j}]"),
-                        "a distinct top-level field of the records, not a metadata column",
-                        f,
-                    ));
-                }
-            }
-            if r.required.len() > sluice_core::row::MAX_REQUIRED_FIELDS {
-                return Err(invalid(
-                    &format!("route[{i}].required"),
-                    "at most 64 fields",
-                    &r.required.len().to_string(),
-                ));
-            }
-            routes.push(Route {
-                topic: r.topic,
-                database: db,
-                table,
-                dedup,
-                required: r.required,
-            });
+            routes.push(route);
         }
 
         let metrics_listen =
@@ -583,44 +357,12 @@ impl RawConfig {
             }
             other => other,
         };
-        let max_record_bytes = positive(
-            "sink.max_record_bytes",
-            s.max_record_bytes,
-            limits.max_bytes,
-        )?;
-        if max_record_bytes > limits.max_bytes {
-            return Err(invalid(
-                "sink.max_record_bytes",
-                "at most sink.max_batch_bytes",
-                &max_record_bytes.to_string(),
-            ));
-        }
         Ok(Config {
             metrics_listen,
             dlq,
             kafka,
             clickhouse,
-            sink: SinkConfig {
-                delivery: o.delivery.or(s.delivery).unwrap_or_default(),
-                limits,
-                max_buffered_bytes,
-                max_concurrent_inserts: positive(
-                    "sink.max_concurrent_inserts",
-                    s.max_concurrent_inserts,
-                    4,
-                )?,
-                commit_interval: bounded("sink.commit_interval", s.commit_interval)?
-                    .unwrap_or(Duration::from_secs(1)),
-                fence_wait: bounded("sink.fence_wait", s.fence_wait)?
-                    .unwrap_or(insert_timeout * 2 + MAX_LEASE + FENCE_MARGIN),
-                max_record_bytes,
-                progress_interval: Some(
-                    bounded("sink.progress_interval", s.progress_interval)?
-                        .unwrap_or(Duration::from_secs(10)),
-                )
-                .filter(|d| !d.is_zero()),
-                columns,
-            },
+            sink,
             routes,
             origins,
         })
@@ -647,91 +389,6 @@ impl RawConfig {
         ))
     }
 }
-
-impl RawColumns {
-    /// The names, defaults filled in: distinct and non-empty.
-    fn validate(self) -> Result<MetadataColumns, ConfigError> {
-        let d = MetadataColumns::default();
-        let c = MetadataColumns {
-            topic: self.topic.unwrap_or(d.topic),
-            partition: self.partition.unwrap_or(d.partition),
-            offset: self.offset.unwrap_or(d.offset),
-        };
-        let names = [&c.topic, &c.partition, &c.offset];
-        if names.iter().any(|n| n.is_empty())
-            || c.topic == c.partition
-            || c.topic == c.offset
-            || c.partition == c.offset
-        {
-            return Err(ConfigError::Columns);
-        }
-        Ok(c)
-    }
-}
-
-/// A route's key dedup: its fields must be named, distinct and not metadata
-/// columns; a window or cap without fields is a mistake.
-fn key_dedup(
-    i: usize,
-    r: &RawRoute,
-    columns: &MetadataColumns,
-) -> Result<Option<KeyDedup>, ConfigError> {
-    if r.dedup_key.is_empty() {
-        if r.dedup_window.is_some() || r.dedup_max_keys.is_some() {
-            return Err(invalid(
-                &format!("route[{i}].dedup_key"),
-                "the key fields, since dedup_window or dedup_max_keys is set",
-                "nothing",
-            ));
-        }
-        return Ok(None);
-    }
-    if r.dedup_key.len() > sluice_core::row::MAX_KEY_FIELDS {
-        return Err(invalid(
-            &format!("route[{i}].dedup_key"),
-            "at most 8 fields",
-            &r.dedup_key.join(", "),
-        ));
-    }
-    for (j, f) in r.dedup_key.iter().enumerate() {
-        let meta = [&columns.topic, &columns.partition, &columns.offset];
-        if f.is_empty() || meta.contains(&f) || r.dedup_key[..j].contains(f) {
-            return Err(invalid(
-                &format!("route[{i}].dedup_key[{j}]"),
-                "a distinct top-level field of the records, not a metadata column",
-                f,
-            ));
-        }
-    }
-    let window = bounded(&format!("route[{i}].dedup_window"), r.dedup_window)?
-        .unwrap_or(Duration::from_secs(3600));
-    if window.is_zero() {
-        return Err(invalid(
-            &format!("route[{i}].dedup_window"),
-            "a positive duration such as 1h",
-            "0s",
-        ));
-    }
-    Ok(Some(KeyDedup {
-        fields: r.dedup_key.clone(),
-        window,
-        max_keys: positive(
-            &format!("route[{i}].dedup_max_keys"),
-            r.dedup_max_keys,
-            10_000_000,
-        )?,
-    }))
-}
-
-/// Insert settings exactly-once relies on: a bound on a running insert,
-/// one part per insert, synchronous inserts, a bound on a quorum insert.
-const PROTOCOL_SETTINGS: &[&str] = &[
-    "max_execution_time",
-    "timeout_overflow_mode",
-    "max_insert_threads",
-    "async_insert",
-    "insert_quorum_timeout",
-];
 
 fn invalid(field: &str, expected: &'static str, found: &str) -> ConfigError {
     ConfigError::Invalid {

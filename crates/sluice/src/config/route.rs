@@ -1,0 +1,176 @@
+//! The `[[route]]` sections: which topic goes to which table, and the
+//! route's record checks and key dedup.
+//!
+//! In: one section as written ([`RawRoute`]), its index (for error
+//! messages), the default database and the metadata column names. Out: a
+//! [`Route`], or a [`ConfigError`] naming the field (`route[i].…`).
+
+use super::{bounded, invalid, positive, ConfigError};
+use crate::ch::TableRef;
+use serde::Deserialize;
+use sluice_core::MetadataColumns;
+use std::time::Duration;
+
+/// How long a written key is remembered when the route does not say.
+pub const DEFAULT_DEDUP_WINDOW: Duration = Duration::from_secs(3600);
+/// Keys remembered per partition when the route does not say.
+pub const DEFAULT_DEDUP_MAX_KEYS: usize = 10_000_000;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRoute {
+    /// Kafka topic to consume.
+    pub topic: String,
+    /// Target table, `table` or `database.table`.
+    pub table: String,
+    /// Key-level dedup: the top-level JSON fields that make a record's
+    /// business key. A record whose key was written within `dedup_window`
+    /// is dropped. Empty (default): off.
+    #[serde(default)]
+    pub dedup_key: Vec<String>,
+    /// How long a written key is remembered, in record time. Default 1h.
+    #[serde(default, with = "humantime_serde")]
+    pub dedup_window: Option<Duration>,
+    /// Keys remembered per partition at most; past it the oldest are
+    /// forgotten early. Default 10,000,000 (about 600 MB per partition).
+    pub dedup_max_keys: Option<usize>,
+    /// Top-level fields every record must have; a record without one of
+    /// them cannot become a row (it goes to the DLQ). Default: none.
+    #[serde(default)]
+    pub required: Vec<String>,
+}
+
+/// A topic and the table its rows go to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Route {
+    pub topic: String,
+    pub database: String,
+    pub table: String,
+    pub dedup: Option<KeyDedup>,
+    /// Fields every record must have.
+    pub required: Vec<String>,
+}
+
+/// Key-level dedup settings of a route.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyDedup {
+    pub fields: Vec<String>,
+    pub window: Duration,
+    pub max_keys: usize,
+}
+
+impl Route {
+    /// The route's table.
+    pub fn table_ref(&self) -> TableRef {
+        TableRef::new(&self.database, &self.table)
+    }
+}
+
+impl RawRoute {
+    /// Route `i`, its table in `database` unless it names one.
+    pub fn validate(
+        self,
+        i: usize,
+        database: &str,
+        columns: &MetadataColumns,
+    ) -> Result<Route, ConfigError> {
+        let r = self;
+        if r.topic.is_empty() {
+            return Err(invalid(
+                &format!("route[{i}].topic"),
+                "a topic name",
+                &r.topic,
+            ));
+        }
+        let (db, table) = match r.table.split_once('.') {
+            Some((db, t)) => (db.to_string(), t.to_string()),
+            None => (database.to_string(), r.table.clone()),
+        };
+        if db.is_empty() || table.is_empty() {
+            return Err(invalid(
+                &format!("route[{i}].table"),
+                "table or database.table",
+                &r.table,
+            ));
+        }
+        let dedup = key_dedup(i, &r, columns)?;
+        for (j, f) in r.required.iter().enumerate() {
+            let meta = [&columns.topic, &columns.partition, &columns.offset];
+            if f.is_empty() || meta.contains(&f) || r.required[..j].contains(f) {
+                return Err(invalid(
+                    &format!("route[{i}].required[{j}]"),
+                    "a distinct top-level field of the records, not a metadata column",
+                    f,
+                ));
+            }
+        }
+        if r.required.len() > sluice_core::row::MAX_REQUIRED_FIELDS {
+            return Err(invalid(
+                &format!("route[{i}].required"),
+                "at most 64 fields",
+                &r.required.len().to_string(),
+            ));
+        }
+        Ok(Route {
+            topic: r.topic,
+            database: db,
+            table,
+            dedup,
+            required: r.required,
+        })
+    }
+}
+
+/// A route's key dedup: its fields must be named, distinct and not metadata
+/// columns; a window or cap without fields is a mistake.
+fn key_dedup(
+    i: usize,
+    r: &RawRoute,
+    columns: &MetadataColumns,
+) -> Result<Option<KeyDedup>, ConfigError> {
+    if r.dedup_key.is_empty() {
+        if r.dedup_window.is_some() || r.dedup_max_keys.is_some() {
+            return Err(invalid(
+                &format!("route[{i}].dedup_key"),
+                "the key fields, since dedup_window or dedup_max_keys is set",
+                "nothing",
+            ));
+        }
+        return Ok(None);
+    }
+    if r.dedup_key.len() > sluice_core::row::MAX_KEY_FIELDS {
+        return Err(invalid(
+            &format!("route[{i}].dedup_key"),
+            "at most 8 fields",
+            &r.dedup_key.join(", "),
+        ));
+    }
+    for (j, f) in r.dedup_key.iter().enumerate() {
+        let meta = [&columns.topic, &columns.partition, &columns.offset];
+        if f.is_empty() || meta.contains(&f) || r.dedup_key[..j].contains(f) {
+            return Err(invalid(
+                &format!("route[{i}].dedup_key[{j}]"),
+                "a distinct top-level field of the records, not a metadata column",
+                f,
+            ));
+        }
+    }
+    let window = bounded(&format!("route[{i}].dedup_window"), r.dedup_window)?
+        .unwrap_or(DEFAULT_DEDUP_WINDOW);
+    if window.is_zero() {
+        return Err(invalid(
+            &format!("route[{i}].dedup_window"),
+            "a positive duration such as 1h",
+            "0s",
+        ));
+    }
+    Ok(Some(KeyDedup {
+        fields: r.dedup_key.clone(),
+        window,
+        max_keys: positive(
+            &format!("route[{i}].dedup_max_keys"),
+            r.dedup_max_keys,
+            DEFAULT_DEDUP_MAX_KEYS,
+        )?,
+    }))
+}
