@@ -4,10 +4,10 @@
 //! `deny_unknown_fields` and a doc comment on every field; [`RawConfig::validate`]
 //! turns it into [`Config`], with one [`ConfigError`] variant per broken rule.
 //!
-//! Precedence, lowest first: built-in defaults, the file, `SLUICE_…`
-//! environment variables ([`env`]), then command-line flags (and
-//! `KAFKA_BROKERS` / `CLICKHOUSE_URL`, which stand for `--brokers` and
-//! `--clickhouse-url`). Secrets: [`secret`]. Kafka TLS and SASL: [`security`].
+//! Precedence, lowest first: built-in defaults, the generic
+//! `KAFKA_BROKERS` / `CLICKHOUSE_URL` (they only fill in what nothing else
+//! sets), the file, `SLUICE_…` environment variables ([`env`]), then
+//! command-line flags. Secrets: [`secret`]. Kafka TLS and SASL: [`security`].
 //!
 //! One room per section, each validating its own: `[kafka]` (`kafka.rs`),
 //! `[clickhouse]` (`clickhouse.rs`), `[sink]` with its defaults (`sink.rs`),
