@@ -2,12 +2,13 @@
 //! delays from here.
 //!
 //! The delays are backon's exponential backoff: from a first delay that
-//! suits the call, doubling, at most [`MAX_DELAY`], each with up to as much
-//! again of jitter, so processes that failed together do not retry in step.
-//! Whether to try again is the error's own call (a ClickHouse error's
-//! [`crate::ch::ChError::is_retriable`], a claim that lost a race); the
-//! loops decide what happens between tries, and every wait ends at once
-//! when the process stops.
+//! suits the call, doubling, with up to as much again of jitter (so
+//! processes that failed together do not retry in step), never over
+//! [`MAX_DELAY`]. Whether to try again is the error's own call (a
+//! ClickHouse error's [`crate::ch::ChError::is_retriable`], a claim that
+//! lost a race); the loops decide what happens between tries. A wait ends
+//! early when its caller's token fires: the process stopping, or the
+//! partition given up.
 
 use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder, Retryable};
 use std::fmt::Display;
@@ -15,20 +16,21 @@ use std::future::Future;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
-/// The longest wait between two tries (before jitter).
+/// The longest wait between two tries, jitter included.
 pub const MAX_DELAY: Duration = Duration::from_secs(5);
 
-/// The policy, from `first` on: endless.
-fn policy(first: Duration) -> ExponentialBuilder {
+/// The policy, from `first` on, waits never over `max`: endless.
+fn policy(first: Duration, max: Duration) -> ExponentialBuilder {
+    // Jitter adds up to as much again: the delay itself stops at half.
     ExponentialBuilder::default()
-        .with_min_delay(first)
-        .with_max_delay(MAX_DELAY)
+        .with_min_delay(first.min(max / 2))
+        .with_max_delay(max / 2)
         .with_jitter()
         .without_max_times()
 }
 
 /// The waits before each next try of one call, the first about `first`.
-pub struct Delays(ExponentialBackoff);
+pub struct Delays(ExponentialBackoff, Duration);
 
 impl Delays {
     pub fn new(first: Duration) -> Self {
@@ -38,12 +40,12 @@ impl Delays {
     /// Waits from `first` up to `max`: for a local condition that clears
     /// fast (a full producer queue), where [`MAX_DELAY`] would idle.
     pub fn up_to(first: Duration, max: Duration) -> Self {
-        Self(policy(first).with_max_delay(max).build())
+        Self(policy(first, max).build(), max)
     }
 
     /// The next wait.
     pub fn next_delay(&mut self) -> Duration {
-        self.0.next().unwrap_or(MAX_DELAY)
+        self.0.next().unwrap_or(self.1).min(self.1)
     }
 
     /// Sleeps the next wait; false if `stop` fired first.
@@ -71,7 +73,7 @@ where
     E: Display,
 {
     let tries = f
-        .retry(policy(first))
+        .retry(policy(first, MAX_DELAY))
         .sleep(tokio::time::sleep)
         .notify(|e: &E, next: Duration| {
             tracing::warn!(error = %format_args!("{e:#}"), retry_in = ?next, "cannot {what} yet; retrying");
@@ -79,7 +81,14 @@ where
     tokio::select! {
         biased;
         _ = stop.cancelled() => None,
-        r = tries => r.ok(),
+        r = tries => match r {
+            Ok(v) => Some(v),
+            // The policy is endless: only a stop ends it.
+            Err(e) => {
+                tracing::error!(error = %format_args!("{e:#}"), "gave up trying to {what}");
+                None
+            }
+        },
     }
 }
 
@@ -89,14 +98,17 @@ mod tests {
     use std::sync::atomic::{AtomicU32, Ordering};
 
     #[test]
-    fn the_waits_double_up_to_the_cap_with_jitter_below_as_much_again() {
+    fn the_waits_double_with_jitter_and_never_pass_the_cap() {
         let mut d = Delays::new(Duration::from_millis(100));
         let mut floor = Duration::from_millis(100);
-        for _ in 0..20 {
+        for _ in 0..30 {
             let w = d.next_delay();
             assert!(w >= floor && w <= floor * 2, "{w:?} for {floor:?}");
-            floor = (floor * 2).min(MAX_DELAY);
+            assert!(w <= MAX_DELAY);
+            floor = (floor * 2).min(MAX_DELAY / 2);
         }
+        let mut small = Delays::up_to(Duration::from_millis(10), Duration::from_millis(50));
+        assert!((0..100).all(|_| small.next_delay() <= Duration::from_millis(50)));
     }
 
     #[tokio::test]

@@ -95,7 +95,7 @@ impl Dlq {
         l: &Letter,
         abandon: &CancellationToken,
     ) -> Result<Option<Pending>, KafkaError> {
-        let mut delays = Delays::up_to(Duration::from_millis(10), Duration::from_millis(200));
+        let mut delays = Delays::up_to(Duration::from_millis(10), Duration::from_millis(50));
         loop {
             match self.try_send(l) {
                 Err(KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull)) => {

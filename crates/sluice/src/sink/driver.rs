@@ -216,7 +216,8 @@ async fn connect_clickhouse(cfg: &Config) -> anyhow::Result<ClickHouse> {
             Err(e) if e.is_retriable() && Instant::now() < deadline => {
                 let url = redact_url(&cfg.clickhouse.url);
                 tracing::warn!(%url, error = %e, "ClickHouse not reachable yet");
-                tokio::time::sleep(delays.next_delay()).await;
+                let left = deadline.saturating_duration_since(Instant::now());
+                tokio::time::sleep(delays.next_delay().min(left)).await;
             }
             Err(e) => {
                 return Err(anyhow!(
