@@ -4,30 +4,23 @@
 use crate::harness::*;
 
 fn check(toml: &str) -> (i32, String) {
-    sluice(&["check-config"], toml, &[])
+    with_config(&["check-config"], toml, &[])
 }
 
 /// `sluice <args> --config <toml>` with `env`; returns (exit code, stdout + stderr).
-fn sluice(args: &[&str], toml: &str, env: &[(&str, &str)]) -> (i32, String) {
+fn with_config(args: &[&str], toml: &str, env: &[(&str, &str)]) -> (i32, String) {
     let dir = std::env::temp_dir().join(unique("check"));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("sluice.toml");
     std::fs::write(&path, toml).unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args(args)
+    let out = run(sluice(args)
         .arg("--config")
         .arg(&path)
         .env_remove("KAFKA_BROKERS")
         .env_remove("CLICKHOUSE_URL")
-        .envs(env.iter().copied())
-        .output()
-        .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.code().unwrap_or(-1), text)
+        .env_remove("SLUICE_LOG")
+        .envs(env.iter().copied()));
+    (out.code, format!("{}{}", out.stdout, out.stderr))
 }
 
 fn config(brokers: &str, url: &str, topic: &str, table: &str) -> String {
@@ -139,13 +132,13 @@ table = "db.t"
         ch_pw.display()
     );
     let env = [("SLUICE_KAFKA_SASL_PASSWORD", "env-s3cret")];
-    let (code, out) = sluice(&["check-config"], &toml, &env);
+    let (code, out) = with_config(&["check-config"], &toml, &env);
     assert_eq!(code, 1, "{out}");
     assert!(out.contains("kafka 127.0.0.1:1"), "{out}");
-    let (code, run) = sluice(&["--log", "trace", "run"], &toml, &env);
+    let (code, run) = with_config(&["--log", "trace", "run"], &toml, &env);
     assert_eq!(code, 2, "{run}");
     // Without the variable the password is missing: a config error.
-    let (code, missing) = sluice(&["check-config"], &toml, &[]);
+    let (code, missing) = with_config(&["check-config"], &toml, &[]);
     assert_eq!(code, 2, "{missing}");
     assert!(
         missing.contains("kafka.sasl.password: missing"),
@@ -158,7 +151,7 @@ table = "db.t"
             "username = \"sluice\"\npassword = \"inline-s3cret\"",
         )
         .replace("[[route]]", "[sink]\nmax_batch_rows = 0\n[[route]]");
-    let (code, bad) = sluice(&["run"], &inline, &[]);
+    let (code, bad) = with_config(&["run"], &inline, &[]);
     assert_eq!(code, 2, "{bad}");
     for out in [&out, &run, &missing, &bad] {
         assert!(!out.contains("s3cret"), "a secret leaked: {out}");
@@ -213,7 +206,7 @@ async fn endpoints_say_where_they_came_from() {
         ("CLICKHOUSE_URL", "http://127.0.0.1:1"),
     ];
     let file = config(&brokers(), &clickhouse_url(), &topic, &table);
-    let (code, out) = sluice(&["check-config"], &file, &stray);
+    let (code, out) = with_config(&["check-config"], &file, &stray);
     assert_eq!(code, 0, "the file's servers are used: {out}");
     let url = clickhouse_url();
     assert!(
@@ -228,7 +221,7 @@ async fn endpoints_say_where_they_came_from() {
     // A SLUICE_ variable is meant for sluice: it beats the file.
     let mut env = stray.to_vec();
     env.push(("SLUICE_CLICKHOUSE_URL", "http://127.0.0.1:1"));
-    let (code, out) = sluice(&["check-config"], &file, &env);
+    let (code, out) = with_config(&["check-config"], &file, &env);
     assert_eq!(code, 1, "{out}");
     assert!(
         out.contains("clickhouse.url = http://127.0.0.1:1 (from SLUICE_CLICKHOUSE_URL)"),
@@ -243,7 +236,7 @@ async fn endpoints_say_where_they_came_from() {
         ("CLICKHOUSE_URL", url.clone()),
     ];
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    let (code, out) = sluice(&["check-config"], &bare, &env);
+    let (code, out) = with_config(&["check-config"], &bare, &env);
     assert_eq!(code, 0, "{out}");
     assert!(
         out.contains(&format!("clickhouse.url = {url} (from CLICKHOUSE_URL)"))
@@ -255,7 +248,7 @@ async fn endpoints_say_where_they_came_from() {
     );
     assert!(!out.contains("ignored"), "{out}");
     // A flag beats everything.
-    let (code, out) = sluice(
+    let (code, out) = with_config(
         &["check-config", "--clickhouse-url", &url],
         &file.replace(&format!("url = \"{url}\""), "url = \"http://127.0.0.1:1\""),
         &stray,

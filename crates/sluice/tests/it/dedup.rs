@@ -85,13 +85,11 @@ async fn without_key_dedup_the_copies_land() {
     assert_eq!(missing_ids(&ch, &table, 1000).await, 0);
 
     // `sluice audit` sees them and names the entry point.
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args(["audit", "--table", &table, "--key", "id", "--json"])
-        .env("CLICKHOUSE_URL", clickhouse_url())
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(1), "duplicates found");
-    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let out = run(&mut sluice([
+        "audit", "--table", &table, "--key", "id", "--json",
+    ]));
+    assert_eq!(out.code, 1, "duplicates found");
+    let r: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
     assert_eq!(r["producer_side_rows"], 100, "{r}");
     assert_eq!(r["sink_replay_rows"], 0, "{r}");
 }
@@ -112,8 +110,7 @@ async fn resend_sends_only_the_records_the_table_lacks() {
         .collect();
     std::fs::write(&file, text).unwrap();
     let resend = |dry: bool| {
-        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"));
-        cmd.args([
+        let mut cmd = sluice([
             "resend",
             "--table",
             &table,
@@ -121,11 +118,8 @@ async fn resend_sends_only_the_records_the_table_lacks() {
             "id",
             "--topic",
             &topic,
-        ])
-        .arg("--retry-file")
-        .arg(dir.join("retry.jsonl"))
-        .env("CLICKHOUSE_URL", clickhouse_url())
-        .env("KAFKA_BROKERS", brokers());
+        ]);
+        cmd.arg("--retry-file").arg(dir.join("retry.jsonl"));
         if dry {
             cmd.arg("--dry-run");
         }

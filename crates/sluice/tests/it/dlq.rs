@@ -3,7 +3,7 @@
 //! while the DLQ does not answer.
 
 use crate::harness::*;
-use crate::metrics::{get, value};
+use crate::metrics::value;
 use sluice::lab::kafka_proxy::ProxiedBroker;
 use sluice::lab::poison;
 use std::collections::BTreeSet;

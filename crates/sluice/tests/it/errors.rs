@@ -121,13 +121,9 @@ fn bad_config_is_named() {
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("sluice.toml");
     std::fs::write(&path, "[sink]\nmax_batch_rows = 0\n[kafka]\nbrokers='x:1'\n[clickhouse]\nurl='http://x'\n[[route]]\ntopic='t'\ntable='t'\n").unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args(["run", "--config"])
-        .arg(&path)
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(2));
-    let err = String::from_utf8_lossy(&out.stderr);
+    let out = run(sluice(["run", "--config"]).arg(&path));
+    assert_eq!(out.code, 2);
+    let err = out.stderr;
     assert!(
         err.contains("sink.max_batch_rows: expected a positive number, found \"0\""),
         "{err}"

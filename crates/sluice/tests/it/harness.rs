@@ -15,6 +15,59 @@ pub fn clickhouse_url() -> String {
         .expect("CLICKHOUSE_URL is not set: the stack is missing (run `make test`, or `make stack` and export its lines)")
 }
 
+/// `sluice ARGS`, pointed at the stack (`KAFKA_BROKERS`, `CLICKHOUSE_URL`):
+/// the one way tests run the binary. Tests that must not see the stack
+/// remove the variables from the returned command.
+pub fn sluice<I, S>(args: I) -> std::process::Command
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<std::ffi::OsStr>,
+{
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"));
+    cmd.args(args)
+        .env("KAFKA_BROKERS", brokers())
+        .env("CLICKHOUSE_URL", clickhouse_url())
+        .env("SLUICE_LOG", "warn");
+    cmd
+}
+
+/// What a finished `sluice` command left.
+pub struct Ran {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+/// Runs `cmd` to its end.
+pub fn run(cmd: &mut std::process::Command) -> Ran {
+    let out = cmd.output().expect("running sluice");
+    Ran {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+/// `GET path` on `addr` with hyper's client; returns (status, body).
+pub async fn get(addr: &str, path: &str) -> (u16, String) {
+    use http_body_util::{BodyExt, Empty};
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<Empty<bytes::Bytes>>();
+    let uri = format!("http://{addr}{path}").parse().expect("a URI");
+    let resp = client
+        .get(uri)
+        .await
+        .unwrap_or_else(|e| panic!("GET {path}: {e}"));
+    let status = resp.status().as_u16();
+    let body = resp
+        .into_body()
+        .collect()
+        .await
+        .unwrap_or_else(|e| panic!("GET {path}: {e}"))
+        .to_bytes();
+    (status, String::from_utf8_lossy(&body).into_owned())
+}
+
 /// The stack as the lab's fixtures see it; topics, producers and the
 /// keepalive member come from there.
 pub fn stack() -> Stack {

@@ -27,16 +27,12 @@ fn quick_matrix_exactly_once_is_clean_and_baselines_fail() {
     // The lab starts a broker for each scenario: the rest of the suite's
     // groups and topics on the shared tansu slow its coordinator until
     // heartbeats time out (6 s), and each lost assignment costs a fence.
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args(["lab", "--quick", "--json"])
+    let out = run(sluice(["lab", "--quick", "--json"])
         .arg(&json)
         .arg("--markdown")
         .arg(&md)
-        .env("CLICKHOUSE_URL", clickhouse_url())
-        .output()
-        .expect("running sluice lab");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "sluice lab failed: {stderr}");
+        .env("SLUICE_LOG", "info"));
+    assert_eq!(out.code, 0, "sluice lab failed: {}", out.stderr);
     let cells: Vec<Cell> = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
     eprintln!("{}", std::fs::read_to_string(&md).unwrap());
     assert_eq!(cells.len(), 15 * 4, "every scenario × mode: {cells:?}");

@@ -4,23 +4,6 @@
 use crate::harness::*;
 use std::time::Duration;
 
-/// `GET path` on `addr`; returns (status, body).
-pub async fn get(addr: &str, path: &str) -> (u16, String) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
-    s.write_all(req.as_bytes()).await.unwrap();
-    let mut resp = String::new();
-    s.read_to_string(&mut resp).await.unwrap();
-    let status = resp
-        .split(' ')
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let body = resp.split("\r\n\r\n").nth(1).unwrap_or("").to_string();
-    (status, body)
-}
-
 /// The value of the series whose line starts with `prefix`.
 pub fn value(metrics: &str, prefix: &str) -> f64 {
     metrics

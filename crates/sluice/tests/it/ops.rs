@@ -5,29 +5,19 @@
 
 use crate::harness::*;
 use serde_json::Value;
-use std::process::Output;
 use std::time::{Duration, Instant};
 
 /// Runs `sluice ARGS` against the stack; returns (exit code, stdout, stderr).
-fn sluice(args: &[&str]) -> (i32, String, String) {
-    let out: Output = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args(args)
-        .env("CLICKHOUSE_URL", clickhouse_url())
-        .env("SLUICE_LOG", "warn")
-        .output()
-        .expect("running sluice");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+fn tool(args: &[&str]) -> (i32, String, String) {
+    let r = run(&mut sluice(args));
+    (r.code, r.stdout, r.stderr)
 }
 
 /// Runs a tool with `--json` and parses its report; asserts the exit code.
 fn report(args: &[&str], code: i32) -> Value {
     let mut all = args.to_vec();
     all.push("--json");
-    let (c, out, err) = sluice(&all);
+    let (c, out, err) = tool(&all);
     assert_eq!(c, code, "sluice {args:?}: stdout {out}\nstderr {err}");
     serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"))
 }
@@ -158,7 +148,7 @@ async fn window_reports_settings_rate_and_caught_resubmits() {
     );
 
     // The readable report says the same.
-    let (code, text, _) = sluice(&["window", "--table", &table, "--since", "1h"]);
+    let (code, text, _) = tool(&["window", "--table", &table, "--since", "1h"]);
     assert_eq!(code, 0);
     assert!(
         text.contains("Re-submits the window caught (error = 389): 3"),
@@ -176,13 +166,13 @@ async fn window_reports_settings_rate_and_caught_resubmits() {
 
 #[tokio::test]
 async fn window_rejects_bad_input() {
-    let (code, _, err) = sluice(&["window", "--table", "nodb.nosuch"]);
+    let (code, _, err) = tool(&["window", "--table", "nodb.nosuch"]);
     assert_eq!(code, 2);
     assert!(err.contains("table nodb.nosuch does not exist"), "{err}");
-    let (code, _, err) = sluice(&["window", "--table", "nodot"]);
+    let (code, _, err) = tool(&["window", "--table", "nodot"]);
     assert_eq!(code, 2);
     assert!(err.contains("is not DB.TABLE"), "{err}");
-    let (code, _, err) = sluice(&["window", "--table", "a.b", "--retry-interval", "9s..3s"]);
+    let (code, _, err) = tool(&["window", "--table", "a.b", "--retry-interval", "9s..3s"]);
     assert_eq!(code, 2);
     assert!(err.contains("runs backwards"), "{err}");
 }
@@ -449,7 +439,7 @@ async fn repair_interrupted_at_every_step_finishes_or_rolls_back() {
         ];
         let mut first = args.to_vec();
         first.extend(["--interrupt-after", step]);
-        let (code, _, err) = sluice(&first);
+        let (code, _, err) = tool(&first);
         assert_eq!(code, 2, "{step}: {err}");
         assert!(err.contains("interrupted after"), "{step}: {err}");
         // Before the replace, the run names what it left and how to go on.
@@ -519,9 +509,7 @@ async fn repair_killed_at_random_instants_finishes_when_run_again() {
             "id",
             "--execute",
         ];
-        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
-            .args(args)
-            .env("CLICKHOUSE_URL", clickhouse_url())
+        let mut child = sluice(args)
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
             .spawn()
@@ -580,7 +568,7 @@ async fn repair_refuses_a_partition_that_is_being_written() {
     });
     tokio::time::sleep(Duration::from_millis(300)).await;
     let started = Instant::now();
-    let (code, out, err) = sluice(&[
+    let (code, out, err) = tool(&[
         "repair",
         "--table",
         &table,
@@ -639,7 +627,7 @@ async fn schema_prints_ddl_the_engine_accepts() {
     let db = unique("schema");
     exec(&ch, &format!("CREATE DATABASE {db}")).await;
     let table = format!("{db}.orders");
-    let (code, ddl, err) = sluice(&[
+    let (code, ddl, err) = tool(&[
         "schema",
         "--table",
         &table,
@@ -688,12 +676,12 @@ async fn schema_prints_ddl_the_engine_accepts() {
         .unwrap();
     assert_eq!((n, amount), (1, 2.0));
     // Columns can also come from an existing table.
-    let (code, again, _) = sluice(&["schema", "--table", &table, "--key", "order_id"]);
+    let (code, again, _) = tool(&["schema", "--table", &table, "--key", "order_id"]);
     assert_eq!(code, 0);
     assert!(again.contains("`amount` Decimal(12, 2)"), "{again}");
     assert_eq!(again.matches("`_offset` UInt64").count(), 1, "{again}");
     // A key that is not a column.
-    let (code, _, err) = sluice(&["schema", "--table", &table, "--key", "nope"]);
+    let (code, _, err) = tool(&["schema", "--table", &table, "--key", "nope"]);
     assert_eq!(code, 2);
     assert!(err.contains("\"nope\""), "{err}");
 }
@@ -750,7 +738,7 @@ async fn audit_and_repair_follow_the_config_on_every_layout() {
         .unwrap();
         let cfg = cfg.to_str().unwrap();
         // Without the file, the default names are not there: a clear error.
-        let (code, _, err) = sluice(&["audit", "--table", &table, "--key", "id"]);
+        let (code, _, err) = tool(&["audit", "--table", &table, "--key", "id"]);
         assert_eq!(code, 2, "{layout}: {err}");
         assert!(err.contains("\"_topic\""), "{layout}: {err}");
         let a = report(

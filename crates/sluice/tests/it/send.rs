@@ -231,21 +231,19 @@ async fn the_command_reads_stdin_and_exits_1_when_records_are_left_over() {
     let topic = unique("send_cli");
     create_topic(&topic, 2).await;
     let retry = std::env::temp_dir().join(format!("{}.jsonl", unique("retry")));
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args([
-            "send",
-            "--topic",
-            &topic,
-            "--key-field",
-            "id",
-            "--retry-file",
-        ])
-        .arg(&retry)
-        .env("KAFKA_BROKERS", brokers())
-        .stdin(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = sluice([
+        "send",
+        "--topic",
+        &topic,
+        "--key-field",
+        "id",
+        "--retry-file",
+    ])
+    .arg(&retry)
+    .stdin(std::process::Stdio::piped())
+    .stderr(std::process::Stdio::piped())
+    .spawn()
+    .unwrap();
     let mut input: String = (0..200).map(|i| format!("{{\"id\":{i}}}\n")).collect();
     input.push_str("\n{\"id\": \"broken\"\nnot json\n");
     child
@@ -285,9 +283,8 @@ async fn send_connects_as_the_config_file_says() {
         let path = dir.join(format!("{}.toml", unique("cfg")));
         std::fs::write(&path, cfg).unwrap();
         let retry = dir.join(format!("{}.jsonl", unique("retry")));
-        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"));
-        cmd.args(["send", "--topic", &topic, "--key-field", "id", "--config"])
-            .arg(&path)
+        let mut cmd = sluice(["send", "--topic", &topic, "--key-field", "id", "--config"]);
+        cmd.arg(&path)
             .arg("--retry-file")
             .arg(&retry)
             .args(extra)
