@@ -20,6 +20,7 @@ Data flow, for each record size (1 KB and 200 B JSON objects):
 
 Env: BENCH_MB (MB of JSON per record size, default 250: ~10 min on 2 cores), BENCH_SIZES ("1k,200b"),
 BENCH_PARTITIONS (4), BENCH_CASES (comma list, default all), BENCH_OUT (docs/bench),
+BENCH_KAFKA_PROPERTIES ("k=v,…": librdkafka properties for sluice and raw_insert),
 BENCH_BIN (dir holding private copies of sluice, raw_fetch and raw_insert), KAFKA_BROKERS, CLICKHOUSE_URL.
 Every process it starts is killed on exit (also on Ctrl-C and errors). Exit status 1 on any
 verification failure.
@@ -51,6 +52,7 @@ ALL_CASES = ["raw_fetch", "raw_insert", "sluice_eo", "sluice_alo", "baseline"]
 CASES = os.environ.get("BENCH_CASES", ",".join(ALL_CASES)).split(",")
 OUT = os.environ.get("BENCH_OUT", os.path.join(REPO, "docs", "bench"))
 CASE_TIMEOUT = float(os.environ.get("BENCH_CASE_TIMEOUT", "600"))
+KAFKA_PROPS = os.environ.get("BENCH_KAFKA_PROPERTIES", "")   # "k=v,k=v": extra librdkafka properties
 RUN = time.strftime("%Y%m%d%H%M%S")
 WORK = f"/tmp/sluice-bench-{RUN}"          # configs and logs of this run
 # What sluice uses (crates/sluice/src/config.rs defaults, the bench's config below).
@@ -375,6 +377,11 @@ fence_wait = "0s"   # a fresh group: no previous owner whose inserts could still
 topic = "{ds['topic']}"
 table = "{table}"
 """)
+        if KAFKA_PROPS:
+            f.write("[kafka.properties]\n")
+            for kv in KAFKA_PROPS.split(","):
+                k, v = kv.split("=", 1)
+                f.write(f'"{k.strip()}" = "{v.strip()}"\n')
     return path
 
 
