@@ -76,7 +76,7 @@ def size_section(s, cfg, out_dir):
     L += ["", "MB = 10⁶ bytes of JSON payload (Kafka record values). Wall seconds run from process "
           "start until the last row is visible (raw insert: from the first request, bodies built "
           "before); first row s: until the first row is visible (raw fetch: the first record "
-          "fetched); first→last MB/s: the rate between those two moments. For the raw insert the CPU column is the Python client's. Broker/ClickHouse "
+          "fetched); first→last MB/s: the rate between those two moments. For the raw insert the CPU column is the raw_insert process's, reading and encoding before the clock included. Broker/ClickHouse "
           "CPU s: what tansu and the chDB server used during the case. Load 1m: the machine's "
           "1-minute load average just before the case started (2 cores; above 2 something else "
           "was competing for the CPU).", ""]
