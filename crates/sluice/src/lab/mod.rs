@@ -134,7 +134,11 @@ pub async fn run(o: &LabArgs) -> anyhow::Result<Vec<Cell>> {
         };
         let runs = modes.iter().map(|m| scenarios::run(stack, s, m, params));
         for (m, r) in modes.iter().zip(futures::future::join_all(runs).await) {
-            let cell = r.map_err(|e| anyhow::anyhow!("{s} / {m}: {e:#}"))?;
+            // A harness failure costs its cell, not the hours of the others.
+            let cell = r.unwrap_or_else(|e| {
+                eprintln!("  {m}: the harness failed: {e:#}");
+                Cell::failed(s, m, format!("{e:#}"))
+            });
             eprintln!(
                 "  {m}: produced {} rows {} duplicates {} missing {}{}",
                 cell.produced,
@@ -145,16 +149,34 @@ pub async fn run(o: &LabArgs) -> anyhow::Result<Vec<Cell>> {
             );
             cells.push(cell);
         }
+        // After every scenario: an interrupted run keeps what it measured.
+        save(o, &cells, &scenarios, &modes)?;
     }
     let modes: Vec<String> = modes.into_iter().map(String::from).collect();
     println!("{}", report::terminal(&cells, &scenarios, &modes));
+    let failed: Vec<String> = cells
+        .iter()
+        .filter(|c| c.error.is_some())
+        .map(|c| format!("{} / {}", c.scenario, c.mode))
+        .collect();
+    anyhow::ensure!(
+        failed.is_empty(),
+        "the harness could not measure {} (the other cells are saved)",
+        failed.join(", ")
+    );
+    Ok(cells)
+}
+
+/// Writes the cells so far to `--markdown` and `--json`, if asked.
+fn save(o: &LabArgs, cells: &[Cell], scenarios: &[String], modes: &[&str]) -> anyhow::Result<()> {
+    let modes: Vec<String> = modes.iter().map(|m| m.to_string()).collect();
     if let Some(p) = &o.markdown {
-        std::fs::write(p, report::markdown(&cells, &scenarios, &modes))?;
+        std::fs::write(p, report::markdown(cells, scenarios, &modes))?;
     }
     if let Some(p) = &o.json {
-        std::fs::write(p, serde_json::to_string_pretty(&cells)?)?;
+        std::fs::write(p, serde_json::to_string_pretty(cells)?)?;
     }
-    Ok(cells)
+    Ok(())
 }
 
 /// Prints a saved run (its JSON) and, with `markdown`, writes it as Markdown.

@@ -14,7 +14,9 @@ fn cell_text(c: Option<&Cell>) -> String {
             if let Some(d) = c.dlq {
                 s.push_str(&format!(" · {d} DLQ"));
             }
-            if c.stalled {
+            if c.error.is_some() {
+                s.push_str(" ERROR");
+            } else if c.stalled {
                 s.push_str(" STALL");
             } else if let Some(r) = c.recovery_s {
                 s.push_str(&format!(" · {r:.0} s"));
@@ -68,8 +70,12 @@ pub fn markdown(cells: &[Cell], scenarios: &[String], modes: &[String]) -> Strin
     out.push_str(
         "\nEach cell: duplicate rows / missing records, counted in ClickHouse, and the seconds from \
          the end of the fault until every record had landed; STALL = the sink stopped making \
-         progress without an operator.\n",
+         progress without an operator; ERROR = the harness could not measure the cell.\n",
     );
+    for c in cells.iter().filter(|c| c.error.is_some()) {
+        let e = c.error.as_deref().unwrap_or_default();
+        out.push_str(&format!("\n- {} / {}: {e}", c.scenario, c.mode));
+    }
     out
 }
 
@@ -89,7 +95,25 @@ mod tests {
             recovery_s: Some(1.0),
             fault_injected: true,
             dlq: None,
+            error: None,
         }
+    }
+
+    #[test]
+    fn a_cell_the_harness_failed_says_so() {
+        let cells = vec![Cell::failed(
+            "poison",
+            "exactly-once",
+            "metadata timed out".into(),
+        )];
+        let (s, m) = (vec!["poison".to_string()], vec!["exactly-once".to_string()]);
+        let md = markdown(&cells, &s, &m);
+        assert!(md.contains("ERROR"), "{md}");
+        assert!(
+            md.contains("- poison / exactly-once: metadata timed out"),
+            "{md}"
+        );
+        assert!(!terminal(&cells, &s, &m).contains("STALL"));
     }
 
     #[test]

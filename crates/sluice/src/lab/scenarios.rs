@@ -107,6 +107,28 @@ pub struct Cell {
     /// Distinct source records in the dead-letter topic (`poison-records`).
     #[serde(default)]
     pub dlq: Option<u64>,
+    /// Why the cell could not be measured (the harness failed, not the sink).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+impl Cell {
+    /// A cell the harness could not measure: counted as a stall, with why.
+    pub fn failed(scenario: &str, mode: &str, error: String) -> Self {
+        Self {
+            scenario: scenario.into(),
+            mode: mode.into(),
+            produced: 0,
+            rows: 0,
+            duplicates: 0,
+            missing: 0,
+            stalled: true,
+            recovery_s: None,
+            fault_injected: false,
+            dlq: None,
+            error: Some(error),
+        }
+    }
 }
 
 struct Run {
@@ -314,6 +336,7 @@ impl Run {
             recovery_s: complete_at.map(|t| t.saturating_duration_since(fault_end).as_secs_f64()),
             fault_injected: self.proxy.as_ref().is_none_or(|p| p.fired() > 0),
             dlq: None,
+            error: None,
         })
     }
 }
