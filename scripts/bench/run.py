@@ -307,31 +307,38 @@ def rates(out, records, nbytes, seconds):
     return out
 
 
-def case_raw_fetch(ds):
-    log = open(f"{WORK}/raw_fetch-{ds['size']}.log", "w")
+def run_example(name, ds, args):
+    """Runs target/release/examples/<name> to its end while watching it: (its JSON line, its
+    progress series, (cpu, _, peak), the stack's CPU during it)."""
+    log = open(f"{WORK}/{name}-{ds['size']}.log", "w")
     s0 = stack_cpu()
-    t0 = time.time()
-    p = spawn([f"{BIN}/raw_fetch", ds["topic"], str(MAX_BUFFERED)], log,
-              stdout=subprocess.PIPE, text=True)
+    # The stack's SLUICE_* variables (ports, state dir) are not sluice settings: keep them out.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLUICE_")}
+    p = spawn([f"{BIN}/{name}", *args], log, stdout=subprocess.PIPE, text=True, env=env)
     w = Watch(p.pid)
     out_text, _ = p.communicate(timeout=CASE_TIMEOUT)
     w.finish()
+    log.close()
     if p.returncode != 0:
-        raise RuntimeError(f"raw_fetch failed (exit {p.returncode}); see {log.name}")
+        raise RuntimeError(f"{name} failed (exit {p.returncode}); see {log.name}")
     r = json.loads(out_text)
+    series = [(round(x["t"], 3), x["records"]) for x in map(json.loads, open(log.name)) if "t" in x]
+    return r, series + [(r["seconds"], r["records"])], w, diff(s0, stack_cpu())
+
+
+def case_raw_fetch(ds):
+    t0 = time.time()
+    r, series, w, stack = run_example("raw_fetch", ds, [ds["topic"], str(MAX_BUFFERED)])
     ok = r["records"] == ds["records"] and r["bytes"] == ds["bytes"]
     res = rates({"verify": {"ok": ok, "expected": ds["records"], "count": r["records"]}},
                 r["records"], r["bytes"], r["seconds"])
     cpu, _, peak = w.last or (0, 0, 0)
-    log.close()
-    series = [(round(x["t"], 3), x["records"]) for x in map(json.loads, open(log.name)) if "t" in x]
     first = r.get("first_record_seconds")
     if first is not None and r["seconds"] > first:
         res.update(time_to_first_row=round(first, 3), first_to_last_seconds=round(r["seconds"] - first, 3),
                    first_to_last_mb_per_s=round(r["bytes"] / 1e6 / (r["seconds"] - first), 2))
     res.update(wall_seconds=round(time.time() - t0, 3), cpu_seconds=cpu, peak_rss_mb=round(peak, 1),
-               mem_series=w.mem, rows_series=series + [(r["seconds"], r["records"])],
-               stack_cpu=diff(s0, stack_cpu()))
+               mem_series=w.mem, rows_series=series, stack_cpu=stack)
     return res
 
 
@@ -341,24 +348,12 @@ def case_raw_insert(ds):
     table = f"bench.raw_insert_{ds['size']}_{RUN}"
     create_table(table, ds["size"])
     config = sluice_config(ds, "exactly-once", table, f"bench-raw-insert-{ds['size']}-{RUN}")
-    log = open(f"{WORK}/raw_insert-{ds['size']}.log", "w")
-    s0 = stack_cpu()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SLUICE_")}
-    p = spawn([f"{BIN}/raw_insert", config], log, stdout=subprocess.PIPE, text=True, env=env)
-    w = Watch(p.pid)
-    out_text, _ = p.communicate(timeout=CASE_TIMEOUT)
-    w.finish()
-    if p.returncode != 0:
-        raise RuntimeError(f"raw_insert failed (exit {p.returncode}); see {log.name}")
-    r = json.loads(out_text)
-    log.close()
-    series = [(round(x["t"], 3), x["records"]) for x in map(json.loads, open(log.name)) if "t" in x]
+    r, series, w, stack = run_example("raw_insert", ds, [config])
     res = rates({"table": table, "batches": r["batches"], "body_bytes": r["body_bytes"]},
                 r["records"], r["bytes"], r["seconds"])
     cpu, _, peak = w.last or (0, 0, 0)
     res.update(wall_seconds=round(r["seconds"], 3), cpu_seconds=cpu, peak_rss_mb=round(peak, 1),
-               stack_cpu=diff(s0, stack_cpu()), rows_series=series + [(r["seconds"], r["records"])],
-               verify=verify(table, ds["records"], True))
+               stack_cpu=stack, rows_series=series, verify=verify(table, ds["records"], True))
     return res
 
 

@@ -94,16 +94,7 @@ impl RawRoute {
             ));
         }
         let dedup = key_dedup(i, &r, columns)?;
-        for (j, f) in r.required.iter().enumerate() {
-            let meta = [&columns.topic, &columns.partition, &columns.offset];
-            if f.is_empty() || meta.contains(&f) || r.required[..j].contains(f) {
-                return Err(invalid(
-                    &format!("route[{i}].required[{j}]"),
-                    "a distinct top-level field of the records, not a metadata column",
-                    f,
-                ));
-            }
-        }
+        distinct_fields(&format!("route[{i}].required"), &r.required, columns)?;
         if r.required.len() > sluice_core::row::MAX_REQUIRED_FIELDS {
             return Err(invalid(
                 &format!("route[{i}].required"),
@@ -145,16 +136,7 @@ fn key_dedup(
             &r.dedup_key.join(", "),
         ));
     }
-    for (j, f) in r.dedup_key.iter().enumerate() {
-        let meta = [&columns.topic, &columns.partition, &columns.offset];
-        if f.is_empty() || meta.contains(&f) || r.dedup_key[..j].contains(f) {
-            return Err(invalid(
-                &format!("route[{i}].dedup_key[{j}]"),
-                "a distinct top-level field of the records, not a metadata column",
-                f,
-            ));
-        }
-    }
+    distinct_fields(&format!("route[{i}].dedup_key"), &r.dedup_key, columns)?;
     let window = bounded(&format!("route[{i}].dedup_window"), r.dedup_window)?
         .unwrap_or(DEFAULT_DEDUP_WINDOW);
     if window.is_zero() {
@@ -173,4 +155,24 @@ fn key_dedup(
             DEFAULT_DEDUP_MAX_KEYS,
         )?,
     }))
+}
+
+/// Checks that `fields` (the setting `name`) are named, distinct and not
+/// metadata columns.
+fn distinct_fields(
+    name: &str,
+    fields: &[String],
+    columns: &MetadataColumns,
+) -> Result<(), ConfigError> {
+    let meta = [&columns.topic, &columns.partition, &columns.offset];
+    for (j, f) in fields.iter().enumerate() {
+        if f.is_empty() || meta.contains(&f) || fields[..j].contains(f) {
+            return Err(invalid(
+                &format!("{name}[{j}]"),
+                "a distinct top-level field of the records, not a metadata column",
+                f,
+            ));
+        }
+    }
+    Ok(())
 }
