@@ -5,7 +5,8 @@
 #   up      install both (scripts/install-*.sh), start what is not running, wait until ready
 #           (Kafka: a Metadata request answers; ClickHouse: /ping), then print what `env` prints
 #   down    SIGTERM both, SIGKILL after 10 s, remove pid files
-#   env     print KAFKA_BROKERS, CLICKHOUSE_URL, SLUICE_TANSU_BIN, SLUICE_CHDB_PYTHON, SLUICE_CHDB_SERVER
+#   env     print KAFKA_BROKERS, CLICKHOUSE_URL, SLUICE_TANSU_BIN, SLUICE_CHDB_PYTHON, SLUICE_CHDB_SERVER,
+#           SLUICE_TANSU_INDEX
 #           (export them: `set -a; eval "$(scripts/stack.sh env)"; set +a`)
 #   status  say what runs
 #
@@ -28,6 +29,7 @@ lines() { # every variable the tests, the lab and the tools read
   echo "SLUICE_TANSU_BIN=$TANSU_BIN"
   echo "SLUICE_CHDB_PYTHON=$CHDB_PY"
   echo "SLUICE_CHDB_SERVER=$CHDB_SERVER"
+  echo "SLUICE_TANSU_INDEX=$REPO/stack/tansu_index.py"
 }
 
 alive() { # alive NAME -> pid file names a live process
@@ -79,6 +81,7 @@ up() {
     echo $! >"$STACK/chdb.pid"
   fi
   wait_ready tansu kafka_ready
+  "$REPO/stack/tansu_index.py" "$STACK/data/tansu.db"
   wait_ready chdb ch_ready
   lines
 }

@@ -119,10 +119,20 @@ fn run(command: Command) -> anyhow::Result<Outcome> {
                 ..Overrides::default()
             })?;
             let rt = runtime()?;
-            rt.block_on(sluice::sink::run(cfg, shutdown_signal()))?;
+            let stop = async {
+                shutdown_signal().await;
+                tracing::info!("shutdown requested: flushing, committing and leaving the group");
+            };
+            rt.block_on(sluice::sink::run(cfg, stop))?;
             Ok(Outcome::Clean)
         }
-        Command::Lab(a) => runtime()?.block_on(sluice::lab::main(a)),
+        Command::Lab(a) => {
+            let rt = runtime()?;
+            let r = rt.block_on(sluice::lab::main(a, shutdown_signal()));
+            // After a signal, do not wait for a producer still filling a topic.
+            rt.shutdown_background();
+            r
+        }
         Command::CheckConfig { config } => {
             let cfg = config.load(Overrides::default())?;
             println!("config {}: valid", config.config.display());
@@ -175,7 +185,6 @@ async fn shutdown_signal() {
         _ = term.recv() => {}
         _ = tokio::signal::ctrl_c() => {}
     }
-    tracing::info!("shutdown requested: flushing, committing and leaving the group");
 }
 
 fn init_logging(filter: &str, format: LogFormat) {

@@ -214,6 +214,8 @@ impl Stack {
 /// without disturbing anything else.
 pub struct PrivateBroker {
     bin: std::path::PathBuf,
+    /// `stack/tansu_index.py`, from `SLUICE_TANSU_INDEX`.
+    index: std::path::PathBuf,
     dir: std::path::PathBuf,
     port: u16,
     /// The address clients are told to use (a proxy's), if not its own.
@@ -229,9 +231,13 @@ impl PrivateBroker {
     /// Starts a broker that tells clients to connect to `advertised`
     /// (`host:port`, a proxy in front of it) instead of its own port.
     pub async fn start_advertising(advertised: Option<String>) -> anyhow::Result<Self> {
-        let bin = std::env::var_os("SLUICE_TANSU_BIN").context(
-            "SLUICE_TANSU_BIN is not set: the lab runs brokers of its own (make stack prints it)",
-        )?;
+        let var = |name: &str| {
+            std::env::var_os(name).with_context(|| {
+                format!("{name} is not set: the lab runs brokers of its own (make stack prints it)")
+            })
+        };
+        let bin = var("SLUICE_TANSU_BIN")?;
+        let index = var("SLUICE_TANSU_INDEX")?;
         let dir = std::env::temp_dir().join(Stack::unique("lab_broker"));
         std::fs::create_dir_all(dir.join("data"))?;
         let port = std::net::TcpListener::bind("127.0.0.1:0")?
@@ -239,6 +245,7 @@ impl PrivateBroker {
             .port();
         let mut b = Self {
             bin: bin.into(),
+            index: index.into(),
             dir,
             port,
             advertised,
@@ -276,7 +283,7 @@ impl PrivateBroker {
             .current_dir(&self.dir)
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
+            .stderr(self.log()?)
             .spawn()
             .context("starting the lab's broker")?;
         self.child = Some(child);
@@ -290,7 +297,37 @@ impl PrivateBroker {
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+        // Without it, a broker holding a DLQ's headers answers fetches in
+        // seconds and stalls every group on it (see the script).
+        let db = self.dir.join("data/tansu.db");
+        let out = tokio::process::Command::new(&self.index)
+            .arg(&db)
+            .output()
+            .await
+            .with_context(|| format!("running {}", self.index.display()))?;
+        anyhow::ensure!(
+            out.status.success(),
+            "{} failed: {}",
+            self.index.display(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
         Ok(())
+    }
+
+    /// Where the broker's log goes: nowhere, or with `SLUICE_LAB_BROKER_LOGS`
+    /// set to a directory, a file there named for the port (tansu reads
+    /// `RUST_LOG`).
+    fn log(&self) -> anyhow::Result<std::process::Stdio> {
+        let Some(dir) = std::env::var_os("SLUICE_LAB_BROKER_LOGS") else {
+            return Ok(std::process::Stdio::null());
+        };
+        let path = std::path::Path::new(&dir).join(format!("tansu-{}.log", self.port));
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .with_context(|| format!("opening the broker log {}", path.display()))?;
+        Ok(f.into())
     }
 
     /// Stops the broker (SIGTERM, then SIGKILL) and waits for it to exit.

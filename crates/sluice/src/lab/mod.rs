@@ -5,8 +5,8 @@
 //! processes ([`process`]), injects the fault by real means ([`proxy`],
 //! kill -9, SIGSTOP), waits until the table is still and counts in
 //! ClickHouse. [`report`] prints the matrix. The modes of one scenario run
-//! side by side on a broker of the scenario's own; each has its own topic,
-//! table and group.
+//! side by side, each on a broker of its own, with its own topic, table and
+//! group.
 
 pub mod fixture;
 pub mod kafka_proxy;
@@ -60,15 +60,28 @@ pub struct LabArgs {
     #[arg(long)]
     pub seed: Option<u64>,
     /// ClickHouse HTTP URL. (Kafka is a tansu broker the lab starts for each
-    /// scenario, from SLUICE_TANSU_BIN.)
+    /// cell, from SLUICE_TANSU_BIN and SLUICE_TANSU_INDEX.)
     #[arg(long, env = "CLICKHOUSE_URL")]
     pub clickhouse_url: String,
 }
 
 /// Runs what the flags ask for: the matrix (clean unless it fails to run),
 /// a soak run (found something on any duplicate, loss or stall), or the
-/// rendering of a saved run.
-pub async fn main(a: LabArgs) -> anyhow::Result<Outcome> {
+/// rendering of a saved run. When `stop` resolves (SIGINT, SIGTERM) the work
+/// is dropped, and with it the sinks and brokers it started.
+pub async fn main(
+    a: LabArgs,
+    stop: impl std::future::Future<Output = ()>,
+) -> anyhow::Result<Outcome> {
+    tokio::select! {
+        r = work(a) => r,
+        () = stop => anyhow::bail!(
+            "interrupted: stopped the lab's sinks and brokers (finished scenarios are saved)"
+        ),
+    }
+}
+
+async fn work(a: LabArgs) -> anyhow::Result<Outcome> {
     let Some(duration) = a.soak else {
         run(&a).await?;
         return Ok(Outcome::Clean);
@@ -124,15 +137,18 @@ pub async fn run(o: &LabArgs) -> anyhow::Result<Vec<Cell>> {
     let mut cells = Vec::new();
     for s in &scenarios {
         eprintln!("lab: {s} ({})", modes.join(", "));
-        // A broker of the scenario's own: tansu's coordinator slows down as
-        // groups pile up (heartbeats answered after the session timeout), and
-        // late in a full run that stalled every mode of a scenario.
-        let broker = fixture::PrivateBroker::start().await?;
-        let stack = &Stack {
-            brokers: broker.brokers(),
-            clickhouse_url: o.clickhouse_url.clone(),
-        };
-        let runs = modes.iter().map(|m| scenarios::run(stack, s, m, params));
+        // A broker of each cell's own: tansu's coordinator stops answering
+        // (heartbeats after the session timeout, then timed-out SyncGroup and
+        // ApiVersion requests) while another sink on it writes fast, and in
+        // full runs that stalled every mode of a scenario sharing one.
+        let runs = modes.iter().map(|m| async move {
+            let broker = fixture::PrivateBroker::start().await?;
+            let stack = Stack {
+                brokers: broker.brokers(),
+                clickhouse_url: o.clickhouse_url.clone(),
+            };
+            scenarios::run(&stack, s, m, params).await
+        });
         for (m, r) in modes.iter().zip(futures::future::join_all(runs).await) {
             // A harness failure costs its cell, not the hours of the others.
             let cell = r.unwrap_or_else(|e| {

@@ -3,14 +3,14 @@
 //!
 //! [`mix`] makes the values (record `i` is bad when `i % every == every - 1`,
 //! the kinds taking turns); [`produce`] writes them round-robin over the
-//! partitions; [`read_dlq`] reads the DLQ topic from the start and returns
-//! each record's source coordinates and error kind from its headers. The
+//! partitions; [`read_dlq`] reads the whole DLQ topic and returns each
+//! record's source coordinates and error kind from its headers. The
 //! accounting the lab checks: produced = rows + distinct DLQ sources.
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Headers, Message};
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
-use rdkafka::ClientConfig;
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
@@ -117,24 +117,27 @@ pub struct DlqEntry {
     pub reason: String,
 }
 
-/// Reads `topic` from the start until `want` records arrived, or nothing
-/// new came for `quiet` after `timeout`.
-pub fn read_dlq(
-    brokers: &str,
-    topic: &str,
-    want: usize,
-    timeout: Duration,
-) -> anyhow::Result<Vec<DlqEntry>> {
+/// Reads the whole of `topic` (one partition), from the start to the end
+/// it had when called. Stopping at a count instead would miss records
+/// whenever the DLQ holds copies (it is at-least-once).
+pub fn read_dlq(brokers: &str, topic: &str, timeout: Duration) -> anyhow::Result<Vec<DlqEntry>> {
     let c: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", brokers)
         .set("group.id", super::fixture::Stack::unique("dlq_reader"))
-        .set("auto.offset.reset", "earliest")
         .set("enable.auto.commit", "false")
         .create()?;
-    c.subscribe(&[topic])?;
+    let (_, end) = c.fetch_watermarks(topic, 0, timeout)?;
+    let mut from = TopicPartitionList::new();
+    from.add_partition_offset(topic, 0, Offset::Beginning)?;
+    c.assign(&from)?;
     let deadline = Instant::now() + timeout;
     let mut out = Vec::new();
-    while out.len() < want && Instant::now() < deadline {
+    let mut next = 0;
+    while next < end {
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "read {next} of the {end} records of the DLQ {topic} in {timeout:?}"
+        );
         let Some(m) = c.poll(Duration::from_millis(200)) else {
             continue;
         };
@@ -145,6 +148,7 @@ pub fn read_dlq(
                 continue;
             }
         };
+        next = m.offset() + 1;
         let mut h: BTreeMap<String, String> = BTreeMap::new();
         if let Some(hs) = m.headers() {
             for x in hs.iter() {

@@ -14,6 +14,9 @@ fn cell_text(c: Option<&Cell>) -> String {
             if let Some(d) = c.dlq {
                 s.push_str(&format!(" · {d} DLQ"));
             }
+            if let Some(n) = c.dlq_copies.filter(|n| *n > 0) {
+                s.push_str(&format!(" (+{n} copies)"));
+            }
             if c.error.is_some() {
                 s.push_str(" ERROR");
             } else if c.stalled {
@@ -95,6 +98,7 @@ mod tests {
             recovery_s: Some(1.0),
             fault_injected: true,
             dlq: None,
+            dlq_copies: None,
             error: None,
         }
     }
