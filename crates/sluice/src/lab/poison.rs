@@ -117,20 +117,32 @@ pub struct DlqEntry {
     pub reason: String,
 }
 
-/// Reads the whole of `topic` (one partition), from the start to the end
-/// it had when called. Stopping at a count instead would miss records
-/// whenever the DLQ holds copies (it is at-least-once).
-pub fn read_dlq(brokers: &str, topic: &str, timeout: Duration) -> anyhow::Result<Vec<DlqEntry>> {
+/// Waits until `topic` (one partition) holds at least `at_least` records,
+/// then reads all of it, to the end it has then. Stopping at a count instead
+/// would miss records whenever the DLQ holds copies (it is at-least-once).
+pub fn read_dlq(
+    brokers: &str,
+    topic: &str,
+    at_least: usize,
+    timeout: Duration,
+) -> anyhow::Result<Vec<DlqEntry>> {
     let c: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", brokers)
         .set("group.id", super::fixture::Stack::unique("dlq_reader"))
         .set("enable.auto.commit", "false")
         .create()?;
-    let (_, end) = c.fetch_watermarks(topic, 0, timeout)?;
+    let deadline = Instant::now() + timeout;
+    let end = loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let (_, end) = c.fetch_watermarks(topic, 0, left.max(Duration::from_secs(1)))?;
+        if end >= at_least as i64 || Instant::now() >= deadline {
+            break end;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
     let mut from = TopicPartitionList::new();
     from.add_partition_offset(topic, 0, Offset::Beginning)?;
     c.assign(&from)?;
-    let deadline = Instant::now() + timeout;
     let mut out = Vec::new();
     let mut next = 0;
     while next < end {

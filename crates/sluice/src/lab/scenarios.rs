@@ -273,15 +273,17 @@ impl Run {
         cell: &mut Cell,
         n: u64,
         dlq_topic: &str,
+        bad: usize,
     ) -> anyhow::Result<(Vec<super::poison::DlqEntry>, BTreeSet<(i32, i64)>)> {
         let (brokers, t, timeout) = (
             self.stack.brokers.clone(),
             dlq_topic.to_string(),
             self.params.timeout,
         );
-        let entries =
-            tokio::task::spawn_blocking(move || super::poison::read_dlq(&brokers, &t, timeout))
-                .await??;
+        let entries = tokio::task::spawn_blocking(move || {
+            super::poison::read_dlq(&brokers, &t, bad, timeout)
+        })
+        .await??;
         let sources: BTreeSet<(i32, i64)> = entries
             .iter()
             .filter(|e| e.source_topic == self.spec.topic)
@@ -608,7 +610,7 @@ pub async fn run(
             let sink = r.spec.start()?;
             let good = n - refused.len() as u64;
             let mut cell = r.finish(scenario, vec![sink], good, Instant::now()).await?;
-            let (entries, sources) = r.count_dlq(&mut cell, n, &dlq_topic).await?;
+            let (entries, sources) = r.count_dlq(&mut cell, n, &dlq_topic, refused.len()).await?;
             // Record i went to partition i % PARTITIONS, at offset i / PARTITIONS.
             let expected: BTreeSet<(i32, i64)> = refused
                 .iter()
@@ -643,7 +645,8 @@ pub async fn run(
             let mut cell = r
                 .finish(scenario, vec![sink], mix.good, Instant::now())
                 .await?;
-            let (entries, _) = r.count_dlq(&mut cell, n, &dlq_topic).await?;
+            let bad = mix.bad.values().sum::<u64>() as usize;
+            let (entries, _) = r.count_dlq(&mut cell, n, &dlq_topic, bad).await?;
             // Every kind of bad record reached the DLQ under its own name.
             cell.fault_injected = poison::KINDS
                 .iter()
