@@ -10,6 +10,8 @@
 //! - [`batch`]: rows of one partition → a batch cut by rows, bytes or age.
 //! - [`token`]: a batch's rows → deterministic dedup token and query ids.
 //! - [`acks`]: out-of-order batch completions → the in-order durable frontier.
+//! - [`deadline`]: readings of the server's clock → an attempt's deadline on
+//!   it, and when an attempt whose outcome is unknown can no longer commit.
 //! - [`resume`]: committed offset + ClickHouse watermark + the log's bounds →
 //!   where to read from and which offsets must be checked before they are
 //!   inserted. What ClickHouse holds decides; the reset policy applies only
@@ -20,6 +22,7 @@
 
 pub mod acks;
 pub mod batch;
+pub mod deadline;
 pub mod dedup;
 pub mod offset;
 pub mod resume;

@@ -31,6 +31,7 @@ use super::error::{ChError, ChErrorKind};
 use super::TableRef;
 use crate::config::{ClickHouseConfig, Delivery, Route};
 use bytes::Bytes;
+use sluice_core::deadline::{self, FenceStep};
 use sluice_core::dedup::{key_hash, KeyHash};
 use sluice_core::{MetadataColumns, Offset};
 use std::collections::HashMap;
@@ -39,11 +40,6 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// The text of the error an attempt raises when it starts after its deadline.
 pub const DEADLINE_PASSED: &str = "sluice: attempt deadline passed";
-
-/// How far past an attempt's deadline the server's clock must be before the
-/// attempt counts as unable to start: room for the clocks of the nodes behind
-/// one address to disagree, and for a small step of the server's clock.
-const CLOCK_MARGIN_MS: i64 = 1_000;
 
 /// One insert attempt.
 #[derive(Debug, Clone)]
@@ -70,7 +66,7 @@ pub struct ClickHouse {
     user_settings: Vec<String>,
     columns: MetadataColumns,
     /// The server's clock, as measured from here.
-    clock: Arc<ServerClock>,
+    clock: Arc<SharedClock>,
     /// Look for attempts in the process lists of every replica of this
     /// cluster (`clusterAllReplicas`), not only the server answering.
     cluster: Option<String>,
@@ -171,7 +167,12 @@ impl ClickHouse {
     /// `latest`, on the server's clock. A process stopped between checking
     /// its lease and sending the attempt gets a deadline already past.
     pub fn deadline_by(&self, latest: Instant) -> i64 {
-        self.clock.ms_at(latest.min(Instant::now())) + self.insert_timeout.as_millis() as i64
+        deadline::attempt_deadline(
+            |t| self.clock.ms_at(t),
+            latest,
+            Instant::now(),
+            self.insert_timeout,
+        )
     }
 
     /// The engine of `route`'s table (empty: no such table).
@@ -463,9 +464,7 @@ impl ClickHouse {
     /// list cannot be read, the server's `max_execution_time` (the insert
     /// timeout) after the deadline bounds a run that started in time.
     pub async fn fence_attempt(&self, query_id: &str, deadline_ms: i64) -> Result<(), ChError> {
-        let timeout_ms = self.insert_timeout.as_millis() as i64;
         let give_up = Instant::now() + self.insert_timeout * 3 + Duration::from_secs(5);
-        let mut until = deadline_ms + CLOCK_MARGIN_MS;
         self.kill(query_id).await;
         loop {
             let sent = Instant::now();
@@ -480,34 +479,33 @@ impl ClickHouse {
                     .fetch_one::<(i64, u64)>(),
                 )
                 .await;
-            let now = match seen {
-                Ok((now, 0)) => now,
-                Ok((now, _)) => {
+            let (now, running) = match seen {
+                Ok((now, running)) => {
                     self.clock.observe(now, sent, Instant::now(), false);
-                    if Instant::now() >= give_up {
-                        return Err(ChError::client(format!(
-                            "insert {query_id} is still running after a kill and three times its timeout"
-                        )));
-                    }
-                    self.kill(query_id).await;
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                    continue;
+                    (now, Some(running))
                 }
                 // No view of the processes: the time bound alone decides.
-                Err(e) if e.kind == ChErrorKind::Server => {
-                    until = deadline_ms + timeout_ms + CLOCK_MARGIN_MS;
-                    self.server_now(false).await?
-                }
+                Err(e) if e.kind == ChErrorKind::Server => (self.server_now(false).await?, None),
                 Err(e) => return Err(e),
             };
-            self.clock.observe(now, sent, Instant::now(), false);
-            if now > until {
-                return Ok(());
+            match deadline::fence_step(deadline_ms, now, running, self.insert_timeout) {
+                FenceStep::Done => return Ok(()),
+                FenceStep::KillAgain if Instant::now() >= give_up => {
+                    return Err(ChError::client(format!(
+                        "insert {query_id} is still running after a kill and three times its timeout"
+                    )));
+                }
+                FenceStep::KillAgain => {
+                    self.kill(query_id).await;
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                FenceStep::WaitUntil(until) => {
+                    tokio::time::sleep(Duration::from_millis(
+                        (until - now + 1).clamp(1, 1_000) as u64
+                    ))
+                    .await;
+                }
             }
-            tokio::time::sleep(Duration::from_millis(
-                (until - now + 1).clamp(1, 1_000) as u64
-            ))
-            .await;
         }
     }
 
@@ -607,56 +605,26 @@ fn quote_str(text: &str) -> String {
     format!("'{}'", text.replace('\\', "\\\\").replace('\'', "\\'"))
 }
 
-/// How long a reading of the server's clock is preferred over a later one
-/// with a longer round trip.
-const CLOCK_READING_TTL: Duration = Duration::from_secs(300);
-
-/// The server's clock, as read from here: the reading with the shortest round
-/// trip, counted forward on the monotonic clock, so a step of the client's
-/// wall clock changes nothing. A reading is placed at the moment its answer
-/// arrived: the server read its clock before that, so the estimate is never
-/// ahead of the server (it is behind by at most the round trip), and a
-/// deadline built on it never ends later than meant.
+/// The server's clock as read from here ([`deadline::ServerClock`]), shared
+/// by the tasks of one service.
 #[derive(Debug, Default)]
-struct ServerClock(std::sync::Mutex<Option<Reading>>);
+struct SharedClock(std::sync::Mutex<deadline::ServerClock<Instant>>);
 
-#[derive(Debug, Clone, Copy)]
-struct Reading {
-    /// When its answer arrived, on our monotonic clock.
-    at: Instant,
-    server_ms: i64,
-    rtt: Duration,
-}
-
-impl ServerClock {
-    /// A reading `server_ms` by a request sent at `sent` and answered at
-    /// `received`; kept if it is more precise than the one held, or that one
-    /// is old, or `force`.
+impl SharedClock {
     fn observe(&self, server_ms: i64, sent: Instant, received: Instant, force: bool) {
-        let rtt = received.saturating_duration_since(sent);
-        let new = Reading {
-            at: received,
-            server_ms,
-            rtt,
-        };
-        let mut held = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        let keep_old = held.is_some_and(|old| {
-            !force && old.rtt < rtt && new.at.saturating_duration_since(old.at) < CLOCK_READING_TTL
-        });
-        if !keep_old {
-            *held = Some(new);
-        }
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .observe(server_ms, sent, received, force);
     }
 
     /// The server's clock at `t` on ours (Unix ms); the client's wall clock
     /// until the first reading.
     fn ms_at(&self, t: Instant) -> i64 {
         let held = *self.0.lock().unwrap_or_else(|p| p.into_inner());
-        match held {
-            Some(r) if t >= r.at => r.server_ms + t.duration_since(r.at).as_millis() as i64,
-            Some(r) => r.server_ms - r.at.duration_since(t).as_millis() as i64,
-            None => unix_ms() - Instant::now().saturating_duration_since(t).as_millis() as i64,
-        }
+        held.ms_at(t).unwrap_or_else(|| {
+            unix_ms() - Instant::now().saturating_duration_since(t).as_millis() as i64
+        })
     }
 }
 

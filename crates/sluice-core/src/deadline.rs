@@ -1,0 +1,222 @@
+//! Late INSERTs, decided on the server's clock.
+//!
+//! An INSERT can reach ClickHouse after its client gave up on it (a proxy,
+//! a server queue, a retransmission), so no bound on the client's clock says
+//! when an attempt can no longer commit. Instead every exactly-once attempt
+//! carries a deadline D on the server's clock and refuses to start after it.
+//!
+//! In: readings of the server's clock, each with the local moments its
+//! request was sent and answered ([`ServerClock::observe`]); the lease's end
+//! and the insert timeout. Out: an attempt's deadline ([`attempt_deadline`]),
+//! and, after an unknown outcome, what the fence does next ([`fence_step`]):
+//! an attempt is fenced once the server's clock is past D (plus a margin) and
+//! the server lists no query with its id.
+
+use std::time::Duration;
+
+/// How much later than the deadline the fence waits: servers behind one
+/// address may disagree, and a server's clock may step back a little.
+pub const CLOCK_MARGIN_MS: i64 = 1_000;
+
+/// How long the reading with the shortest round trip is preferred over a
+/// later one with a longer round trip.
+pub const CLOCK_READING_TTL: Duration = Duration::from_secs(300);
+
+/// A point on a local monotonic clock: [`std::time::Instant`] in the sink,
+/// a counter in a model.
+pub trait Moment: Copy + Ord {
+    /// `self - earlier`; zero if `earlier` is later.
+    fn since(self, earlier: Self) -> Duration;
+}
+
+impl Moment for std::time::Instant {
+    fn since(self, earlier: Self) -> Duration {
+        self.saturating_duration_since(earlier)
+    }
+}
+
+/// The server's clock, as seen from here: the reading with the shortest
+/// round trip, counted forward on the local monotonic clock (a step of the
+/// local wall clock changes nothing). A reading is placed at the moment its
+/// answer arrived: the server read its clock before that, so the estimate is
+/// never ahead of the server (behind by at most the round trip), and a
+/// deadline built on it never ends later than meant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ServerClock<T> {
+    held: Option<Reading<T>>,
+}
+
+impl<T> Default for ServerClock<T> {
+    fn default() -> Self {
+        Self { held: None }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct Reading<T> {
+    /// When its answer arrived, on the local clock.
+    at: T,
+    server_ms: i64,
+    rtt: Duration,
+}
+
+impl<T: Moment> ServerClock<T> {
+    /// A reading `server_ms` (Unix ms) by a request sent at `sent` and
+    /// answered at `received`; kept if it is more precise than the one held,
+    /// or that one is older than [`CLOCK_READING_TTL`], or `force`.
+    pub fn observe(&mut self, server_ms: i64, sent: T, received: T, force: bool) {
+        let new = Reading {
+            at: received,
+            server_ms,
+            rtt: received.since(sent),
+        };
+        let keep_old = self.held.is_some_and(|old| {
+            !force && old.rtt < new.rtt && new.at.since(old.at) < CLOCK_READING_TTL
+        });
+        if !keep_old {
+            self.held = Some(new);
+        }
+    }
+
+    /// The server's clock at `t` on ours (Unix ms); `None` before the first
+    /// reading.
+    pub fn ms_at(&self, t: T) -> Option<i64> {
+        let r = self.held?;
+        Some(if t >= r.at {
+            r.server_ms + millis(t.since(r.at))
+        } else {
+            r.server_ms - millis(r.at.since(t))
+        })
+    }
+}
+
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// The deadline (server ms) of an attempt sent at `now` that must start by
+/// `latest` (its lease's end) on the local clock: `insert_timeout` after the
+/// earlier of the two, on the server's clock. A process stopped between
+/// checking its lease and sending gets a deadline already past. `server_ms`
+/// is the server's clock at that moment ([`ServerClock::ms_at`]).
+pub fn attempt_deadline<T: Moment>(
+    server_ms: impl Fn(T) -> i64,
+    latest: T,
+    now: T,
+    insert_timeout: Duration,
+) -> i64 {
+    server_ms(latest.min(now)) + millis(insert_timeout)
+}
+
+/// The fence's next step for an attempt whose outcome is unknown.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FenceStep {
+    /// The attempt can no longer commit.
+    Done,
+    /// The server still runs it: ask it to kill the query, look again.
+    KillAgain,
+    /// Look again once the server's clock is past this (Unix ms).
+    WaitUntil(i64),
+}
+
+/// Decides the fence of the attempt with deadline `deadline_ms`, from one
+/// look at the server: its clock, and how many queries with the attempt's id
+/// it runs (`None`: it could not list them).
+///
+/// The attempt refuses to start after its deadline, so once the server's
+/// clock is past it (plus [`CLOCK_MARGIN_MS`]) and nothing with its id runs,
+/// it never commits. Without a view of the running queries, a run that
+/// started in time ends within `insert_timeout` (the server's
+/// `max_execution_time`) after the deadline.
+pub fn fence_step(
+    deadline_ms: i64,
+    server_now_ms: i64,
+    running: Option<u64>,
+    insert_timeout: Duration,
+) -> FenceStep {
+    let until = match running {
+        Some(0) => deadline_ms + CLOCK_MARGIN_MS,
+        Some(_) => return FenceStep::KillAgain,
+        None => deadline_ms + millis(insert_timeout) + CLOCK_MARGIN_MS,
+    };
+    if server_now_ms > until {
+        FenceStep::Done
+    } else {
+        FenceStep::WaitUntil(until)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A model clock: milliseconds.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+    struct Ms(u64);
+
+    impl Moment for Ms {
+        fn since(self, earlier: Self) -> Duration {
+            Duration::from_millis(self.0.saturating_sub(earlier.0))
+        }
+    }
+
+    #[test]
+    fn the_clock_keeps_the_tightest_reading_and_never_runs_ahead() {
+        let mut c = ServerClock::default();
+        assert_eq!(c.ms_at(Ms(0)), None);
+        // Sent at 100, answered at 300: the server read 5_000 somewhere in
+        // between; placed at 300, the estimate is behind, never ahead.
+        c.observe(5_000, Ms(100), Ms(300), false);
+        assert_eq!(c.ms_at(Ms(300)), Some(5_000));
+        assert_eq!(c.ms_at(Ms(1_300)), Some(6_000));
+        assert_eq!(c.ms_at(Ms(200)), Some(4_900));
+        // A looser reading does not replace it; a tighter one does.
+        c.observe(9_999, Ms(400), Ms(900), false);
+        assert_eq!(c.ms_at(Ms(1_300)), Some(6_000));
+        c.observe(7_000, Ms(1_000), Ms(1_010), false);
+        assert_eq!(c.ms_at(Ms(1_010)), Some(7_000));
+        // An old reading gives way to a looser but fresh one, and force wins.
+        let later = Ms(1_010 + CLOCK_READING_TTL.as_millis() as u64);
+        c.observe(1, Ms(later.0 - 50), later, false);
+        assert_eq!(c.ms_at(later), Some(1));
+        c.observe(2, Ms(later.0), Ms(later.0 + 900), true);
+        assert_eq!(c.ms_at(Ms(later.0 + 900)), Some(2));
+    }
+
+    #[test]
+    fn the_deadline_counts_from_the_lease_end_if_it_came_first() {
+        let t = Duration::from_secs(30);
+        let server = |m: Ms| 1_000_000 + m.0 as i64;
+        assert_eq!(attempt_deadline(server, Ms(500), Ms(100), t), 1_030_100);
+        // Frozen past the lease's end: the deadline is already past on
+        // arrival, counted from the lease's end.
+        assert_eq!(attempt_deadline(server, Ms(500), Ms(90_000), t), 1_030_500);
+    }
+
+    #[test]
+    fn the_fence_ends_on_the_servers_clock_only() {
+        let t = Duration::from_secs(30);
+        let d = 50_000;
+        assert_eq!(fence_step(d, 10, Some(1), t), FenceStep::KillAgain);
+        assert_eq!(fence_step(d, d + 5_000, Some(2), t), FenceStep::KillAgain);
+        assert_eq!(
+            fence_step(d, d, Some(0), t),
+            FenceStep::WaitUntil(d + CLOCK_MARGIN_MS)
+        );
+        assert_eq!(
+            fence_step(d, d + CLOCK_MARGIN_MS, Some(0), t),
+            FenceStep::WaitUntil(d + CLOCK_MARGIN_MS)
+        );
+        assert_eq!(
+            fence_step(d, d + CLOCK_MARGIN_MS + 1, Some(0), t),
+            FenceStep::Done
+        );
+        // Blind: a run that started by the deadline may last the timeout.
+        let blind = d + 30_000 + CLOCK_MARGIN_MS;
+        assert_eq!(
+            fence_step(d, d + CLOCK_MARGIN_MS + 1, None, t),
+            FenceStep::WaitUntil(blind)
+        );
+        assert_eq!(fence_step(d, blind + 1, None, t), FenceStep::Done);
+    }
+}
