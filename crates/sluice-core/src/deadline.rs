@@ -8,7 +8,7 @@
 //! In: readings of the server's clock, each with the local moments its
 //! request was sent and answered ([`ServerClock::observe`]); the lease's end
 //! and the insert timeout. Out: an attempt's deadline ([`attempt_deadline`]),
-//! and, after an unknown outcome, what the fence does next ([`fence_step`]):
+//! and, after an unknown outcome, what the fence does next ([`Fence`]):
 //! an attempt is fenced once the server's clock is past D (plus a margin) and
 //! the server lists no query with its id.
 
@@ -119,30 +119,50 @@ pub enum FenceStep {
     WaitUntil(i64),
 }
 
-/// Decides the fence of the attempt with deadline `deadline_ms`, from one
-/// look at the server: its clock, and how many queries with the attempt's id
-/// it runs (`None`: it could not list them).
+/// The fence of one attempt whose outcome is unknown, look by look.
 ///
 /// The attempt refuses to start after its deadline, so once the server's
 /// clock is past it (plus [`CLOCK_MARGIN_MS`]) and nothing with its id runs,
 /// it never commits. Without a view of the running queries, a run that
 /// started in time ends within `insert_timeout` (the server's
-/// `max_execution_time`) after the deadline.
-pub fn fence_step(
+/// `max_execution_time`) after the deadline; and once one look had no view,
+/// that longer bound holds for the rest of the fence: the node that could
+/// not list its queries may be the one running the attempt, and the next
+/// look may be answered by another.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Fence {
     deadline_ms: i64,
-    server_now_ms: i64,
-    running: Option<u64>,
     insert_timeout: Duration,
-) -> FenceStep {
-    let until = match running {
-        Some(0) => deadline_ms + CLOCK_MARGIN_MS,
-        Some(_) => return FenceStep::KillAgain,
-        None => deadline_ms + millis(insert_timeout) + CLOCK_MARGIN_MS,
-    };
-    if server_now_ms > until {
-        FenceStep::Done
-    } else {
-        FenceStep::WaitUntil(until)
+    blind: bool,
+}
+
+impl Fence {
+    pub fn new(deadline_ms: i64, insert_timeout: Duration) -> Self {
+        Self {
+            deadline_ms,
+            insert_timeout,
+            blind: false,
+        }
+    }
+
+    /// The next step after one look at the server: its clock, and how many
+    /// queries with the attempt's id it runs (`None`: it could not list
+    /// them).
+    pub fn step(&mut self, server_now_ms: i64, running: Option<u64>) -> FenceStep {
+        match running {
+            Some(0) => {}
+            Some(_) => return FenceStep::KillAgain,
+            None => self.blind = true,
+        }
+        let until = match self.blind {
+            false => self.deadline_ms + CLOCK_MARGIN_MS,
+            true => self.deadline_ms + millis(self.insert_timeout) + CLOCK_MARGIN_MS,
+        };
+        if server_now_ms > until {
+            FenceStep::Done
+        } else {
+            FenceStep::WaitUntil(until)
+        }
     }
 }
 
@@ -197,26 +217,37 @@ mod tests {
     fn the_fence_ends_on_the_servers_clock_only() {
         let t = Duration::from_secs(30);
         let d = 50_000;
-        assert_eq!(fence_step(d, 10, Some(1), t), FenceStep::KillAgain);
-        assert_eq!(fence_step(d, d + 5_000, Some(2), t), FenceStep::KillAgain);
+        let mut f = Fence::new(d, t);
+        assert_eq!(f.step(10, Some(1)), FenceStep::KillAgain);
+        assert_eq!(f.step(d + 5_000, Some(2)), FenceStep::KillAgain);
         assert_eq!(
-            fence_step(d, d, Some(0), t),
+            f.step(d, Some(0)),
             FenceStep::WaitUntil(d + CLOCK_MARGIN_MS)
         );
         assert_eq!(
-            fence_step(d, d + CLOCK_MARGIN_MS, Some(0), t),
+            f.step(d + CLOCK_MARGIN_MS, Some(0)),
             FenceStep::WaitUntil(d + CLOCK_MARGIN_MS)
         );
-        assert_eq!(
-            fence_step(d, d + CLOCK_MARGIN_MS + 1, Some(0), t),
-            FenceStep::Done
-        );
-        // Blind: a run that started by the deadline may last the timeout.
+        assert_eq!(f.step(d + CLOCK_MARGIN_MS + 1, Some(0)), FenceStep::Done);
+    }
+
+    #[test]
+    fn one_blind_look_keeps_the_longer_bound() {
+        let t = Duration::from_secs(30);
+        let d = 50_000;
         let blind = d + 30_000 + CLOCK_MARGIN_MS;
+        let mut f = Fence::new(d, t);
         assert_eq!(
-            fence_step(d, d + CLOCK_MARGIN_MS + 1, None, t),
+            f.step(d + CLOCK_MARGIN_MS + 1, None),
             FenceStep::WaitUntil(blind)
         );
-        assert_eq!(fence_step(d, blind + 1, None, t), FenceStep::Done);
+        // Another node answers: nothing runs there, its clock is past the
+        // short bound. The node that could not answer may run it still.
+        assert_eq!(
+            f.step(d + CLOCK_MARGIN_MS + 1, Some(0)),
+            FenceStep::WaitUntil(blind)
+        );
+        assert_eq!(f.step(blind, Some(1)), FenceStep::KillAgain);
+        assert_eq!(f.step(blind + 1, Some(0)), FenceStep::Done);
     }
 }

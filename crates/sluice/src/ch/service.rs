@@ -465,6 +465,7 @@ impl ClickHouse {
     /// timeout) after the deadline bounds a run that started in time.
     pub async fn fence_attempt(&self, query_id: &str, deadline_ms: i64) -> Result<(), ChError> {
         let give_up = Instant::now() + self.insert_timeout * 3 + Duration::from_secs(5);
+        let mut fence = deadline::Fence::new(deadline_ms, self.insert_timeout);
         self.kill(query_id).await;
         loop {
             let sent = Instant::now();
@@ -488,7 +489,7 @@ impl ClickHouse {
                 Err(e) if e.kind == ChErrorKind::Server => (self.server_now(false).await?, None),
                 Err(e) => return Err(e),
             };
-            match deadline::fence_step(deadline_ms, now, running, self.insert_timeout) {
+            match fence.step(now, running) {
                 FenceStep::Done => return Ok(()),
                 FenceStep::KillAgain if Instant::now() >= give_up => {
                     return Err(ChError::client(format!(
