@@ -27,11 +27,16 @@ pub const CLOCK_READING_TTL: Duration = Duration::from_secs(300);
 pub trait Moment: Copy + Ord {
     /// `self - earlier`; zero if `earlier` is later.
     fn since(self, earlier: Self) -> Duration;
+    /// `self + d`.
+    fn after(self, d: Duration) -> Self;
 }
 
 impl Moment for std::time::Instant {
     fn since(self, earlier: Self) -> Duration {
         self.saturating_duration_since(earlier)
+    }
+    fn after(self, d: Duration) -> Self {
+        self + d
     }
 }
 
@@ -177,6 +182,9 @@ mod tests {
     impl Moment for Ms {
         fn since(self, earlier: Self) -> Duration {
             Duration::from_millis(self.0.saturating_sub(earlier.0))
+        }
+        fn after(self, d: Duration) -> Self {
+            Ms(self.0 + d.as_millis() as u64)
         }
     }
 

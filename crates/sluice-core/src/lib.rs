@@ -17,6 +17,8 @@
 //!   inserted. What ClickHouse holds decides; the reset policy applies only
 //!   where it holds nothing.
 //!   ([`batch::Batch::without`] drops the rows ClickHouse already holds.)
+//! - [`lease`]: reads of the register of owners → whether, and until when,
+//!   a process may write a partition.
 //! - [`dedup`]: business keys written within a window → drop the repeats.
 //! - [`window`]: ClickHouse's block dedup window in seconds, and its size.
 
@@ -24,6 +26,7 @@ pub mod acks;
 pub mod batch;
 pub mod deadline;
 pub mod dedup;
+pub mod lease;
 pub mod offset;
 pub mod resume;
 pub mod row;

@@ -22,121 +22,71 @@
 //! before its fence, and its fence lasts `2 × insert_timeout + lease + 5 s`: every
 //! attempt this process started under a lease read before the claim has
 //! ended by then, on the server's clock (see [`super::handoff`]).
+//!
+//! The decisions are [`sluice_core::lease`]'s; here are the table shared on
+//! this host's monotonic clock and the task that reads the register.
 
 use super::event::Event;
-use super::owners::{Key, Owner, Owners};
-use std::collections::HashMap;
+use super::owners::{Key, Owners};
+use sluice_core::lease::{on_register, Leases, Renewal};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
-#[derive(Debug, Clone, Copy)]
-struct Held {
-    generation: u64,
-    until: Instant,
-    /// Renewals sent before this do not count ([`Lease::suspect`]).
-    suspect_since: Option<Instant>,
-    /// Revoked, its inserts finishing: never renewed, it just runs out
-    /// ([`Lease::leave`]).
-    leaving: bool,
-}
-
-/// The leases of this process's active partitions.
+/// The leases of this process's active partitions ([`Leases`] on this
+/// host's monotonic clock), shared by the consumer thread, the insert tasks
+/// and [`renew`].
 #[derive(Debug, Clone)]
 pub struct Lease {
-    held: Arc<Mutex<HashMap<Key, Held>>>,
-    term: Duration,
+    held: Arc<Mutex<Leases<Key, Instant>>>,
 }
 
 impl Lease {
     pub fn new(term: Duration) -> Self {
         Self {
-            held: Arc::default(),
-            term,
+            held: Arc::new(Mutex::new(Leases::new(term))),
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Key, Held>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Leases<Key, Instant>> {
         self.held.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// `key` (this `generation` of it) is ours since a read of the register
-    /// sent at `sent`.
+    /// See [`Leases::hold`].
     pub fn hold(&self, key: Key, generation: u64, sent: Instant) {
-        let until = sent + self.term;
-        self.lock().insert(
-            key,
-            Held {
-                generation,
-                until,
-                suspect_since: None,
-                leaving: false,
-            },
-        );
+        self.lock().hold(key, generation, sent);
     }
 
-    /// `key` is ours no more (revoked, lost, taken).
+    /// See [`Leases::release`].
     pub fn release(&self, key: Key) {
-        self.lock().remove(&key);
+        self.lock().release(key);
     }
 
-    /// This generation of `key` was revoked and is finishing its inserts:
-    /// its lease is no longer renewed (whatever the register says) and runs
-    /// out, so the partition can be marked clean if they end before then.
+    /// See [`Leases::leave`].
     pub fn leave(&self, key: Key, generation: u64) {
-        if let Some(h) = self
-            .lock()
-            .get_mut(&key)
-            .filter(|h| h.generation == generation)
-        {
-            h.leaving = true;
-        }
+        self.lock().leave(key, generation);
     }
 
-    /// Ends the lease of this generation of `key`; false if it had none.
+    /// See [`Leases::give_up`].
     pub fn give_up(&self, key: Key, generation: u64) -> bool {
-        let mut held = self.lock();
-        if held.get(&key).is_some_and(|h| h.generation == generation) {
-            held.remove(&key);
-            return true;
-        }
-        false
-    }
-
-    /// A read sent at `sent` found us in the register for `key`.
-    fn renew(&self, key: Key, generation: u64, sent: Instant) {
-        if let Some(h) = self.lock().get_mut(&key) {
-            if h.generation == generation && !h.leaving && h.suspect_since.is_none_or(|s| sent >= s)
-            {
-                h.until = h.until.max(sent + self.term);
-                h.suspect_since = None;
-            }
-        }
+        self.lock().give_up(key, generation)
     }
 
     /// Whether this generation of `key` may write right now.
     pub fn live(&self, key: Key, generation: u64) -> bool {
-        self.until(key, generation).is_some()
+        self.lock().live(key, generation, Instant::now())
     }
 
     /// When the live lease of this generation of `key` ends; `None` if it
     /// has none.
     pub fn until(&self, key: Key, generation: u64) -> Option<Instant> {
-        self.lock()
-            .get(&key)
-            .filter(|h| h.generation == generation && Instant::now() < h.until)
-            .map(|h| h.until)
+        self.lock().until(key, generation, Instant::now())
     }
 
     /// Ends the lease of this generation of `key` until a renewal read sent
     /// from now on confirms it: our clock may not be trusted.
     pub fn suspect(&self, key: Key, generation: u64) {
-        if let Some(h) = self.lock().get_mut(&key) {
-            if h.generation == generation {
-                h.until = h.until.min(Instant::now());
-                h.suspect_since = Some(Instant::now());
-            }
-        }
+        self.lock().suspect(key, generation, Instant::now());
     }
 
     /// Waits until this generation of `key` may write. It may never: the
@@ -145,13 +95,6 @@ impl Lease {
         while !self.live(key, generation) {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-    }
-
-    fn snapshot(&self) -> Vec<(Key, u64, bool)> {
-        self.lock()
-            .iter()
-            .map(|(k, h)| (*k, h.generation, h.leaving))
-            .collect()
     }
 }
 
@@ -164,24 +107,24 @@ pub(super) async fn renew(
     tx: mpsc::Sender<Event>,
     stopping: CancellationToken,
 ) {
-    let every = lease.term / 4;
+    let term = lease.lock().term();
+    let every = term / 4;
     let mut failing = false;
     loop {
         tokio::select! {
             _ = tokio::time::sleep(every) => {}
             _ = stopping.cancelled() => return,
         }
-        let held = lease.snapshot();
+        let held: Vec<(Key, u64, bool)> = lease.lock().held().collect();
         if held.is_empty() {
             continue;
         }
-        let (o, keys, timeout) = (
+        let (o, keys) = (
             owners.clone(),
             held.iter().map(|(k, ..)| *k).collect::<Vec<_>>(),
-            lease.term,
         );
         let sent = Instant::now();
-        let answer = tokio::task::spawn_blocking(move || o.read(keys, timeout)).await;
+        let answer = tokio::task::spawn_blocking(move || o.read(keys, term)).await;
         let found = match answer {
             Ok(Ok(found)) => found,
             Ok(Err(e)) => {
@@ -199,15 +142,11 @@ pub(super) async fn renew(
         }
         let mut forgotten = Vec::new();
         for (key, generation, leaving) in held {
-            if leaving {
-                continue;
-            }
-            match found.get(&key) {
-                None => {}
-                Some(Owner::Process(id)) if *id == me => lease.renew(key, generation, sent),
-                Some(Owner::Nobody) if lease.live(key, generation) => forgotten.push(key),
-                Some(Owner::Nobody) => {}
-                Some(other) if lease.give_up(key, generation) => {
+            let live = lease.live(key, generation);
+            match on_register(found.get(&key).copied(), me, live, leaving) {
+                Renewal::Renew => lease.lock().renew(key, generation, sent),
+                Renewal::Rewrite => forgotten.push(key),
+                Renewal::Taken(other) if lease.give_up(key, generation) => {
                     tracing::warn!(
                         partition = %owners.name(key),
                         owner = ?other,
@@ -216,10 +155,10 @@ pub(super) async fn renew(
                     let _ = tx.send(Event::Taken {
                         key,
                         generation,
-                        by: *other,
+                        by: other,
                     });
                 }
-                Some(_) => {}
+                Renewal::Taken(_) | Renewal::Keep => {}
             }
         }
         if !forgotten.is_empty() {
@@ -228,44 +167,5 @@ pub(super) async fn renew(
                 tracing::warn!(error = %e, "cannot write this process into the register again");
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_lease_runs_from_the_send_time_of_its_last_confirmation() {
-        let lease = Lease::new(Duration::from_secs(10));
-        let key = (0, 3);
-        assert!(!lease.live(key, 1));
-        let long_ago = Instant::now() - Duration::from_secs(11);
-        lease.hold(key, 1, long_ago);
-        assert!(!lease.live(key, 1), "expired");
-        lease.renew(key, 2, Instant::now());
-        assert!(
-            !lease.live(key, 1),
-            "another generation's read renews nothing"
-        );
-        lease.renew(key, 1, Instant::now());
-        assert!(lease.live(key, 1));
-        assert!(!lease.live(key, 2));
-        lease.renew(key, 1, long_ago);
-        assert!(lease.live(key, 1), "an older read never shortens it");
-        let before = Instant::now();
-        lease.suspect(key, 1);
-        assert!(!lease.live(key, 1), "a suspect lease ends at once");
-        lease.renew(key, 1, before);
-        assert!(
-            !lease.live(key, 1),
-            "a read sent before the suspicion renews nothing"
-        );
-        lease.renew(key, 1, Instant::now());
-        assert!(lease.live(key, 1));
-        lease.release(key);
-        assert!(!lease.live(key, 1));
-        lease.renew(key, 1, Instant::now());
-        assert!(!lease.live(key, 1), "a released lease is not renewed");
     }
 }

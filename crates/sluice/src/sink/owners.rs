@@ -31,12 +31,7 @@ use std::time::Duration;
 /// A partition of a route: `(route index, partition)`.
 pub(super) type Key = (usize, i32);
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Owner {
-    Clean,
-    Process(u64),
-    Nobody,
-}
+pub(super) use sluice_core::lease::Owner;
 
 /// The register's client, shareable across threads.
 #[derive(Clone)]
