@@ -40,6 +40,23 @@ impl Moment for std::time::Instant {
     }
 }
 
+/// A clock counted in milliseconds: the time of a model (or a test), where
+/// the sink uses [`std::time::Instant`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Millis(pub u64);
+
+impl Moment for Millis {
+    fn since(self, earlier: Self) -> Duration {
+        Duration::from_millis(self.0.saturating_sub(earlier.0))
+    }
+    fn after(self, d: Duration) -> Self {
+        Millis(
+            self.0
+                .saturating_add(u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+        )
+    }
+}
+
 /// The server's clock, as seen from here: the reading with the shortest
 /// round trip, counted forward on the local monotonic clock (a step of the
 /// local wall clock changes nothing). A reading is placed at the moment its
@@ -175,18 +192,7 @@ impl Fence {
 mod tests {
     use super::*;
 
-    /// A model clock: milliseconds.
-    #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-    struct Ms(u64);
-
-    impl Moment for Ms {
-        fn since(self, earlier: Self) -> Duration {
-            Duration::from_millis(self.0.saturating_sub(earlier.0))
-        }
-        fn after(self, d: Duration) -> Self {
-            Ms(self.0 + d.as_millis() as u64)
-        }
-    }
+    use Millis as Ms;
 
     #[test]
     fn the_clock_keeps_the_tightest_reading_and_never_runs_ahead() {

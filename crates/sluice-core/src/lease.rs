@@ -174,17 +174,7 @@ pub fn on_register(found: Option<Owner>, me: u64, live: bool, leaving: bool) -> 
 mod tests {
     use super::*;
 
-    #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-    struct Ms(u64);
-
-    impl Moment for Ms {
-        fn since(self, earlier: Self) -> Duration {
-            Duration::from_millis(self.0.saturating_sub(earlier.0))
-        }
-        fn after(self, d: Duration) -> Self {
-            Ms(self.0 + d.as_millis() as u64)
-        }
-    }
+    use crate::deadline::Millis as Ms;
 
     #[test]
     fn a_lease_runs_from_the_send_time_of_its_last_confirmation() {
