@@ -137,10 +137,9 @@ pub async fn run(o: &LabArgs) -> anyhow::Result<Vec<Cell>> {
     let mut cells = Vec::new();
     for s in &scenarios {
         eprintln!("lab: {s} ({})", modes.join(", "));
-        // A broker of each cell's own: tansu's coordinator stops answering
-        // (heartbeats after the session timeout, then timed-out SyncGroup and
-        // ApiVersion requests) while another sink on it writes fast, and in
-        // full runs that stalled every mode of a scenario sharing one.
+        // A broker of each cell's own: tansu serves every request from one
+        // sqlite task, so one cell's load (fetches that scan the rest of a
+        // partition) delays the commits and heartbeats of the others.
         let runs = modes.iter().map(|m| async move {
             let broker = fixture::PrivateBroker::start().await?;
             let stack = Stack {
