@@ -14,7 +14,7 @@ use std::collections::VecDeque;
 pub struct Ticket(u64);
 
 /// Tracks the batches of one partition.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct AckTracker {
     frontier: NextOffset,
     next_ticket: u64,

@@ -8,6 +8,7 @@
 
 use crate::offset::{NextOffset, Offset};
 use bytes::Bytes;
+use crate::deadline::Moment;
 use std::time::{Duration, Instant};
 
 /// A topic partition.
@@ -24,7 +25,7 @@ impl std::fmt::Display for PartitionId {
 }
 
 /// When a batch is cut.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct BatchLimits {
     pub max_rows: usize,
     pub max_bytes: usize,
@@ -36,7 +37,7 @@ pub struct BatchLimits {
 }
 
 /// Encoded rows of one partition with the offset of each row.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Batch {
     pub partition: PartitionId,
     /// Shared, immutable bytes: every attempt sends these very bytes.
@@ -115,18 +116,19 @@ impl Batch {
     }
 }
 
-/// Accumulates the rows of one partition until a limit is reached.
-#[derive(Debug)]
-pub struct BatchBuilder {
+/// Accumulates the rows of one partition until a limit is reached; `T` is
+/// the local clock ([`Instant`] in the sink).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct BatchBuilder<T = Instant> {
     partition: PartitionId,
     limits: BatchLimits,
     body: Vec<u8>,
     rows: Vec<(Offset, usize)>,
     end: Option<NextOffset>,
-    opened: Option<Instant>,
+    opened: Option<T>,
 }
 
-impl BatchBuilder {
+impl<T: Moment> BatchBuilder<T> {
     pub fn new(partition: PartitionId, limits: BatchLimits) -> Self {
         Self {
             partition,
@@ -147,7 +149,7 @@ impl BatchBuilder {
     pub fn push<E>(
         &mut self,
         offset: Offset,
-        now: Instant,
+        now: T,
         encode: impl FnOnce(&mut Vec<u8>) -> Result<(), E>,
     ) -> Result<(), E> {
         encode(&mut self.body)?;
@@ -163,7 +165,7 @@ impl BatchBuilder {
     pub fn push_or_skip<E>(
         &mut self,
         offset: Offset,
-        now: Instant,
+        now: T,
         encode: impl FnOnce(&mut Vec<u8>) -> Result<bool, E>,
     ) -> Result<bool, E> {
         let start = self.body.len();
@@ -188,7 +190,7 @@ impl BatchBuilder {
 
     /// Accounts for a record that yields no row (it is already handled
     /// elsewhere), so the batch's end position moves past it.
-    pub fn skip(&mut self, offset: Offset, now: Instant) {
+    pub fn skip(&mut self, offset: Offset, now: T) {
         self.end = Some(offset.next());
         self.opened.get_or_insert(now);
     }
@@ -206,7 +208,7 @@ impl BatchBuilder {
     }
 
     /// Whether the batch is full or old enough to be sent.
-    pub fn is_due(&self, now: Instant) -> bool {
+    pub fn is_due(&self, now: T) -> bool {
         let boundary = self.limits.aligned
             && self
                 .end
@@ -216,7 +218,7 @@ impl BatchBuilder {
             || self.body.len() >= self.limits.max_bytes
             || self
                 .opened
-                .is_some_and(|t| now.saturating_duration_since(t) >= self.limits.max_age)
+                .is_some_and(|t| now.since(t) >= self.limits.max_age)
     }
 
     /// Takes the accumulated rows as a batch, leaving the builder empty.

@@ -10,6 +10,8 @@
 //! - [`batch`]: rows of one partition → a batch cut by rows, bytes or age.
 //! - [`token`]: a batch's rows → deterministic dedup token and query ids.
 //! - [`acks`]: out-of-order batch completions → the in-order durable frontier.
+//! - [`attempt`]: each attempt's answer → whether the next one fences an
+//!   earlier one and asks ClickHouse which rows it holds first.
 //! - [`deadline`]: readings of the server's clock → an attempt's deadline on
 //!   it, and when an attempt whose outcome is unknown can no longer commit.
 //! - [`resume`]: committed offset + ClickHouse watermark + the log's bounds →
@@ -19,10 +21,12 @@
 //!   ([`batch::Batch::without`] drops the rows ClickHouse already holds.)
 //! - [`lease`]: reads of the register of owners → whether, and until when,
 //!   a process may write a partition.
+//! - [`timing`]: `fence_wait` and `insert_timeout` → the lease's term.
 //! - [`dedup`]: business keys written within a window → drop the repeats.
 //! - [`window`]: ClickHouse's block dedup window in seconds, and its size.
 
 pub mod acks;
+pub mod attempt;
 pub mod batch;
 pub mod deadline;
 pub mod dedup;
@@ -30,6 +34,7 @@ pub mod lease;
 pub mod offset;
 pub mod resume;
 pub mod row;
+pub mod timing;
 pub mod token;
 pub mod window;
 

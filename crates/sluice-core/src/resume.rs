@@ -32,7 +32,7 @@
 use crate::offset::{NextOffset, Offset};
 
 /// What the group's committed offsets say about a partition.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Committed {
     /// The group has no position for the partition.
     Nothing,
@@ -44,7 +44,7 @@ pub enum Committed {
 
 /// Where to start when neither the group nor ClickHouse knows anything:
 /// Kafka's `auto.offset.reset`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ResetPolicy {
     /// The log's first record.
     Earliest,
@@ -71,14 +71,14 @@ impl ResetPolicy {
 
 /// A partition's log: the position of its first record and the position
 /// after its last one (Kafka's low and high watermarks).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct LogBounds {
     pub low: NextOffset,
     pub high: NextOffset,
 }
 
 /// Where to start, and up to which offset records must be reconciled.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct ResumePlan {
     /// The first record to read; within the log's bounds.
     pub start: NextOffset,

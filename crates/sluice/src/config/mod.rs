@@ -39,6 +39,7 @@ pub use sink::{
 };
 
 use serde::Deserialize;
+use sluice_core::timing;
 use sluice_core::{MetadataColumns, RowEncoder};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -100,12 +101,6 @@ pub struct Config {
     pub origins: env::Origins,
 }
 
-/// What a new owner's fence allows for beyond the previous owner's last
-/// inserts and lease: clocks that run at slightly different rates.
-const FENCE_MARGIN: Duration = Duration::from_secs(5);
-const MAX_LEASE: Duration = Duration::from_secs(10);
-const MIN_LEASE: Duration = Duration::from_secs(2);
-
 impl Config {
     /// `kafka.brokers = k:9092 (from the config file)`, and the same for
     /// `clickhouse.url`: what the start-up log and `check-config` print.
@@ -141,17 +136,13 @@ impl Config {
     /// last inserts (`2 × insert_timeout`) and a margin, at most 10 s and
     /// at least 2 s ([`Config::fence_is_short`] says when the floor cuts in).
     pub fn lease(&self) -> Duration {
-        self.sink
-            .fence_wait
-            .saturating_sub(self.clickhouse.insert_timeout * 2 + FENCE_MARGIN)
-            .clamp(MIN_LEASE, MAX_LEASE)
+        timing::lease_term(self.sink.fence_wait, self.clickhouse.insert_timeout)
     }
 
     /// The fence that covers a previous owner's last inserts and lease,
     /// when `fence_wait` is shorter than that.
     pub fn fence_is_short(&self) -> Option<Duration> {
-        let safe = self.clickhouse.insert_timeout * 2 + MIN_LEASE + FENCE_MARGIN;
-        (self.sink.fence_wait < safe).then_some(safe)
+        timing::safe_fence(self.sink.fence_wait, self.clickhouse.insert_timeout)
     }
 }
 

@@ -8,9 +8,10 @@
 //! with every default filled in, or a [`ConfigError`] naming the field.
 
 use super::{
-    bounded, invalid, positive, ClickHouseConfig, ConfigError, Overrides, FENCE_MARGIN, MAX_LEASE,
+    bounded, invalid, positive, ClickHouseConfig, ConfigError, Overrides,
 };
 use serde::Deserialize;
+use sluice_core::timing::{FENCE_MARGIN, MAX_LEASE};
 use sluice_core::{BatchLimits, MetadataColumns};
 use std::time::Duration;
 

@@ -27,6 +27,7 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaResult;
 use rdkafka::{Offset as KOffset, TopicPartitionList};
 use sluice_core::resume::{resume_plan, Committed, LogBounds, ResetPolicy};
+use sluice_core::timing::SETTLE;
 use sluice_core::NextOffset;
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
@@ -71,11 +72,6 @@ pub(super) struct Preparation {
     /// lost, taken): its preparation stops claiming it.
     pub(super) given_up: HashMap<(Key, u64), CancellationToken>,
 }
-
-/// How long a claim on a clean partition settles before it is read back:
-/// a claimer that read `clean` and wrote within this long has its claim
-/// stored by then, so of two claimers only the last one reads itself back.
-const SETTLE: Duration = Duration::from_secs(2);
 
 /// How often a partition waiting (to be claimed back, or out its fence)
 /// reads the register.

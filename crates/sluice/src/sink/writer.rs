@@ -36,6 +36,7 @@ use crate::config::{Delivery, Route};
 use crate::retry::Delays;
 use crate::telemetry;
 use sluice_core::acks::Ticket;
+use sluice_core::attempt::{Answer, Attempts, Unsettled, REFUSED_AT_START};
 use sluice_core::dedup::conditional_excluded;
 use sluice_core::token::{insert_token, query_id};
 use sluice_core::{Batch, Offset, RowEncoder};
@@ -76,16 +77,6 @@ pub struct Job {
     /// What became of the partition's earlier rows.
     pub fates: Arc<Fates>,
 }
-
-/// Retriable answers a query gives before it starts work: nothing of it
-/// runs on any server any more, so there is nothing to fence. Every other
-/// answer is fenced: an unknown insert status (319), a quorum or shard
-/// timeout (159, 209, 210), a query with the same id still running (216).
-const REFUSED_AT_START: &[u32] = &[
-    202, // TOO_MANY_SIMULTANEOUS_QUERIES
-    203, // NO_FREE_CONNECTION
-    252, // TOO_MANY_PARTS
-];
 
 /// Delivers one batch; always returns a completion.
 pub async fn deliver(mut job: Job, ctx: Arc<WriterCtx>) -> Completion {
@@ -157,9 +148,7 @@ async fn queue(
 
 async fn attempt_until_done(job: &Job, ctx: &WriterCtx, letters: &mut Vec<Pending>) -> Outcome {
     let exactly_once = ctx.delivery.is_exactly_once();
-    let mut uncertain = exactly_once && job.uncertain;
-    // The last attempt whose outcome is unknown: its query id and deadline.
-    let mut previous: Option<(String, i64)> = None;
+    let mut attempts = Attempts::new(exactly_once, job.uncertain);
     let mut delays = Delays::new(Duration::from_millis(100));
     // Rows ClickHouse rejected, sent to the DLQ: never inserted.
     let mut rejected: Vec<Offset> = Vec::new();
@@ -171,7 +160,7 @@ async fn attempt_until_done(job: &Job, ctx: &WriterCtx, letters: &mut Vec<Pendin
     };
     let first = job.batch.first().unwrap_or(Offset(i64::MAX));
     let key = (job.route_idx, p.partition);
-    for attempt in 0u32.. {
+    loop {
         if exactly_once {
             tokio::select! {
                 _ = ctx.lease.ready(key, job.generation) => {}
@@ -192,9 +181,12 @@ async fn attempt_until_done(job: &Job, ctx: &WriterCtx, letters: &mut Vec<Pendin
         } else {
             job.batch.without(&merged(&rejected, &excluded))
         };
-        let batch = if uncertain {
-            match reconcile(job, &base, ctx, previous.as_ref()).await {
-                Ok(b) => b,
+        let batch = if attempts.reconcile() {
+            match reconcile(job, &base, ctx, attempts.fence()).await {
+                Ok(b) => {
+                    attempts.reconciled();
+                    b
+                }
                 Err(e) => {
                     tracing::warn!(partition = %p, error = %e, "reconciliation failed; will retry");
                     delays.wait(&job.abandon).await;
@@ -213,15 +205,15 @@ async fn attempt_until_done(job: &Job, ctx: &WriterCtx, letters: &mut Vec<Pendin
         if exactly_once && (lease_end.is_none() || job.abandon.is_cancelled()) {
             continue;
         }
+        let attempt = attempts.next();
         let token = exactly_once
             .then(|| insert_token(&table.sql(), &p.topic, p.partition, batch.offsets()));
         let qid = match &token {
             Some(t) => query_id(t, attempt),
             None => format!(
-                "sluice-alo-{}-{}-{}",
+                "sluice-alo-{}-{}-{attempt}",
                 p.partition,
                 batch.first().map_or(-1, |o| o.0),
-                attempt
             ),
         };
         let started = Instant::now();
@@ -235,7 +227,9 @@ async fn attempt_until_done(job: &Job, ctx: &WriterCtx, letters: &mut Vec<Pendin
             query_id: qid.clone(),
             deadline_ms,
         };
-        match ctx.ch.insert(req).await {
+        let result = ctx.ch.insert(req).await;
+        attempts.answered(qid, deadline_ms, answer(&result));
+        match result {
             Ok(()) => {
                 tracing::debug!(partition = %p, rows = batch.len(), attempt, "inserted");
                 telemetry::batch_inserted(&label, batch.len(), started.elapsed());
@@ -288,9 +282,6 @@ async fn attempt_until_done(job: &Job, ctx: &WriterCtx, letters: &mut Vec<Pendin
                 tracing::warn!(partition = %p, offset = offset.0, error = %e, "ClickHouse rejected a row; sent it to the DLQ");
                 let at = rejected.partition_point(|o| *o < offset);
                 rejected.insert(at, offset);
-                // A cut-short insert may have stored some rows: check first.
-                uncertain = exactly_once;
-                previous = None;
             }
             Err(e) => {
                 telemetry::insert_retried(&label, e.kind.name());
@@ -302,21 +293,26 @@ async fn attempt_until_done(job: &Job, ctx: &WriterCtx, letters: &mut Vec<Pendin
                     error = %e,
                     "insert outcome unknown; will reconcile before retrying"
                 );
-                if exactly_once && e.kind != ChErrorKind::Connect {
-                    // Something may have reached the server: reconcile first.
-                    // A refusal before the query started needs no fence;
-                    // anything else may still be running somewhere.
-                    uncertain = true;
-                    previous = match (e.kind, e.code) {
-                        (ChErrorKind::Server, Some(c)) if REFUSED_AT_START.contains(&c) => None,
-                        _ => deadline_ms.map(|d| (qid, d)),
-                    };
-                }
                 delays.wait(&job.abandon).await;
             }
         }
     }
-    Outcome::Abandoned
+}
+
+/// What an insert's result means for the batch's next attempt. A row
+/// ClickHouse names in a permanent error goes to the DLQ (if there is
+/// none, the batch fails and nothing follows).
+fn answer(result: &Result<(), ChError>) -> Answer {
+    let Err(e) = result else {
+        return Answer::Stored;
+    };
+    match (e.kind, e.code) {
+        (ChErrorKind::Connect, _) => Answer::NotSent,
+        _ if deadline_passed(e) => Answer::Refused,
+        (ChErrorKind::Server, Some(c)) if REFUSED_AT_START.contains(&c) => Answer::Refused,
+        _ if !e.is_retriable() => Answer::Rejected,
+        _ => Answer::Unknown,
+    }
 }
 
 /// The record of `batch` a permanent ClickHouse error names ([`ChError::row`],
@@ -398,10 +394,10 @@ async fn reconcile(
     job: &Job,
     batch: &Batch,
     ctx: &WriterCtx,
-    previous: Option<&(String, i64)>,
+    previous: Option<&Unsettled>,
 ) -> Result<Batch, ChError> {
-    if let Some((qid, deadline_ms)) = previous {
-        ctx.ch.fence_attempt(qid, *deadline_ms).await?;
+    if let Some(u) = previous {
+        ctx.ch.fence_attempt(&u.query_id, u.deadline_ms).await?;
     }
     let (Some(first), Some(last)) = (batch.first(), batch.last()) else {
         return Ok(batch.clone());

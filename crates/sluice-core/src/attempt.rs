@@ -1,0 +1,163 @@
+//! One batch's attempts: which need a fence and a reconciliation first.
+//!
+//! In: what each attempt's answer meant ([`Answer`]). Out: before the next
+//! attempt, whether ClickHouse may already hold some of the batch's rows
+//! ([`Attempts::reconcile`]), and which earlier attempt must be fenced
+//! before it is asked ([`Attempts::fence`]): one whose outcome is unknown
+//! may still commit, so asking before it is fenced proves nothing.
+//!
+//! In exactly-once mode a batch is never re-sent blind: after an unknown
+//! outcome, or a rejection that may have stored part of it, the next
+//! attempt fences the last unsettled attempt, asks which rows are present
+//! and sends only the rest. In the other modes every attempt sends the same
+//! bytes and nothing is tracked.
+
+/// What one attempt's answer means.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Answer {
+    /// Stored: the batch is durable.
+    Stored,
+    /// Nothing was sent (the connection was refused).
+    NotSent,
+    /// The server refused it before it started (a code in
+    /// [`REFUSED_AT_START`], or its deadline had passed): nothing of it
+    /// runs, but an earlier attempt may have stored rows.
+    Refused,
+    /// A row was rejected (it goes to the DLQ); the rest may be stored.
+    Rejected,
+    /// Anything else (a timeout, a reset, a 5xx): it may still commit.
+    Unknown,
+}
+
+/// Retriable answers a query gives before it starts work: nothing of it
+/// runs on any server any more, so there is nothing to fence. Every other
+/// answer is fenced: an unknown insert status (319), a quorum or shard
+/// timeout (159, 209, 210), a query with the same id still running (216).
+pub const REFUSED_AT_START: &[u32] = &[
+    202, // TOO_MANY_SIMULTANEOUS_QUERIES
+    203, // NO_FREE_CONNECTION
+    252, // TOO_MANY_PARTS
+];
+
+/// An attempt whose outcome is unknown: its query id and its deadline on
+/// the server's clock.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Unsettled {
+    pub query_id: String,
+    pub deadline_ms: i64,
+}
+
+/// The attempts of one batch so far.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Attempts {
+    exactly_once: bool,
+    sent: u32,
+    uncertain: bool,
+    previous: Option<Unsettled>,
+}
+
+impl Attempts {
+    /// A batch some of whose rows may already be stored (`uncertain`: read
+    /// again after a restart) reconciles before its first attempt.
+    pub fn new(exactly_once: bool, uncertain: bool) -> Self {
+        Self {
+            exactly_once,
+            sent: 0,
+            uncertain: exactly_once && uncertain,
+            previous: None,
+        }
+    }
+
+    /// The number of the next attempt, counted from 0.
+    pub fn next(&self) -> u32 {
+        self.sent
+    }
+
+    /// Whether the next attempt first asks which rows are present.
+    pub fn reconcile(&self) -> bool {
+        self.uncertain
+    }
+
+    /// The attempt to fence before asking, if any.
+    pub fn fence(&self) -> Option<&Unsettled> {
+        self.previous.as_ref().filter(|_| self.uncertain)
+    }
+
+    /// The attempt to fence was fenced and the rows present were asked:
+    /// it can no longer commit, and what it stored is known.
+    pub fn reconciled(&mut self) {
+        self.previous = None;
+    }
+
+    /// Attempt [`Self::next`] was sent with this query id and deadline
+    /// (none outside exactly-once), and answered. Anything but a store or
+    /// a refused connection makes the batch uncertain; only an unknown
+    /// outcome leaves an attempt to fence.
+    pub fn answered(&mut self, query_id: String, deadline_ms: Option<i64>, answer: Answer) {
+        self.sent += 1;
+        if !self.exactly_once {
+            return;
+        }
+        match answer {
+            Answer::Stored | Answer::NotSent => {}
+            Answer::Refused | Answer::Rejected => self.uncertain = true,
+            Answer::Unknown => {
+                self.uncertain = true;
+                self.previous = deadline_ms.map(|deadline_ms| Unsettled {
+                    query_id,
+                    deadline_ms,
+                });
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unknown_outcome_is_fenced_then_reconciled() {
+        let mut a = Attempts::new(true, false);
+        assert!(!a.reconcile());
+        a.answered("q0".into(), None, Answer::NotSent);
+        assert!(!a.reconcile(), "nothing was sent");
+        a.answered("q1".into(), Some(10), Answer::Unknown);
+        assert!(a.reconcile());
+        assert_eq!(a.fence().map(|u| u.query_id.as_str()), Some("q1"));
+        assert_eq!(a.next(), 2);
+        a.reconciled();
+        assert_eq!(a.fence(), None);
+        assert!(a.reconcile(), "every later attempt asks first");
+        a.answered("q2".into(), Some(20), Answer::Refused);
+        assert_eq!(a.fence(), None, "refused at the door: nothing to fence");
+        a.answered("q3".into(), Some(30), Answer::Unknown);
+        assert_eq!(a.fence().map(|u| u.deadline_ms), Some(30));
+    }
+
+    #[test]
+    fn a_rejection_or_a_refusal_makes_the_batch_uncertain() {
+        for answer in [Answer::Rejected, Answer::Refused] {
+            let mut a = Attempts::new(true, false);
+            a.answered("q0".into(), Some(10), answer);
+            assert!(a.reconcile());
+            assert_eq!(a.fence(), None);
+        }
+    }
+
+    #[test]
+    fn a_batch_read_again_reconciles_first() {
+        let a = Attempts::new(true, true);
+        assert!(a.reconcile());
+        assert_eq!(a.fence(), None);
+    }
+
+    #[test]
+    fn outside_exactly_once_nothing_is_tracked() {
+        let mut a = Attempts::new(false, true);
+        a.answered("q0".into(), None, Answer::Unknown);
+        assert!(!a.reconcile());
+        assert_eq!(a.fence(), None);
+        assert_eq!(a.next(), 1);
+    }
+}
