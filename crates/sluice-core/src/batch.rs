@@ -6,9 +6,9 @@
 //! already has without re-encoding anything. A batch always covers a
 //! contiguous run of the records read from its partition.
 
+use crate::deadline::Moment;
 use crate::offset::{NextOffset, Offset};
 use bytes::Bytes;
-use crate::deadline::Moment;
 use std::time::{Duration, Instant};
 
 /// A topic partition.

@@ -18,10 +18,18 @@ pub const FENCE_MARGIN: Duration = Duration::from_secs(5);
 pub const MAX_LEASE: Duration = Duration::from_secs(10);
 pub const MIN_LEASE: Duration = Duration::from_secs(2);
 
-/// How long a claimed clean partition settles before it is read back: a
-/// claimer that read `clean` and wrote within this long has its claim
-/// stored by then, so of two claimers only the last one reads itself back.
+/// A claim on a clean partition skips the fence only if it was written
+/// within this long of the read that showed `clean` (Fischer's mutual
+/// exclusion, with the write's own duration as its bound).
 pub const SETTLE: Duration = Duration::from_secs(2);
+
+/// How long such a claim waits before it is read back: longer than
+/// [`SETTLE`], by more than two clocks drift apart over it, so that of two
+/// claimers that both read `clean`, the other one's claim is stored by
+/// then and only the last one reads itself back. (With the two equal, a
+/// claim written exactly [`SETTLE`] after its read lands just after the
+/// other's read-back: the model found both going active.)
+pub const SETTLE_WAIT: Duration = Duration::from_secs(3);
 
 /// The lease that `fence_wait` covers, within [`MIN_LEASE`, `MAX_LEASE`].
 pub fn lease_term(fence_wait: Duration, insert_timeout: Duration) -> Duration {

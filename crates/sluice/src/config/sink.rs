@@ -7,9 +7,7 @@
 //! settings must leave exactly-once's own alone). Out: a [`SinkConfig`]
 //! with every default filled in, or a [`ConfigError`] naming the field.
 
-use super::{
-    bounded, invalid, positive, ClickHouseConfig, ConfigError, Overrides,
-};
+use super::{bounded, invalid, positive, ClickHouseConfig, ConfigError, Overrides};
 use serde::Deserialize;
 use sluice_core::timing::{FENCE_MARGIN, MAX_LEASE};
 use sluice_core::{BatchLimits, MetadataColumns};

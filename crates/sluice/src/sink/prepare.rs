@@ -27,7 +27,7 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaResult;
 use rdkafka::{Offset as KOffset, TopicPartitionList};
 use sluice_core::resume::{resume_plan, Committed, LogBounds, ResetPolicy};
-use sluice_core::timing::SETTLE;
+use sluice_core::timing::{SETTLE, SETTLE_WAIT};
 use sluice_core::NextOffset;
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
@@ -204,7 +204,7 @@ impl Preparation {
     ///
     /// A clean hand-off skips the fence, but only when the claim was stored
     /// within [`SETTLE`] of the read that showed `clean`, and is read back
-    /// [`SETTLE`] later: two claimers that both read `clean` cannot both
+    /// [`SETTLE_WAIT`] later: two claimers that both read `clean` cannot both
     /// read themselves back then (Fischer's mutual exclusion, with the
     /// write's own duration as its bound).
     async fn claim(&self, pending: &[(Key, u64)]) -> Option<Vec<((Key, u64), Instant)>> {
@@ -221,7 +221,7 @@ impl Preparation {
             return Some(Vec::new());
         }
         let clean = clean && read_sent.elapsed() <= SETTLE;
-        if clean && !self.sleep(SETTLE).await {
+        if clean && !self.sleep(SETTLE_WAIT).await {
             return None;
         }
         let (after, read_at) = self.read_owners_at(&keys).await?;

@@ -1,0 +1,211 @@
+//! The model for stateright: the actions, the properties, a readable trace.
+//!
+//! In: [`Rules`], [`Bounds`], [`Settings`]. Out: a [`stateright::Model`]
+//! whose checker explores every interleaving of the processes' steps
+//! ([`crate::sink::take`]) with what the world does on its own: time
+//! passing, an INSERT arriving (refused after its deadline), committing or
+//! running out of time, a rebalance, a crash, a lost commit, a clean mark
+//! landing.
+
+use crate::sink::{self, Step};
+use crate::world::{Phase, World};
+use crate::{Bounds, Rules, Settings};
+use sluice_core::attempt::Answer;
+use sluice_core::deadline::{Millis, Moment};
+use sluice_core::lease::Owner;
+use stateright::{Model, Path, Property};
+use std::time::Duration;
+
+/// The protocol under `rules`, within `bounds`.
+#[derive(Debug, Clone)]
+pub struct Sluice {
+    pub rules: Rules,
+    pub bounds: Bounds,
+    pub settings: Settings,
+}
+
+impl Sluice {
+    pub fn new(rules: Rules, bounds: Bounds) -> Self {
+        Sluice {
+            rules,
+            bounds,
+            settings: Settings::default(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Action {
+    /// A second passes.
+    Tick,
+    /// The coordinator assigns the partition to this process.
+    Rebalance(usize),
+    /// The broker forgets the group's committed offset.
+    LoseCommit,
+    /// The process crashes and restarts with a new id.
+    Crash(usize),
+    /// Insert `i` reaches the server (it is refused after its deadline).
+    Arrive(usize),
+    /// Insert `i` commits its rows.
+    Store(usize),
+    /// The clean mark in flight lands in the register.
+    LandMark,
+    /// Process `p` takes a step.
+    Proc(usize, Step),
+}
+
+const STEPS: [Step; 11] = [
+    Step::Hear,
+    Step::Revoke,
+    Step::Claim,
+    Step::Renew,
+    Step::Commit,
+    Step::Settle,
+    Step::Expire,
+    Step::Fence,
+    Step::Reconcile,
+    Step::Send,
+    Step::GiveUp,
+];
+
+impl Model for Sluice {
+    type State = World;
+    type Action = Action;
+
+    fn init_states(&self) -> Vec<World> {
+        vec![World::new(&self.bounds)]
+    }
+
+    fn actions(&self, w: &World, actions: &mut Vec<Action>) {
+        actions.push(Action::Tick);
+        for p in 0..w.procs.len() {
+            actions.push(Action::Rebalance(p));
+            actions.push(Action::Crash(p));
+            actions.extend(STEPS.iter().map(|&s| Action::Proc(p, s)));
+            let rows = 1..=self.bounds.max_rows;
+            actions.extend(rows.map(|n| Action::Proc(p, Step::Cut(n))));
+        }
+        actions.push(Action::LoseCommit);
+        actions.push(Action::LandMark);
+        for i in 0..w.inserts.len() {
+            actions.push(Action::Arrive(i));
+            actions.push(Action::Store(i));
+        }
+    }
+
+    fn next_state(&self, w: &World, action: Action) -> Option<World> {
+        let mut w = match action {
+            Action::Proc(p, step) => return sink::take(self, w, p, step),
+            _ => w.clone(),
+        };
+        match action {
+            Action::Tick => {
+                let horizon = Millis(self.bounds.horizon.as_millis() as u64);
+                if w.now >= horizon {
+                    return None;
+                }
+                w.now = w.now.after(Duration::from_secs(1));
+                // max_execution_time: a query running that long is stopped.
+                let t = self.settings.insert_timeout;
+                while let Some(i) = w
+                    .inserts
+                    .iter()
+                    .position(|i| i.running_since.is_some_and(|s| w.now.since(s) >= t))
+                {
+                    w.answer(i, Answer::Unknown);
+                }
+            }
+            Action::Rebalance(p) => {
+                if w.left.rebalances == 0 {
+                    return None;
+                }
+                w.left.rebalances -= 1;
+                w.group.generation += 1;
+                w.group.member = Some(p);
+            }
+            Action::LoseCommit => {
+                if w.left.lost_commits == 0 || w.group.committed.is_none() {
+                    return None;
+                }
+                w.left.lost_commits -= 1;
+                w.group.committed = None;
+            }
+            Action::Crash(p) => {
+                if w.left.crashes == 0 {
+                    return None;
+                }
+                w.left.crashes -= 1;
+                w.ids += 1;
+                let generation = w.group.generation;
+                let proc = &mut w.procs[p];
+                proc.id = w.ids;
+                proc.heard = generation;
+                proc.phase = Phase::Idle;
+                proc.clock = Default::default();
+            }
+            Action::Arrive(i) => {
+                let server = w.server_ms();
+                let ins = w.inserts.get_mut(i)?;
+                if ins.running_since.is_some() {
+                    return None;
+                }
+                if ins.deadline_ms.is_some_and(|d| server > d) {
+                    w.answer(i, Answer::Refused);
+                } else {
+                    ins.running_since = Some(w.now);
+                }
+            }
+            Action::Store(i) => {
+                w.inserts.get(i)?.running_since?;
+                let ins = w.answer(i, Answer::Stored);
+                for o in ins.rows {
+                    w.table[o.0 as usize] += 1;
+                }
+            }
+            Action::LandMark => {
+                if !w.mark_in_flight {
+                    return None;
+                }
+                w.mark_in_flight = false;
+                w.register = Owner::Clean;
+            }
+            Action::Proc(..) => unreachable!(),
+        }
+        Some(w)
+    }
+
+    fn properties(&self) -> Vec<Property<Self>> {
+        vec![
+            Property::always("no offset is stored twice", |_, w: &World| {
+                w.table.iter().all(|&n| n <= 1)
+            }),
+            Property::always("the commit passes only stored offsets", |_, w: &World| {
+                let c = w.group.committed.map_or(0, |c| c.0 as usize);
+                w.table[..c.min(w.table.len())].iter().all(|&n| n > 0)
+            }),
+            Property::sometimes("every record is stored and committed", |_, w: &World| {
+                let all = w.table.len() as i64;
+                w.table.iter().all(|&n| n == 1) && w.group.committed.is_some_and(|c| c.0 == all)
+            }),
+        ]
+    }
+}
+
+/// A counterexample in plain words: one line per action, with the time and
+/// the table after it.
+pub fn trace(m: &Sluice, path: &Path<World, Action>) -> String {
+    let mut out = String::new();
+    for (state, action) in path.clone().into_vec() {
+        let Some(a) = action else { continue };
+        let after = m.next_state(&state, a).expect("a step of the path");
+        out.push_str(&format!(
+            "t={:>2}s {:<28} table={:?} register={:?} committed={:?}\n",
+            state.now.0 / 1000,
+            format!("{a:?}"),
+            after.table,
+            after.register,
+            after.group.committed.map(|c| c.0),
+        ));
+    }
+    out
+}

@@ -1,0 +1,136 @@
+//! A model of sluice's exactly-once protocol, checked with stateright.
+//!
+//! In: the rules under test ([`Rules`]: the product's, or one of the unsafe
+//! ones the protocol replaced) and the bounds of the search ([`Bounds`]).
+//! Out: every interleaving within the bounds of sink processes, a group
+//! coordinator, the register of owners and ClickHouse, checked against the
+//! exactly-once properties ([`Sluice::properties`]).
+//!
+//! The processes decide as the sink does, by calling the same functions of
+//! `sluice-core`: the resume plan, batch cutting, tokens and query ids, the
+//! attempt rule, the server-side deadline and the fence, the lease and the
+//! register's meaning, the durable frontier. What the model writes itself
+//! is the order in which the sink calls them ([`sink`]) and the world around
+//! it ([`world`]). The unsafe rules exist only here.
+//!
+//! - [`world`]: the state: time, the coordinator, the register, ClickHouse
+//!   and its in-flight inserts, the processes.
+//! - [`sink`]: one step of one process, as the sink takes it.
+//! - [`check`]: the model for stateright, its properties and a trace
+//!   printer.
+
+pub mod check;
+pub mod sink;
+pub mod world;
+
+pub use check::{trace, Sluice};
+
+use std::time::Duration;
+
+/// How an INSERT whose outcome is unknown is kept from committing late.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LateGuard {
+    /// The product: the INSERT carries a deadline on the server's clock and
+    /// refuses to start after it; the fence waits for the server's clock.
+    ServerDeadline,
+    /// Unsafe: no deadline on the server; the fence waits `insert_timeout`
+    /// and a second on the client's clock (a request held on the way still
+    /// runs when it arrives).
+    ClientTimeout,
+}
+
+/// When a process that wrote itself into the register may write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ClaimConfirm {
+    /// The product: read the claim back, and fence unless the previous
+    /// owner left cleanly.
+    ReadBackAndFence,
+    /// Unsafe: right after the write.
+    TrustWrite,
+}
+
+/// Where a partition with no committed offset starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum UnbackedRows {
+    /// The product: what ClickHouse holds decides (`resume_plan`): rows
+    /// there mean the log is read from its start and checked.
+    FromLogStart,
+    /// Unsafe: the reset policy, as if ClickHouse held nothing.
+    ResetPolicy,
+}
+
+/// The rules the processes follow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Rules {
+    pub late: LateGuard,
+    pub claim: ClaimConfirm,
+    pub unbacked: UnbackedRows,
+}
+
+impl Rules {
+    /// The product's rules.
+    pub const SAFE: Rules = Rules {
+        late: LateGuard::ServerDeadline,
+        claim: ClaimConfirm::ReadBackAndFence,
+        unbacked: UnbackedRows::FromLogStart,
+    };
+}
+
+/// The bounds of one search.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Bounds {
+    /// Records in the partition's log, produced before the start.
+    pub records: i64,
+    /// Sink processes.
+    pub processes: usize,
+    /// Rows per batch at most.
+    pub max_rows: usize,
+    /// Time stops here.
+    pub horizon: Duration,
+    /// Group rebalances (each assigns the partition to any process).
+    pub rebalances: u8,
+    /// Crashes (a crashed process restarts at once, with a new id, and
+    /// waits for the next rebalance).
+    pub crashes: u8,
+    /// Times the group's committed offset is lost (retention).
+    pub lost_commits: u8,
+    /// Connections reset while an INSERT is in flight, before its timeout.
+    pub resets: u8,
+}
+
+impl Bounds {
+    /// The bounds CI checks.
+    pub const CI: Bounds = Bounds {
+        records: 2,
+        processes: 2,
+        max_rows: 2,
+        horizon: Duration::from_secs(14),
+        rebalances: 2,
+        crashes: 1,
+        lost_commits: 1,
+        resets: 1,
+    };
+}
+
+/// The sink's settings in the model: `insert_timeout` and `fence_wait`,
+/// the shortest `fence_wait` the sink accepts for it; the lease term
+/// follows from both, as in the sink.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Settings {
+    pub insert_timeout: Duration,
+    pub fence_wait: Duration,
+    pub lease: Duration,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        use sluice_core::timing::{lease_term, safe_fence};
+        let insert_timeout = Duration::from_secs(1);
+        let fence_wait = safe_fence(Duration::ZERO, insert_timeout).unwrap_or_default();
+        Settings {
+            insert_timeout,
+            fence_wait,
+            lease: lease_term(fence_wait, insert_timeout),
+        }
+    }
+}

@@ -1,0 +1,476 @@
+//! One step of one sink process, in the order the sink takes them.
+//!
+//! In: the world and the process's step ([`Step`]). Out: the world after
+//! it, or `None` where the step cannot be taken now. Each step is one
+//! atomic piece of the sink: a read or a write of the register
+//! (`sink/prepare.rs`, `sink/lease.rs`), fetching a record and cutting a
+//! batch (`sink/state`), one turn of the writer's loop (`sink/writer.rs`),
+//! a commit or a hand-off (`sink/state/handoff.rs`). The decisions are
+//! `sluice-core`'s; the unsafe [`Rules`] replace one of them each.
+
+use crate::world::{Claim, ClaimStep, Insert, Job, Part, Phase, Wait, World};
+use crate::{ClaimConfirm, LateGuard, Sluice, UnbackedRows};
+use sluice_core::attempt::{Answer, Attempts};
+use sluice_core::deadline::{attempt_deadline, Fence, FenceStep, Millis, Moment};
+use sluice_core::lease::{on_register, Leases, Owner, Renewal};
+use sluice_core::resume::{resume_plan, Committed, LogBounds, ResetPolicy};
+use sluice_core::timing::{SETTLE, SETTLE_WAIT};
+use sluice_core::token::{insert_token, query_id};
+use sluice_core::{AckTracker, BatchBuilder, BatchLimits, NextOffset, Offset, PartitionId};
+use std::time::Duration;
+
+/// What a process does next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Step {
+    /// Hears that the coordinator assigned it the partition.
+    Hear,
+    /// Hears that the partition was revoked.
+    Revoke,
+    /// The next step of its claim.
+    Claim,
+    /// Fetches this many records and cuts them as a batch.
+    Cut(usize),
+    /// Reads the register to renew its lease.
+    Renew,
+    /// Commits its durable frontier.
+    Commit,
+    /// A revoked partition whose insert ended hands off.
+    Settle,
+    /// A revoked partition whose lease ran out gives its insert up.
+    Expire,
+    /// One look of the fence of the last unsettled attempt.
+    Fence,
+    /// Asks which rows of the batch the table holds.
+    Reconcile,
+    /// Sends the next attempt.
+    Send,
+    /// Stops waiting for the answer (a timeout, or a reset).
+    GiveUp,
+}
+
+pub const TABLE: &str = "db.events";
+pub const TOPIC: &str = "events";
+const KEY: () = ();
+
+/// Takes `step` for process `p`; `None` if it cannot be taken now.
+pub fn take(m: &Sluice, w: &World, p: usize, step: Step) -> Option<World> {
+    let (rules, s) = (m.rules, &m.settings);
+    let mut w = w.clone();
+    let now = w.now;
+    let records = w.table.len() as i64;
+    let id = w.procs[p].id;
+    match step {
+        Step::Hear => {
+            let g = &w.group;
+            let fresh = g.member == Some(p) && w.procs[p].heard < g.generation;
+            if !fresh || !matches!(w.procs[p].phase, Phase::Idle) {
+                return None;
+            }
+            let claim = Claim {
+                generation: g.generation,
+                committed: g.committed(),
+                step: ClaimStep::Read,
+            };
+            w.procs[p].heard = g.generation;
+            w.procs[p].phase = Phase::Claiming(claim);
+        }
+        Step::Revoke => {
+            let current = w.group.member == Some(p) && w.group.generation == generation(&w, p)?;
+            if current {
+                return None;
+            }
+            match &mut w.procs[p].phase {
+                Phase::Claiming(_) => w.procs[p].phase = Phase::Idle,
+                Phase::Active(part) if !part.leaving => {
+                    part.leaving = true;
+                    part.leases.leave(KEY, part.generation);
+                    part.builder.clear();
+                }
+                _ => return None,
+            }
+        }
+        Step::Claim => {
+            let register = w.register;
+            let Phase::Claiming(c) = &mut w.procs[p].phase else {
+                return None;
+            };
+            let (generation, committed) = (c.generation, c.committed);
+            match c.step.clone() {
+                ClaimStep::Read => {
+                    c.step = ClaimStep::Write {
+                        clean: register == Owner::Clean,
+                        read_sent: now,
+                    };
+                }
+                ClaimStep::Write { clean, read_sent } => {
+                    w.register = Owner::Process(id);
+                    if rules.claim == ClaimConfirm::TrustWrite {
+                        activate(m, &mut w, p, generation, committed, now);
+                        return Some(w);
+                    }
+                    let Phase::Claiming(c) = &mut w.procs[p].phase else {
+                        unreachable!()
+                    };
+                    c.step = if clean && now.since(read_sent) <= SETTLE {
+                        ClaimStep::Settle {
+                            until: now.after(SETTLE_WAIT),
+                        }
+                    } else {
+                        ClaimStep::ReadBack { clean: false }
+                    };
+                }
+                ClaimStep::Settle { until } if now >= until => {
+                    c.step = ClaimStep::ReadBack { clean: true };
+                }
+                ClaimStep::ReadBack { clean } => {
+                    if register != Owner::Process(id) {
+                        c.step = ClaimStep::Read;
+                    } else if clean {
+                        activate(m, &mut w, p, generation, committed, now);
+                    } else {
+                        c.step = ClaimStep::Fence {
+                            until: now.after(s.fence_wait),
+                        };
+                    }
+                }
+                // Watching the register during the fence: a clean mark
+                // over this claim means the previous owner's inserts ended.
+                ClaimStep::Fence { .. } if register == Owner::Clean => c.step = ClaimStep::Read,
+                ClaimStep::Fence { until } if now >= until => c.step = ClaimStep::ReadAgain,
+                ClaimStep::ReadAgain if register == Owner::Process(id) => {
+                    activate(m, &mut w, p, generation, committed, now);
+                }
+                ClaimStep::ReadAgain => c.step = ClaimStep::Read,
+                _ => return None,
+            }
+        }
+        Step::Cut(rows) => {
+            // Fetches `rows` records and cuts them as a batch: full
+            // (`max_rows`), or cut short by its age.
+            let max_rows = m.bounds.max_rows;
+            let part = active(&mut w, p)?;
+            let left = records - part.next.0;
+            if part.leaving
+                || part.job.is_some()
+                || rows == 0
+                || rows > max_rows
+                || rows as i64 > left
+            {
+                return None;
+            }
+            for _ in 0..rows {
+                let o = Offset(part.next.0);
+                part.builder
+                    .push(o, now, |buf| {
+                        buf.extend_from_slice(format!("{o}\n").as_bytes());
+                        Ok::<_, ()>(())
+                    })
+                    .ok()?;
+                if part.check_through.is_some_and(|c| o <= c) {
+                    part.builder_uncertain = true;
+                }
+                part.next = o.next();
+            }
+            let due = part.builder.is_due(now.after(Duration::from_secs(1)));
+            debug_assert!(due);
+            let batch = part.builder.take()?;
+            let ticket = part.acks.register(batch.end());
+            let uncertain = std::mem::take(&mut part.builder_uncertain);
+            part.job = Some(Job {
+                batch,
+                ticket,
+                attempts: Attempts::new(true, uncertain),
+                wait: Wait::Ready,
+            });
+        }
+        Step::Renew => {
+            let register = w.register;
+            let part = active(&mut w, p)?;
+            let g = part.generation;
+            let live = part.leases.live(KEY, g, now);
+            match on_register(Some(register), id, live, part.leaving) {
+                Renewal::Renew => part.leases.renew(KEY, g, now),
+                Renewal::Rewrite => w.register = Owner::Process(id),
+                Renewal::Taken(_) => {
+                    // Someone else claimed it: give it up (its insert is
+                    // abandoned) and claim it again.
+                    let committed = w.group.committed();
+                    w.procs[p].phase = Phase::Claiming(Claim {
+                        generation: g,
+                        committed,
+                        step: ClaimStep::Read,
+                    });
+                }
+                Renewal::Keep => return None,
+            }
+        }
+        Step::Commit => {
+            let part = active(&mut w, p)?;
+            let frontier = part.acks.frontier();
+            if part.committed == Some(frontier) || !part.leases.live(KEY, part.generation, now) {
+                return None;
+            }
+            part.committed = Some(frontier);
+            // Taken whatever the generation: a coordinator that fences
+            // stale commits only helps.
+            w.group.committed = Some(frontier);
+        }
+        Step::Settle => {
+            let part = active(&mut w, p)?;
+            if !part.leaving || part.job.is_some() {
+                return None;
+            }
+            if part.leases.live(KEY, part.generation, now) {
+                let frontier = part.acks.frontier();
+                if part.committed != Some(frontier) {
+                    w.group.committed = Some(frontier);
+                }
+                w.mark_in_flight = true;
+            }
+            w.procs[p].phase = Phase::Idle;
+        }
+        Step::Expire => {
+            let part = active(&mut w, p)?;
+            if !part.leaving || part.leases.live(KEY, part.generation, now) {
+                return None;
+            }
+            w.procs[p].phase = Phase::Idle;
+        }
+        Step::Fence => {
+            let server = w.server_ms();
+            let job = w_active(&w, p)?.job.as_ref()?;
+            let previous = job.attempts.fence()?.clone();
+            let mut fence = match &job.wait {
+                Wait::Ready => Fence::new(previous.deadline_ms, s.insert_timeout),
+                Wait::Fencing(f) => *f,
+                _ => return None,
+            };
+            let before = job.wait.clone();
+            let running = w.running(&previous.query_id);
+            let step = fence.step(server, Some(running));
+            let part = active(&mut w, p)?;
+            let job = part.job.as_mut()?;
+            match step {
+                FenceStep::Done => job.wait = Wait::Fenced,
+                FenceStep::KillAgain => {
+                    job.wait = Wait::Fencing(fence);
+                    kill(&mut w, &previous.query_id);
+                }
+                FenceStep::WaitUntil(_) => {
+                    job.wait = Wait::Fencing(fence);
+                    if before == job.wait {
+                        return None;
+                    }
+                }
+            }
+        }
+        Step::Reconcile => {
+            let part = w_active(&w, p)?;
+            let job = part.job.as_ref()?;
+            let fenced = match job.wait {
+                Wait::Ready => job.attempts.fence().is_none(),
+                Wait::Fenced => true,
+                _ => false,
+            };
+            if !job.attempts.reconcile() || !fenced || !part.leases.live(KEY, part.generation, now)
+            {
+                return None;
+            }
+            let present = w.present(&job.batch);
+            let rest = job.batch.without(&present);
+            let part = active(&mut w, p)?;
+            let job = part.job.as_mut()?;
+            job.attempts.reconciled();
+            if rest.is_empty() {
+                let ticket = job.ticket;
+                part.acks.ack(ticket);
+                part.job = None;
+            } else {
+                job.wait = Wait::Reconciled(rest);
+            }
+        }
+        Step::Send => {
+            let server = w.server_ms();
+            let part = active(&mut w, p)?;
+            let g = part.generation;
+            let lease_end = part.leases.until(KEY, g, now)?;
+            let job = part.job.as_mut()?;
+            let batch = match &job.wait {
+                Wait::Ready if !job.attempts.reconcile() => job.batch.clone(),
+                Wait::Reconciled(b) => b.clone(),
+                _ => return None,
+            };
+            let token = insert_token(TABLE, TOPIC, 0, batch.offsets());
+            let qid = query_id(&token, job.attempts.next());
+            let clock = w.procs[p].clock;
+            let deadline = attempt_deadline(
+                |t| clock.ms_at(t).unwrap_or(server),
+                lease_end,
+                now,
+                s.insert_timeout,
+            );
+            let sent_deadline = match rules.late {
+                LateGuard::ServerDeadline => Some(deadline),
+                // The client's own bound, on its own clock.
+                LateGuard::ClientTimeout => None,
+            };
+            let part = active(&mut w, p)?;
+            let job = part.job.as_mut()?;
+            job.wait = Wait::InFlight {
+                query_id: qid.clone(),
+                deadline_ms: Some(deadline),
+                sent: now,
+            };
+            w.inserts.push(Insert {
+                from: id,
+                query_id: qid,
+                rows: batch.offsets().collect(),
+                deadline_ms: sent_deadline,
+                running_since: None,
+            });
+        }
+        Step::GiveUp => {
+            let timeout = s.insert_timeout;
+            let reset_left = w.left.resets > 0;
+            let part = active(&mut w, p)?;
+            let job = part.job.as_ref()?;
+            let Wait::InFlight { query_id, sent, .. } = &job.wait else {
+                return None;
+            };
+            let timed_out = now.since(*sent) >= timeout;
+            if !timed_out && !reset_left {
+                return None;
+            }
+            let qid = query_id.clone();
+            on_answer(part, &qid, Answer::Unknown, now);
+            if !timed_out {
+                w.left.resets -= 1;
+            }
+        }
+    }
+    Some(w)
+}
+
+/// The answer to an attempt reaches the writer waiting for it (if it still
+/// waits for that one).
+pub fn on_answer(part: &mut Part, qid: &str, answer: Answer, now: Millis) {
+    let g = part.generation;
+    let Some(job) = part.job.as_mut() else {
+        return;
+    };
+    let Wait::InFlight {
+        query_id,
+        deadline_ms,
+        ..
+    } = &job.wait
+    else {
+        return;
+    };
+    if query_id != qid {
+        return;
+    }
+    let deadline = *deadline_ms;
+    job.attempts.answered(qid.to_string(), deadline, answer);
+    job.wait = Wait::Ready;
+    match answer {
+        Answer::Stored => {
+            let ticket = job.ticket;
+            part.acks.ack(ticket);
+            part.job = None;
+        }
+        // Refused after its deadline: the clock may have stood still.
+        Answer::Refused => part.leases.suspect(KEY, g, now),
+        _ => {}
+    }
+}
+
+/// The process claimed the partition at `read_at` (the send time of the
+/// read that showed the claim): it plans where to start from the group's
+/// commit (read before the claim) and what the table holds, and writes.
+fn activate(
+    m: &Sluice,
+    w: &mut World,
+    p: usize,
+    generation: u64,
+    committed: Committed,
+    read_at: Millis,
+) {
+    let records = w.table.len() as i64;
+    let log = LogBounds {
+        low: NextOffset(0),
+        high: NextOffset(records),
+    };
+    let watermark = match (m.rules.unbacked, committed) {
+        (UnbackedRows::ResetPolicy, Committed::Nothing) => None,
+        _ => w.watermark(),
+    };
+    let mut plan = resume_plan(committed, watermark, log, ResetPolicy::Earliest);
+    if let Some((first, last)) = plan.zone() {
+        let held = (first.0..=last.0)
+            .filter(|&o| w.table[o as usize] > 0)
+            .count();
+        plan = plan.with_zone_count(held as u64);
+    }
+    let now = w.now;
+    let server = w.server_ms();
+    let proc = &mut w.procs[p];
+    proc.clock.observe(server, now, now, true);
+    let mut leases = Leases::new(m.settings.lease);
+    leases.hold(KEY, generation, read_at);
+    let limits = BatchLimits {
+        max_rows: m.bounds.max_rows,
+        max_bytes: 1 << 20,
+        max_age: Duration::from_secs(1),
+        aligned: false,
+    };
+    let id = PartitionId {
+        topic: TOPIC.into(),
+        partition: 0,
+    };
+    proc.phase = Phase::Active(Box::new(Part {
+        generation,
+        leases,
+        leaving: false,
+        next: plan.start,
+        check_through: plan.check_through,
+        builder: BatchBuilder::new(id, limits),
+        builder_uncertain: false,
+        acks: AckTracker::new(plan.start),
+        committed: None,
+        job: None,
+    }));
+}
+
+/// `KILL QUERY WHERE query_id = …`: every running query with that id ends
+/// without storing anything.
+fn kill(w: &mut World, qid: &str) {
+    while let Some(i) = w
+        .inserts
+        .iter()
+        .position(|i| i.running_since.is_some() && i.query_id == qid)
+    {
+        w.answer(i, Answer::Unknown);
+    }
+}
+
+fn generation(w: &World, p: usize) -> Option<u64> {
+    match &w.procs[p].phase {
+        Phase::Idle => None,
+        Phase::Claiming(c) => Some(c.generation),
+        Phase::Active(part) => Some(part.generation),
+    }
+}
+
+fn active(w: &mut World, p: usize) -> Option<&mut Part> {
+    match &mut w.procs[p].phase {
+        Phase::Active(part) => Some(part),
+        _ => None,
+    }
+}
+
+fn w_active(w: &World, p: usize) -> Option<&Part> {
+    match &w.procs[p].phase {
+        Phase::Active(part) => Some(part),
+        _ => None,
+    }
+}

@@ -1,0 +1,234 @@
+//! The state of the model: one partition, its readers and its table.
+//!
+//! Time is global and every clock reads it (the processes' monotonic
+//! clocks and the server's); a process that is frozen or slow simply takes
+//! no step while time passes, and messages wait as long as the search
+//! likes. What can happen to the world on its own (time passing, an INSERT
+//! arriving or committing, a rebalance, a crash, a lost commit) is here;
+//! what a process does is in [`crate::sink`].
+
+use crate::Bounds;
+use sluice_core::acks::Ticket;
+use sluice_core::attempt::{Answer, Attempts};
+use sluice_core::deadline::{Fence, Millis, ServerClock};
+use sluice_core::lease::{Leases, Owner};
+use sluice_core::resume::Committed;
+use sluice_core::{AckTracker, Batch, BatchBuilder, NextOffset, Offset};
+
+/// The whole state.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct World {
+    pub now: Millis,
+    pub group: Group,
+    /// The register of owners' entry for the partition.
+    pub register: Owner,
+    /// A clean mark sent and not yet stored (the sink does not wait for it).
+    pub mark_in_flight: bool,
+    /// Copies of each offset in the table (a plain MergeTree: no dedup).
+    pub table: Vec<u8>,
+    pub inserts: Vec<Insert>,
+    pub procs: Vec<Proc>,
+    /// Faults left to inject.
+    pub left: Faults,
+    /// Process ids handed out so far.
+    pub ids: u64,
+}
+
+/// The group coordinator's view of the partition.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Group {
+    pub generation: u64,
+    pub member: Option<usize>,
+    pub committed: Option<NextOffset>,
+}
+
+impl Group {
+    pub fn committed(&self) -> Committed {
+        self.committed.map_or(Committed::Nothing, Committed::At)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Faults {
+    pub rebalances: u8,
+    pub crashes: u8,
+    pub lost_commits: u8,
+    pub resets: u8,
+}
+
+/// An INSERT on its way to ClickHouse or running there.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Insert {
+    /// The process id that sent it.
+    pub from: u64,
+    pub query_id: String,
+    pub rows: Vec<Offset>,
+    /// Refused if it starts after this (server ms), if set.
+    pub deadline_ms: Option<i64>,
+    /// When it started running; `None` while on the way.
+    pub running_since: Option<Millis>,
+}
+
+/// One sink process.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Proc {
+    /// Its id in the register; a restart takes a new one.
+    pub id: u64,
+    /// The last generation it heard of.
+    pub heard: u64,
+    pub phase: Phase,
+    pub clock: ServerClock<Millis>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Phase {
+    Idle,
+    Claiming(Claim),
+    Active(Box<Part>),
+}
+
+/// A partition being prepared: the group's commit as read first, and the
+/// claim's progress.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Claim {
+    pub generation: u64,
+    pub committed: Committed,
+    pub step: ClaimStep,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum ClaimStep {
+    /// Read the register.
+    Read,
+    /// Write this process into it; `clean` if the read showed a clean hand-off.
+    Write { clean: bool, read_sent: Millis },
+    /// A claim on a clean partition settles.
+    Settle { until: Millis },
+    /// Read the claim back.
+    ReadBack { clean: bool },
+    /// Wait out the previous owner, watching for a clean mark.
+    Fence { until: Millis },
+    /// Read the register once more after the fence.
+    ReadAgain,
+}
+
+/// A partition this process writes.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Part {
+    pub generation: u64,
+    pub leases: Leases<(), Millis>,
+    /// Revoked; its insert finishes, then it hands off.
+    pub leaving: bool,
+    pub next: NextOffset,
+    pub check_through: Option<Offset>,
+    pub builder: BatchBuilder<Millis>,
+    pub builder_uncertain: bool,
+    pub acks: AckTracker,
+    pub committed: Option<NextOffset>,
+    pub job: Option<Job>,
+}
+
+/// One batch on its way (the model keeps one per partition).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Job {
+    pub batch: Batch,
+    pub ticket: Ticket,
+    pub attempts: Attempts,
+    pub wait: Wait,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Wait {
+    /// Ready for its next attempt (which may fence and reconcile first).
+    Ready,
+    /// Fencing the last unsettled attempt.
+    Fencing(Fence),
+    /// Fenced; reconciliation is next.
+    Fenced,
+    /// Reconciled: these rows are missing.
+    Reconciled(Batch),
+    /// Attempt sent, no answer yet.
+    InFlight {
+        query_id: String,
+        deadline_ms: Option<i64>,
+        sent: Millis,
+    },
+}
+
+impl World {
+    pub fn new(b: &Bounds) -> Self {
+        let procs = (0..b.processes)
+            .map(|i| Proc {
+                id: i as u64 + 1,
+                heard: 0,
+                phase: Phase::Idle,
+                clock: ServerClock::default(),
+            })
+            .collect();
+        World {
+            now: Millis(0),
+            group: Group {
+                generation: 1,
+                member: Some(0),
+                committed: None,
+            },
+            // The last owner left cleanly: the first claim need not fence.
+            register: Owner::Clean,
+            mark_in_flight: false,
+            table: vec![0; b.records as usize],
+            inserts: Vec::new(),
+            procs,
+            left: Faults {
+                rebalances: b.rebalances,
+                crashes: b.crashes,
+                lost_commits: b.lost_commits,
+                resets: b.resets,
+            },
+            ids: b.processes as u64,
+        }
+    }
+
+    /// The server's clock (Unix ms): the global time.
+    pub fn server_ms(&self) -> i64 {
+        self.now.0 as i64
+    }
+
+    /// The highest offset in the table.
+    pub fn watermark(&self) -> Option<Offset> {
+        (0..self.table.len())
+            .rev()
+            .find(|&o| self.table[o] > 0)
+            .map(|o| Offset(o as i64))
+    }
+
+    /// The offsets of `batch` the table holds.
+    pub fn present(&self, batch: &Batch) -> Vec<Offset> {
+        batch
+            .offsets()
+            .filter(|o| self.table[o.0 as usize] > 0)
+            .collect()
+    }
+
+    /// Queries with this id running now (`system.processes`).
+    pub fn running(&self, query_id: &str) -> u64 {
+        self.inserts
+            .iter()
+            .filter(|i| i.running_since.is_some() && i.query_id == query_id)
+            .count() as u64
+    }
+
+    /// Hands the answer to insert `i` to its sender, if it still waits for
+    /// it, and removes the insert.
+    pub fn answer(&mut self, i: usize, answer: Answer) -> Insert {
+        let ins = self.inserts.remove(i);
+        for p in &mut self.procs {
+            if p.id != ins.from {
+                continue;
+            }
+            if let Phase::Active(part) = &mut p.phase {
+                crate::sink::on_answer(part, &ins.query_id, answer, self.now);
+            }
+        }
+        ins
+    }
+}
