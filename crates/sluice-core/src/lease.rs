@@ -131,6 +131,21 @@ impl<K: Ord + Copy, T: Moment> Leases<K, T> {
         }
     }
 
+    /// A lease that ended by `now` ends at `now`, and a suspicion raised by
+    /// then is raised at `now`: when they happened no longer changes what
+    /// any later call answers, so a model's states that differ only in it
+    /// compare equal.
+    pub fn normalize(&mut self, now: T) {
+        for h in self.held.values_mut() {
+            if h.until <= now {
+                h.until = now;
+            }
+            if h.suspect_since.is_some_and(|s| s <= now) {
+                h.suspect_since = Some(now);
+            }
+        }
+    }
+
     /// Every lease held: `(key, generation, leaving)`.
     pub fn held(&self) -> impl Iterator<Item = (K, u64, bool)> + '_ {
         self.held.iter().map(|(k, h)| (*k, h.generation, h.leaving))

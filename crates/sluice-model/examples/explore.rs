@@ -1,4 +1,4 @@
-//! `cargo run --release -p sluice-model --example explore -- SECS REBALANCES CRASHES LOST RESETS`
+//! `cargo run --release -p sluice-model --example explore -- SECS REBALANCES CRASHES LOST RESETS [RECORDS]`
 use sluice_model::{Bounds, Rules, Sluice};
 use stateright::{Checker, Model};
 use std::time::{Duration, Instant};
@@ -12,6 +12,9 @@ fn main() {
     b.horizon = Duration::from_secs(a[0]);
     (b.rebalances, b.crashes, b.lost_commits, b.resets) =
         (a[1] as u8, a[2] as u8, a[3] as u8, a[4] as u8);
+    if let Some(&r) = a.get(5) {
+        (b.records, b.max_rows) = (r as i64, r as usize);
+    }
     let t0 = Instant::now();
     let m = Sluice::new(Rules::SAFE, b);
     let c = m

@@ -13,6 +13,7 @@ use crate::{Bounds, Rules, Settings};
 use sluice_core::attempt::Answer;
 use sluice_core::deadline::{Millis, Moment};
 use sluice_core::lease::Owner;
+use sluice_core::resume::Committed;
 use stateright::{Model, Path, Property};
 use std::time::Duration;
 
@@ -72,8 +73,14 @@ impl Model for Sluice {
     type State = World;
     type Action = Action;
 
+    /// Process 0 has just claimed the partition (generation 1); nothing is
+    /// stored or committed yet.
     fn init_states(&self) -> Vec<World> {
-        vec![World::new(&self.bounds)]
+        let mut w = World::new(&self.bounds);
+        w.register = Owner::Process(w.procs[0].id);
+        w.procs[0].heard = 1;
+        sink::activate(self, &mut w, 0, 1, Committed::Nothing, Millis(0));
+        vec![w]
     }
 
     fn actions(&self, w: &World, actions: &mut Vec<Action>) {
@@ -95,7 +102,11 @@ impl Model for Sluice {
 
     fn next_state(&self, w: &World, action: Action) -> Option<World> {
         let mut w = match action {
-            Action::Proc(p, step) => return sink::take(self, w, p, step),
+            Action::Proc(p, step) => {
+                let mut w = sink::take(self, w, p, step)?;
+                w.normalize();
+                return Some(w);
+            }
             _ => w.clone(),
         };
         match action {
@@ -141,7 +152,7 @@ impl Model for Sluice {
                 proc.id = w.ids;
                 proc.heard = generation;
                 proc.phase = Phase::Idle;
-                proc.clock = Default::default();
+                proc.clock = crate::world::server_clock();
             }
             Action::Arrive(i) => {
                 let server = w.server_ms();
@@ -171,6 +182,7 @@ impl Model for Sluice {
             }
             Action::Proc(..) => unreachable!(),
         }
+        w.normalize();
         Some(w)
     }
 

@@ -112,9 +112,14 @@ impl Bounds {
     };
 }
 
-/// The sink's settings in the model: `insert_timeout` and `fence_wait`,
-/// the shortest `fence_wait` the sink accepts for it; the lease term
+/// The sink's settings in the model. `fence_wait` covers a previous
+/// owner's lease and two insert timeouts plus one second (one tick of the
+/// model's clock), but not the sink's [`FENCE_MARGIN`] for clocks that run
+/// at different rates: the model's clocks run at one rate, and the tighter
+/// fence reaches the interesting interleavings sooner. The lease term
 /// follows from both, as in the sink.
+///
+/// [`FENCE_MARGIN`]: sluice_core::timing::FENCE_MARGIN
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Settings {
     pub insert_timeout: Duration,
@@ -122,15 +127,24 @@ pub struct Settings {
     pub lease: Duration,
 }
 
-impl Default for Settings {
-    fn default() -> Self {
-        use sluice_core::timing::{lease_term, safe_fence};
+impl Settings {
+    /// `insert_timeout` 1 s, and a fence `slack` longer than the previous
+    /// owner's lease and two insert timeouts (negative: shorter).
+    pub fn with_slack(slack_s: i64) -> Self {
+        use sluice_core::timing::{lease_term, MIN_LEASE};
         let insert_timeout = Duration::from_secs(1);
-        let fence_wait = safe_fence(Duration::ZERO, insert_timeout).unwrap_or_default();
+        let covered = (MIN_LEASE + insert_timeout * 2).as_secs() as i64;
+        let fence_wait = Duration::from_secs((covered + slack_s).max(0) as u64);
         Settings {
             insert_timeout,
             fence_wait,
             lease: lease_term(fence_wait, insert_timeout),
         }
+    }
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings::with_slack(1)
     }
 }

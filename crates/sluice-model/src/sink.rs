@@ -96,6 +96,12 @@ pub fn take(m: &Sluice, w: &World, p: usize, step: Step) -> Option<World> {
             };
             let (generation, committed) = (c.generation, c.committed);
             match c.step.clone() {
+                ClaimStep::Wait { until, watch } => {
+                    if now < until && !(watch && register == Owner::Clean) {
+                        return None;
+                    }
+                    c.step = ClaimStep::Read;
+                }
                 ClaimStep::Read => {
                     c.step = ClaimStep::Write {
                         clean: register == Owner::Clean,
@@ -191,14 +197,18 @@ pub fn take(m: &Sluice, w: &World, p: usize, step: Step) -> Option<World> {
             match on_register(Some(register), id, live, part.leaving) {
                 Renewal::Renew => part.leases.renew(KEY, g, now),
                 Renewal::Rewrite => w.register = Owner::Process(id),
-                Renewal::Taken(_) => {
+                Renewal::Taken(by) => {
                     // Someone else claimed it: give it up (its insert is
-                    // abandoned) and claim it again.
+                    // abandoned) and claim it back after `fence_wait`.
                     let committed = w.group.committed();
+                    let step = ClaimStep::Wait {
+                        until: now.after(s.fence_wait),
+                        watch: matches!(by, Owner::Process(_)),
+                    };
                     w.procs[p].phase = Phase::Claiming(Claim {
                         generation: g,
                         committed,
-                        step: ClaimStep::Read,
+                        step,
                     });
                 }
                 Renewal::Keep => return None,
@@ -326,6 +336,7 @@ pub fn take(m: &Sluice, w: &World, p: usize, step: Step) -> Option<World> {
                 query_id: qid,
                 rows: batch.offsets().collect(),
                 deadline_ms: sent_deadline,
+                sent: now,
                 running_since: None,
             });
         }
@@ -341,8 +352,15 @@ pub fn take(m: &Sluice, w: &World, p: usize, step: Step) -> Option<World> {
             if !timed_out && !reset_left {
                 return None;
             }
-            let qid = query_id.clone();
-            on_answer(part, &qid, Answer::Unknown, now);
+            let lost = Insert {
+                from: id,
+                query_id: query_id.clone(),
+                rows: Vec::new(),
+                deadline_ms: None,
+                sent: *sent,
+                running_since: None,
+            };
+            on_answer(part, &lost, Answer::Unknown, now);
             if !timed_out {
                 w.left.resets -= 1;
             }
@@ -351,9 +369,8 @@ pub fn take(m: &Sluice, w: &World, p: usize, step: Step) -> Option<World> {
     Some(w)
 }
 
-/// The answer to an attempt reaches the writer waiting for it (if it still
-/// waits for that one).
-pub fn on_answer(part: &mut Part, qid: &str, answer: Answer, now: Millis) {
+/// The answer to request `to` reaches the writer, if it still waits for it.
+pub fn on_answer(part: &mut Part, to: &Insert, answer: Answer, now: Millis) {
     let g = part.generation;
     let Some(job) = part.job.as_mut() else {
         return;
@@ -361,16 +378,16 @@ pub fn on_answer(part: &mut Part, qid: &str, answer: Answer, now: Millis) {
     let Wait::InFlight {
         query_id,
         deadline_ms,
-        ..
+        sent,
     } = &job.wait
     else {
         return;
     };
-    if query_id != qid {
+    if *query_id != to.query_id || *sent != to.sent {
         return;
     }
     let deadline = *deadline_ms;
-    job.attempts.answered(qid.to_string(), deadline, answer);
+    job.attempts.answered(to.query_id.clone(), deadline, answer);
     job.wait = Wait::Ready;
     match answer {
         Answer::Stored => {
@@ -387,7 +404,7 @@ pub fn on_answer(part: &mut Part, qid: &str, answer: Answer, now: Millis) {
 /// The process claimed the partition at `read_at` (the send time of the
 /// read that showed the claim): it plans where to start from the group's
 /// commit (read before the claim) and what the table holds, and writes.
-fn activate(
+pub fn activate(
     m: &Sluice,
     w: &mut World,
     p: usize,
@@ -411,10 +428,7 @@ fn activate(
             .count();
         plan = plan.with_zone_count(held as u64);
     }
-    let now = w.now;
-    let server = w.server_ms();
     let proc = &mut w.procs[p];
-    proc.clock.observe(server, now, now, true);
     let mut leases = Leases::new(m.settings.lease);
     leases.hold(KEY, generation, read_at);
     let limits = BatchLimits {

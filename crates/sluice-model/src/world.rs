@@ -65,6 +65,10 @@ pub struct Insert {
     pub rows: Vec<Offset>,
     /// Refused if it starts after this (server ms), if set.
     pub deadline_ms: Option<i64>,
+    /// When it was sent: with `from` and `query_id`, which request it
+    /// answers (a process that restarts a partition may send the same
+    /// query id again).
+    pub sent: Millis,
     /// When it started running; `None` while on the way.
     pub running_since: Option<Millis>,
 }
@@ -98,6 +102,10 @@ pub struct Claim {
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum ClaimStep {
+    /// Taken from this process: wait before claiming it back, until then
+    /// or (`watch`: it was taken by a process) until the register shows a
+    /// clean hand-off.
+    Wait { until: Millis, watch: bool },
     /// Read the register.
     Read,
     /// Write this process into it; `clean` if the read showed a clean hand-off.
@@ -155,14 +163,32 @@ pub enum Wait {
     },
 }
 
+/// The server's clock as a process reads it: the same as the process's own
+/// (a reading at 0 that said 0, with no round trip).
+pub fn server_clock() -> ServerClock<Millis> {
+    let mut c = ServerClock::default();
+    c.observe(0, Millis(0), Millis(0), true);
+    c
+}
+
 impl World {
+    /// Forgets what no longer matters (when an expired lease expired), so
+    /// that states that differ only in it compare equal.
+    pub fn normalize(&mut self) {
+        for p in &mut self.procs {
+            if let Phase::Active(part) = &mut p.phase {
+                part.leases.normalize(self.now);
+            }
+        }
+    }
+
     pub fn new(b: &Bounds) -> Self {
         let procs = (0..b.processes)
             .map(|i| Proc {
                 id: i as u64 + 1,
                 heard: 0,
                 phase: Phase::Idle,
-                clock: ServerClock::default(),
+                clock: server_clock(),
             })
             .collect();
         World {
@@ -172,8 +198,7 @@ impl World {
                 member: Some(0),
                 committed: None,
             },
-            // The last owner left cleanly: the first claim need not fence.
-            register: Owner::Clean,
+            register: Owner::Nobody,
             mark_in_flight: false,
             table: vec![0; b.records as usize],
             inserts: Vec::new(),
@@ -226,7 +251,7 @@ impl World {
                 continue;
             }
             if let Phase::Active(part) = &mut p.phase {
-                crate::sink::on_answer(part, &ins.query_id, answer, self.now);
+                crate::sink::on_answer(part, &ins, answer, self.now);
             }
         }
         ins
