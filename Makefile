@@ -5,7 +5,7 @@
 STACK := scripts/stack.sh
 ENV := set -a; eval "$$($(STACK) env)"; set +a
 
-.PHONY: build stack stack-down demo test lint bench-resume bench-dedup bench-deadline clean-stack bench
+.PHONY: build stack stack-down demo test lint model bench-resume bench-dedup bench-deadline clean-stack bench
 
 build:
 	@scripts/install-deps.sh
@@ -25,6 +25,15 @@ test:
 	@$(STACK) up >/dev/null
 	@$(ENV); "$$SLUICE_CHDB_PYTHON" stack/test_chdb_server.py
 	@$(ENV); cargo test --release --workspace --lib --bins --tests -- --test-threads=4
+
+# The checked model, deeper than `make test` checks it: each entry is
+# SECS RECORDS REBALANCES CRASHES LOST_COMMITS RESETS FORGETS
+# (docs/protocol.md has the sizes and times).
+MODEL_BOUNDS := "10 1 1 0 0 0 0" "9 1 1 1 0 0 0" "8 2 1 0 0 1 0" "8 1 2 0 0 0 0" "8 1 1 0 0 0 1"
+
+model:
+	cargo build --release -p sluice-model --example check
+	@for b in $(MODEL_BOUNDS); do target/release/examples/check $$b || exit 1; done
 
 lint:
 	cargo fmt --all -- --check

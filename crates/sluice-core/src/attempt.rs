@@ -19,25 +19,17 @@ pub enum Answer {
     Stored,
     /// Nothing was sent (the connection was refused).
     NotSent,
-    /// The server refused it before it started (a code in
-    /// [`REFUSED_AT_START`], or its deadline had passed): nothing of it
-    /// runs, but an earlier attempt may have stored rows.
-    Refused,
     /// A row was rejected (it goes to the DLQ); the rest may be stored.
     Rejected,
-    /// Anything else (a timeout, a reset, a 5xx): it may still commit.
+    /// Refused as past its deadline. This request did not run, but another
+    /// copy of it may (a proxy that retried it): fenced like an unknown
+    /// outcome, which costs little, the deadline being past.
+    TooLate,
+    /// Anything else (a timeout, a reset, a 5xx, a code nobody listed,
+    /// an overloaded server refusing it): it, or a copy of it, may still
+    /// commit.
     Unknown,
 }
-
-/// Retriable answers a query gives before it starts work: nothing of it
-/// runs on any server any more, so there is nothing to fence. Every other
-/// answer is fenced: an unknown insert status (319), a quorum or shard
-/// timeout (159, 209, 210), a query with the same id still running (216).
-pub const REFUSED_AT_START: &[u32] = &[
-    202, // TOO_MANY_SIMULTANEOUS_QUERIES
-    203, // NO_FREE_CONNECTION
-    252, // TOO_MANY_PARTS
-];
 
 /// An attempt whose outcome is unknown: its query id and its deadline on
 /// the server's clock.
@@ -91,8 +83,9 @@ impl Attempts {
 
     /// Attempt [`Self::next`] was sent with this query id and deadline
     /// (none outside exactly-once), and answered. Anything but a store or
-    /// a refused connection makes the batch uncertain; only an unknown
-    /// outcome leaves an attempt to fence.
+    /// a refused connection makes the batch uncertain; anything but a
+    /// rejection that names a row (the query ended) leaves the attempt to
+    /// fence.
     pub fn answered(&mut self, query_id: String, deadline_ms: Option<i64>, answer: Answer) {
         self.sent += 1;
         if !self.exactly_once {
@@ -100,8 +93,8 @@ impl Attempts {
         }
         match answer {
             Answer::Stored | Answer::NotSent => {}
-            Answer::Refused | Answer::Rejected => self.uncertain = true,
-            Answer::Unknown => {
+            Answer::Rejected => self.uncertain = true,
+            Answer::TooLate | Answer::Unknown => {
                 self.uncertain = true;
                 self.previous = deadline_ms.map(|deadline_ms| Unsettled {
                     query_id,
@@ -129,20 +122,16 @@ mod tests {
         a.reconciled();
         assert_eq!(a.fence(), None);
         assert!(a.reconcile(), "every later attempt asks first");
-        a.answered("q2".into(), Some(20), Answer::Refused);
-        assert_eq!(a.fence(), None, "refused at the door: nothing to fence");
-        a.answered("q3".into(), Some(30), Answer::Unknown);
-        assert_eq!(a.fence().map(|u| u.deadline_ms), Some(30));
-    }
-
-    #[test]
-    fn a_rejection_or_a_refusal_makes_the_batch_uncertain() {
-        for answer in [Answer::Rejected, Answer::Refused] {
-            let mut a = Attempts::new(true, false);
-            a.answered("q0".into(), Some(10), answer);
-            assert!(a.reconcile());
-            assert_eq!(a.fence(), None);
-        }
+        a.answered("q2".into(), Some(20), Answer::TooLate);
+        assert_eq!(
+            a.fence().map(|u| u.deadline_ms),
+            Some(20),
+            "refused as late: a copy may still run"
+        );
+        a.reconciled();
+        a.answered("q3".into(), Some(30), Answer::Rejected);
+        assert_eq!(a.fence(), None, "the query ended with the rejection");
+        assert!(a.reconcile());
     }
 
     #[test]

@@ -8,8 +8,8 @@
 //! landing.
 
 use crate::sink::{self, Step};
-use crate::world::{Phase, World};
-use crate::{Bounds, Rules, Settings};
+use crate::world::{Claim, ClaimStep, Phase, Rewrite, World};
+use crate::{Bounds, Rules, Settings, Start};
 use sluice_core::attempt::Answer;
 use sluice_core::deadline::{Millis, Moment};
 use sluice_core::lease::Owner;
@@ -51,15 +51,21 @@ pub enum Action {
     Store(usize),
     /// The clean mark in flight lands in the register.
     LandMark,
+    /// The rewrite in flight lands in the register.
+    LandRewrite,
+    /// The broker forgets the register's entry.
+    Forget,
     /// Process `p` takes a step.
     Proc(usize, Step),
 }
 
-const STEPS: [Step; 11] = [
+const STEPS: [Step; 13] = [
     Step::Hear,
     Step::Revoke,
     Step::Claim,
     Step::Renew,
+    Step::Rewrite,
+    Step::RewriteAcked,
     Step::Commit,
     Step::Settle,
     Step::Expire,
@@ -73,13 +79,26 @@ impl Model for Sluice {
     type State = World;
     type Action = Action;
 
-    /// Process 0 has just claimed the partition (generation 1); nothing is
-    /// stored or committed yet.
     fn init_states(&self) -> Vec<World> {
         let mut w = World::new(&self.bounds);
-        w.register = Owner::Process(w.procs[0].id);
-        w.procs[0].heard = 1;
-        sink::activate(self, &mut w, 0, 1, Committed::Nothing, Millis(0));
+        match self.bounds.start {
+            Start::Owned => {
+                w.register = Owner::Process(w.procs[0].id);
+                w.procs[0].heard = 1;
+                sink::activate(self, &mut w, 0, 1, Committed::Nothing, Millis(0));
+            }
+            Start::CleanToBoth => {
+                w.register = Owner::Clean;
+                for p in &mut w.procs {
+                    p.heard = 1;
+                    p.phase = Phase::Claiming(Claim {
+                        generation: 1,
+                        committed: Committed::Nothing,
+                        step: ClaimStep::Read,
+                    });
+                }
+            }
+        }
         vec![w]
     }
 
@@ -94,6 +113,8 @@ impl Model for Sluice {
         }
         actions.push(Action::LoseCommit);
         actions.push(Action::LandMark);
+        actions.push(Action::LandRewrite);
+        actions.push(Action::Forget);
         for i in 0..w.inserts.len() {
             actions.push(Action::Arrive(i));
             actions.push(Action::Store(i));
@@ -161,7 +182,7 @@ impl Model for Sluice {
                     return None;
                 }
                 if ins.deadline_ms.is_some_and(|d| server > d) {
-                    w.answer(i, Answer::Refused);
+                    w.answer(i, Answer::TooLate);
                 } else {
                     ins.running_since = Some(w.now);
                 }
@@ -179,6 +200,25 @@ impl Model for Sluice {
                 }
                 w.mark_in_flight = false;
                 w.register = Owner::Clean;
+            }
+            Action::LandRewrite => {
+                let id = w.rewrite_in_flight.take()?;
+                w.register = Owner::Process(id);
+                for p in &mut w.procs {
+                    match &mut p.phase {
+                        Phase::Active(part) if p.id == id && part.rewrite == Rewrite::Sent => {
+                            part.rewrite = Rewrite::Stored
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            Action::Forget => {
+                if w.left.forgets == 0 || w.register == Owner::Nobody {
+                    return None;
+                }
+                w.left.forgets -= 1;
+                w.register = Owner::Nobody;
             }
             Action::Proc(..) => unreachable!(),
         }

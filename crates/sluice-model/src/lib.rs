@@ -24,6 +24,7 @@ pub mod sink;
 pub mod world;
 
 pub use check::{trace, Sluice};
+pub use world::World;
 
 use std::time::Duration;
 
@@ -59,12 +60,24 @@ pub enum UnbackedRows {
     ResetPolicy,
 }
 
+/// What a process that wrote itself back into a register that forgot it
+/// checks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RewriteCheck {
+    /// The product: the write must be acknowledged within the lease, or
+    /// the partition is claimed again (with a fence).
+    AckWithinLease,
+    /// Unsafe: the next read that shows it renews the lease.
+    None,
+}
+
 /// The rules the processes follow.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Rules {
     pub late: LateGuard,
     pub claim: ClaimConfirm,
     pub unbacked: UnbackedRows,
+    pub rewrite: RewriteCheck,
 }
 
 impl Rules {
@@ -73,6 +86,7 @@ impl Rules {
         late: LateGuard::ServerDeadline,
         claim: ClaimConfirm::ReadBackAndFence,
         unbacked: UnbackedRows::FromLogStart,
+        rewrite: RewriteCheck::AckWithinLease,
     };
 }
 
@@ -96,6 +110,19 @@ pub struct Bounds {
     pub lost_commits: u8,
     /// Connections reset while an INSERT is in flight, before its timeout.
     pub resets: u8,
+    /// Times the broker forgets the register's entry (offset retention).
+    pub forgets: u8,
+    pub start: Start,
+}
+
+/// Where the search starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Start {
+    /// Process 0 has just claimed the partition; nothing is stored.
+    Owned,
+    /// The last owner left cleanly, and the coordinator assigned the
+    /// partition to both processes (a faulty coordinator can).
+    CleanToBoth,
 }
 
 impl Bounds {
@@ -109,6 +136,8 @@ impl Bounds {
         crashes: 1,
         lost_commits: 1,
         resets: 1,
+        forgets: 0,
+        start: Start::Owned,
     };
 }
 
@@ -125,13 +154,15 @@ pub struct Settings {
     pub insert_timeout: Duration,
     pub fence_wait: Duration,
     pub lease: Duration,
+    /// How long a clean claim waits before it is read back.
+    pub settle_wait: Duration,
 }
 
 impl Settings {
     /// `insert_timeout` 1 s, and a fence `slack` longer than the previous
     /// owner's lease and two insert timeouts (negative: shorter).
     pub fn with_slack(slack_s: i64) -> Self {
-        use sluice_core::timing::{lease_term, MIN_LEASE};
+        use sluice_core::timing::{lease_term, MIN_LEASE, SETTLE_WAIT};
         let insert_timeout = Duration::from_secs(1);
         let covered = (MIN_LEASE + insert_timeout * 2).as_secs() as i64;
         let fence_wait = Duration::from_secs((covered + slack_s).max(0) as u64);
@@ -139,6 +170,7 @@ impl Settings {
             insert_timeout,
             fence_wait,
             lease: lease_term(fence_wait, insert_timeout),
+            settle_wait: SETTLE_WAIT,
         }
     }
 }

@@ -8,13 +8,13 @@
 //! a commit or a hand-off (`sink/state/handoff.rs`). The decisions are
 //! `sluice-core`'s; the unsafe [`Rules`] replace one of them each.
 
-use crate::world::{Claim, ClaimStep, Insert, Job, Part, Phase, Wait, World};
-use crate::{ClaimConfirm, LateGuard, Sluice, UnbackedRows};
+use crate::world::{Claim, ClaimStep, Insert, Job, Part, Phase, Rewrite, Wait, World};
+use crate::{ClaimConfirm, LateGuard, RewriteCheck, Sluice, UnbackedRows};
 use sluice_core::attempt::{Answer, Attempts};
 use sluice_core::deadline::{attempt_deadline, Fence, FenceStep, Millis, Moment};
 use sluice_core::lease::{on_register, Leases, Owner, Renewal};
 use sluice_core::resume::{resume_plan, Committed, LogBounds, ResetPolicy};
-use sluice_core::timing::{SETTLE, SETTLE_WAIT};
+use sluice_core::timing::SETTLE;
 use sluice_core::token::{insert_token, query_id};
 use sluice_core::{AckTracker, BatchBuilder, BatchLimits, NextOffset, Offset, PartitionId};
 use std::time::Duration;
@@ -32,6 +32,10 @@ pub enum Step {
     Cut(usize),
     /// Reads the register to renew its lease.
     Renew,
+    /// Sends the write of itself back into a register that forgot it.
+    Rewrite,
+    /// Hears that write acknowledged.
+    RewriteAcked,
     /// Commits its durable frontier.
     Commit,
     /// A revoked partition whose insert ended hands off.
@@ -119,7 +123,7 @@ pub fn take(m: &Sluice, w: &World, p: usize, step: Step) -> Option<World> {
                     };
                     c.step = if clean && now.since(read_sent) <= SETTLE {
                         ClaimStep::Settle {
-                            until: now.after(SETTLE_WAIT),
+                            until: now.after(s.settle_wait),
                         }
                     } else {
                         ClaimStep::ReadBack { clean: false }
@@ -192,26 +196,47 @@ pub fn take(m: &Sluice, w: &World, p: usize, step: Step) -> Option<World> {
         Step::Renew => {
             let register = w.register;
             let part = active(&mut w, p)?;
+            // One task reads and writes: no read while it writes.
+            if part.rewrite != Rewrite::No {
+                return None;
+            }
             let g = part.generation;
             let live = part.leases.live(KEY, g, now);
             match on_register(Some(register), id, live, part.leaving) {
                 Renewal::Renew => part.leases.renew(KEY, g, now),
-                Renewal::Rewrite => w.register = Owner::Process(id),
+                Renewal::Rewrite => part.rewrite = Rewrite::Decided,
                 Renewal::Taken(by) => {
                     // Someone else claimed it: give it up (its insert is
                     // abandoned) and claim it back after `fence_wait`.
-                    let committed = w.group.committed();
-                    let step = ClaimStep::Wait {
-                        until: now.after(s.fence_wait),
-                        watch: matches!(by, Owner::Process(_)),
-                    };
-                    w.procs[p].phase = Phase::Claiming(Claim {
-                        generation: g,
-                        committed,
-                        step,
-                    });
+                    let watch = matches!(by, Owner::Process(_));
+                    taken(&mut w, p, g, watch, s.fence_wait);
                 }
                 Renewal::Keep => return None,
+            }
+        }
+        Step::Rewrite => {
+            let busy = w.rewrite_in_flight.is_some();
+            let part = active(&mut w, p)?;
+            if part.rewrite != Rewrite::Decided || busy {
+                return None;
+            }
+            let live = part.leases.live(KEY, part.generation, now);
+            part.rewrite = if live { Rewrite::Sent } else { Rewrite::No };
+            if live {
+                w.rewrite_in_flight = Some(id);
+            }
+        }
+        Step::RewriteAcked => {
+            let part = active(&mut w, p)?;
+            if part.rewrite != Rewrite::Stored {
+                return None;
+            }
+            part.rewrite = Rewrite::No;
+            let g = part.generation;
+            // Acknowledged after the lease ended: it may have landed over
+            // a new owner's claim. Claim again.
+            if !part.leases.live(KEY, g, now) && m.rules.rewrite == RewriteCheck::AckWithinLease {
+                taken(&mut w, p, g, false, s.fence_wait);
             }
         }
         Step::Commit => {
@@ -396,7 +421,7 @@ pub fn on_answer(part: &mut Part, to: &Insert, answer: Answer, now: Millis) {
             part.job = None;
         }
         // Refused after its deadline: the clock may have stood still.
-        Answer::Refused => part.leases.suspect(KEY, g, now),
+        Answer::TooLate => part.leases.suspect(KEY, g, now),
         _ => {}
     }
 }
@@ -452,7 +477,24 @@ pub fn activate(
         acks: AckTracker::new(plan.start),
         committed: None,
         job: None,
+        rewrite: Rewrite::No,
     }));
+}
+
+/// The partition was taken from process `p`: it gives it up (its insert is
+/// abandoned) and claims it back after `wait`, or (`watch`) once the
+/// register shows a clean hand-off.
+fn taken(w: &mut World, p: usize, generation: u64, watch: bool, wait: Duration) {
+    let committed = w.group.committed();
+    let step = ClaimStep::Wait {
+        until: w.now.after(wait),
+        watch,
+    };
+    w.procs[p].phase = Phase::Claiming(Claim {
+        generation,
+        committed,
+        step,
+    });
 }
 
 /// `KILL QUERY WHERE query_id = …`: every running query with that id ends

@@ -24,6 +24,8 @@ pub struct World {
     pub register: Owner,
     /// A clean mark sent and not yet stored (the sink does not wait for it).
     pub mark_in_flight: bool,
+    /// A process writing itself back into the register, not yet stored.
+    pub rewrite_in_flight: Option<u64>,
     /// Copies of each offset in the table (a plain MergeTree: no dedup).
     pub table: Vec<u8>,
     pub inserts: Vec<Insert>,
@@ -54,6 +56,7 @@ pub struct Faults {
     pub crashes: u8,
     pub lost_commits: u8,
     pub resets: u8,
+    pub forgets: u8,
 }
 
 /// An INSERT on its way to ClickHouse or running there.
@@ -134,6 +137,19 @@ pub struct Part {
     pub acks: AckTracker,
     pub committed: Option<NextOffset>,
     pub job: Option<Job>,
+    /// Writing this process back into a register that forgot it.
+    pub rewrite: Rewrite,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Rewrite {
+    No,
+    /// A renewal read found the entry forgotten while the lease was live.
+    Decided,
+    /// The write is on its way.
+    Sent,
+    /// The write is stored; its acknowledgement is on its way.
+    Stored,
 }
 
 /// One batch on its way (the model keeps one per partition).
@@ -200,6 +216,7 @@ impl World {
             },
             register: Owner::Nobody,
             mark_in_flight: false,
+            rewrite_in_flight: None,
             table: vec![0; b.records as usize],
             inserts: Vec::new(),
             procs,
@@ -208,6 +225,7 @@ impl World {
                 crashes: b.crashes,
                 lost_commits: b.lost_commits,
                 resets: b.resets,
+                forgets: b.forgets,
             },
             ids: b.processes as u64,
         }

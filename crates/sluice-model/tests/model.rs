@@ -2,7 +2,10 @@
 //! the bounds below, and each unsafe rule the protocol replaced breaks one,
 //! with the trace printed. `make model` runs deeper bounds.
 
-use sluice_model::{trace, Bounds, ClaimConfirm, LateGuard, Rules, Settings, Sluice, UnbackedRows};
+use sluice_model::{
+    trace, Bounds, ClaimConfirm, LateGuard, RewriteCheck, Rules, Settings, Sluice, Start,
+    UnbackedRows,
+};
 use stateright::{Checker, HasDiscoveries, Model};
 use std::time::{Duration, Instant};
 
@@ -91,6 +94,24 @@ fn a_reset_connection_keeps_exactly_once() {
 }
 
 #[test]
+fn a_forgotten_register_entry_keeps_exactly_once() {
+    let b = Bounds {
+        forgets: 1,
+        ..bounds(1, 7, [1, 0, 0, 0])
+    };
+    holds("a rebalance and a forgotten register entry, 7 s", b);
+}
+
+#[test]
+fn two_clean_claimers_keep_exactly_once() {
+    let b = Bounds {
+        start: Start::CleanToBoth,
+        ..bounds(1, 7, [0, 0, 0, 0])
+    };
+    holds("two claimers of a clean partition, 7 s", b);
+}
+
+#[test]
 fn a_deadline_on_the_clients_clock_lets_a_late_insert_in() {
     let rules = Rules {
         late: LateGuard::ClientTimeout,
@@ -126,4 +147,28 @@ fn a_fence_of_just_the_lease_lets_the_old_owners_insert_in() {
     m.settings = Settings::with_slack(-2);
     assert_eq!(m.settings.fence_wait, m.settings.lease);
     breaks(m, TWICE);
+}
+
+#[test]
+fn a_clean_claim_read_back_as_soon_as_it_may_land_lets_two_owners_write() {
+    let b = Bounds {
+        start: Start::CleanToBoth,
+        ..bounds(1, 7, [0, 0, 0, 0])
+    };
+    let mut m = Sluice::new(Rules::SAFE, b);
+    m.settings.settle_wait = sluice_core::timing::SETTLE;
+    breaks(m, TWICE);
+}
+
+#[test]
+fn trusting_a_late_rewrite_of_the_register_brings_an_old_owner_back() {
+    let rules = Rules {
+        rewrite: RewriteCheck::None,
+        ..Rules::SAFE
+    };
+    let b = Bounds {
+        forgets: 1,
+        ..bounds(1, 9, [1, 0, 0, 0])
+    };
+    breaks(Sluice::new(rules, b), TWICE);
 }

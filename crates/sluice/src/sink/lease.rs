@@ -13,7 +13,8 @@
 //!   was *sent*; one that is someone else's (or clean) is taken: its lease
 //!   ends at once and the consumer thread gives it up ([`Event::Taken`]).
 //!   One the broker forgot (offset retention) is written again; the next
-//!   read renews it.
+//!   read renews it. A write not acknowledged within the lease may have
+//!   landed over a new owner's claim: the partition is claimed again.
 //! - An insert attempt starts, and a commit is sent, only under a live
 //!   lease. Unreachable coordinator, frozen process, lost partition: the
 //!   reads stop succeeding and the lease runs out.
@@ -27,7 +28,7 @@
 //! this host's monotonic clock and the task that reads the register.
 
 use super::event::Event;
-use super::owners::{Key, Owners};
+use super::owners::{Key, Owner, Owners};
 use sluice_core::lease::{on_register, Leases, Renewal};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -145,7 +146,7 @@ pub(super) async fn renew(
             let live = lease.live(key, generation);
             match on_register(found.get(&key).copied(), me, live, leaving) {
                 Renewal::Renew => lease.lock().renew(key, generation, sent),
-                Renewal::Rewrite => forgotten.push(key),
+                Renewal::Rewrite => forgotten.push((key, generation)),
                 Renewal::Taken(other) if lease.give_up(key, generation) => {
                     tracing::warn!(
                         partition = %owners.name(key),
@@ -161,11 +162,57 @@ pub(super) async fn renew(
                 Renewal::Taken(_) | Renewal::Keep => {}
             }
         }
-        if !forgotten.is_empty() {
-            let o = owners.clone();
-            if let Ok(Err(e)) = tokio::task::spawn_blocking(move || o.write(forgotten, me)).await {
-                tracing::warn!(error = %e, "cannot write this process into the register again");
-            }
+        rewrite(&lease, &owners, me, &tx, forgotten).await;
+    }
+}
+
+/// Writes this process back into the register for partitions the broker
+/// forgot while their leases are live. A write acknowledged after its
+/// lease ended may have landed over a new owner's claim (this process was
+/// stopped between the read and the write): the lease is given up and
+/// the partition claimed again, with a fence. One acknowledged in time
+/// landed before any new owner's fence could end (that fence outlasts the
+/// lease), so that owner reads this process and claims again. A write that
+/// failed may land later: it counts as late.
+async fn rewrite(
+    lease: &Lease,
+    owners: &Owners,
+    me: u64,
+    tx: &mpsc::Sender<Event>,
+    forgotten: Vec<(Key, u64)>,
+) {
+    let forgotten: Vec<(Key, u64)> = forgotten
+        .into_iter()
+        .filter(|(k, g)| lease.live(*k, *g))
+        .collect();
+    if forgotten.is_empty() {
+        return;
+    }
+    let (o, keys) = (
+        owners.clone(),
+        forgotten.iter().map(|(k, _)| *k).collect::<Vec<_>>(),
+    );
+    let written = match tokio::task::spawn_blocking(move || o.write(keys, me)).await {
+        Ok(Ok(())) => true,
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "cannot write this process into the register again");
+            false
+        }
+        Err(_) => false,
+    };
+    for (key, generation) in forgotten {
+        // A failed write may still land, later.
+        let late = !written || !lease.live(key, generation);
+        if late && lease.give_up(key, generation) {
+            tracing::warn!(
+                partition = %owners.name(key),
+                "this process's write into the register was not acknowledged within its lease; it claims the partition again"
+            );
+            let _ = tx.send(Event::Taken {
+                key,
+                generation,
+                by: Owner::Nobody,
+            });
         }
     }
 }

@@ -36,7 +36,7 @@ use crate::config::{Delivery, Route};
 use crate::retry::Delays;
 use crate::telemetry;
 use sluice_core::acks::Ticket;
-use sluice_core::attempt::{Answer, Attempts, Unsettled, REFUSED_AT_START};
+use sluice_core::attempt::{Answer, Attempts, Unsettled};
 use sluice_core::dedup::conditional_excluded;
 use sluice_core::token::{insert_token, query_id};
 use sluice_core::{Batch, Offset, RowEncoder};
@@ -228,14 +228,15 @@ async fn attempt_until_done(job: &Job, ctx: &WriterCtx, letters: &mut Vec<Pendin
             deadline_ms,
         };
         let result = ctx.ch.insert(req).await;
-        attempts.answered(qid, deadline_ms, answer(&result));
-        match result {
-            Ok(()) => {
+        let answered = answer(&result);
+        attempts.answered(qid, deadline_ms, answered);
+        match (answered, result) {
+            (_, Ok(())) => {
                 tracing::debug!(partition = %p, rows = batch.len(), attempt, "inserted");
                 telemetry::batch_inserted(&label, batch.len(), started.elapsed());
                 return durable(job, ctx, batch.len(), &rejected, excluded.len());
             }
-            Err(e) if deadline_passed(&e) => {
+            (Answer::TooLate, Err(_)) => {
                 // It reached the server too late and stored nothing: the
                 // clocks moved apart, or the request was held on the way.
                 tracing::warn!(partition = %p, attempt, "insert reached ClickHouse after its deadline; retrying");
@@ -248,7 +249,7 @@ async fn attempt_until_done(job: &Job, ctx: &WriterCtx, letters: &mut Vec<Pendin
                 }
                 delays.wait(&job.abandon).await;
             }
-            Err(e) if !e.is_retriable() => {
+            (Answer::Rejected, Err(e)) => {
                 let Some((offset, row)) = rejected_row(&e, &batch) else {
                     return Outcome::Failed(e);
                 };
@@ -283,7 +284,7 @@ async fn attempt_until_done(job: &Job, ctx: &WriterCtx, letters: &mut Vec<Pendin
                 let at = rejected.partition_point(|o| *o < offset);
                 rejected.insert(at, offset);
             }
-            Err(e) => {
+            (_, Err(e)) => {
                 telemetry::insert_retried(&label, e.kind.name());
                 tracing::warn!(
                     partition = %p,
@@ -303,15 +304,12 @@ async fn attempt_until_done(job: &Job, ctx: &WriterCtx, letters: &mut Vec<Pendin
 /// ClickHouse names in a permanent error goes to the DLQ (if there is
 /// none, the batch fails and nothing follows).
 fn answer(result: &Result<(), ChError>) -> Answer {
-    let Err(e) = result else {
-        return Answer::Stored;
-    };
-    match (e.kind, e.code) {
-        (ChErrorKind::Connect, _) => Answer::NotSent,
-        _ if deadline_passed(e) => Answer::Refused,
-        (ChErrorKind::Server, Some(c)) if REFUSED_AT_START.contains(&c) => Answer::Refused,
-        _ if !e.is_retriable() => Answer::Rejected,
-        _ => Answer::Unknown,
+    match result {
+        Ok(()) => Answer::Stored,
+        Err(e) if e.kind == ChErrorKind::Connect => Answer::NotSent,
+        Err(e) if deadline_passed(e) => Answer::TooLate,
+        Err(e) if !e.is_retriable() => Answer::Rejected,
+        Err(_) => Answer::Unknown,
     }
 }
 
