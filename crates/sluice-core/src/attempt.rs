@@ -21,15 +21,26 @@ pub enum Answer {
     NotSent,
     /// A row was rejected (it goes to the DLQ); the rest may be stored.
     Rejected,
+    /// Refused before it started, for overload (a code in
+    /// [`REFUSED_AT_START`]): nothing of it runs. Not fenced (a fence costs
+    /// `insert_timeout` here, under overload); an earlier attempt may have
+    /// stored rows, so the next one asks first.
+    Refused,
     /// Refused as past its deadline. This request did not run, but another
     /// copy of it may (a proxy that retried it): fenced like an unknown
     /// outcome, which costs little, the deadline being past.
     TooLate,
-    /// Anything else (a timeout, a reset, a 5xx, a code nobody listed,
-    /// an overloaded server refusing it): it, or a copy of it, may still
-    /// commit.
+    /// Anything else (a timeout, a reset, a 5xx, a retriable code nobody
+    /// listed): it may still commit.
     Unknown,
 }
+
+/// Retriable answers a query gives before it starts work, for overload.
+pub const REFUSED_AT_START: &[u32] = &[
+    202, // TOO_MANY_SIMULTANEOUS_QUERIES
+    203, // NO_FREE_CONNECTION
+    252, // TOO_MANY_PARTS
+];
 
 /// An attempt whose outcome is unknown: its query id and its deadline on
 /// the server's clock.
@@ -83,9 +94,8 @@ impl Attempts {
 
     /// Attempt [`Self::next`] was sent with this query id and deadline
     /// (none outside exactly-once), and answered. Anything but a store or
-    /// a refused connection makes the batch uncertain; anything but a
-    /// rejection that names a row (the query ended) leaves the attempt to
-    /// fence.
+    /// a refused connection makes the batch uncertain; an unknown outcome,
+    /// or a refusal as late, leaves the attempt to fence.
     pub fn answered(&mut self, query_id: String, deadline_ms: Option<i64>, answer: Answer) {
         self.sent += 1;
         if !self.exactly_once {
@@ -93,7 +103,7 @@ impl Attempts {
         }
         match answer {
             Answer::Stored | Answer::NotSent => {}
-            Answer::Rejected => self.uncertain = true,
+            Answer::Rejected | Answer::Refused => self.uncertain = true,
             Answer::TooLate | Answer::Unknown => {
                 self.uncertain = true;
                 self.previous = deadline_ms.map(|deadline_ms| Unsettled {
@@ -129,9 +139,11 @@ mod tests {
             "refused as late: a copy may still run"
         );
         a.reconciled();
-        a.answered("q3".into(), Some(30), Answer::Rejected);
-        assert_eq!(a.fence(), None, "the query ended with the rejection");
-        assert!(a.reconcile());
+        for (q, answer) in [("q3", Answer::Rejected), ("q4", Answer::Refused)] {
+            a.answered(q.into(), Some(30), answer);
+            assert_eq!(a.fence(), None, "{answer:?}: the query ended, or never ran");
+            assert!(a.reconcile());
+        }
     }
 
     #[test]

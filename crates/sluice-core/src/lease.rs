@@ -168,7 +168,11 @@ pub enum Renewal {
     Rewrite,
     /// Someone else (or a clean mark) holds it: give the partition up.
     Taken(Owner),
-    /// Nothing to do (leaving, not in the answer, or forgotten and expired).
+    /// The broker forgot the entry and the lease has ended: nothing says
+    /// whether someone claimed it meanwhile. Give the partition up and
+    /// claim it again, with a fence.
+    Reclaim,
+    /// Nothing to do (leaving, or not in the answer).
     Keep,
 }
 
@@ -180,7 +184,7 @@ pub fn on_register(found: Option<Owner>, me: u64, live: bool, leaving: bool) -> 
         None => Renewal::Keep,
         Some(Owner::Process(id)) if id == me => Renewal::Renew,
         Some(Owner::Nobody) if live => Renewal::Rewrite,
-        Some(Owner::Nobody) => Renewal::Keep,
+        Some(Owner::Nobody) => Renewal::Reclaim,
         Some(other) => Renewal::Taken(other),
     }
 }
@@ -249,7 +253,7 @@ mod tests {
             Renew
         );
         assert_eq!(on_register(Some(Owner::Nobody), me, true, false), Rewrite);
-        assert_eq!(on_register(Some(Owner::Nobody), me, false, false), Keep);
+        assert_eq!(on_register(Some(Owner::Nobody), me, false, false), Reclaim);
         assert_eq!(
             on_register(Some(Owner::Process(8)), me, true, false),
             Taken(Owner::Process(8))

@@ -211,6 +211,7 @@ pub fn take(m: &Sluice, w: &World, p: usize, step: Step) -> Option<World> {
                     let watch = matches!(by, Owner::Process(_));
                     taken(&mut w, p, g, watch, s.fence_wait);
                 }
+                Renewal::Reclaim => taken(&mut w, p, g, false, s.fence_wait),
                 Renewal::Keep => return None,
             }
         }

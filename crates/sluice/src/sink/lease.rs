@@ -159,6 +159,7 @@ pub(super) async fn renew(
                         by: other,
                     });
                 }
+                Renewal::Reclaim => reclaim(&lease, &owners, &tx, key, generation),
                 Renewal::Taken(_) | Renewal::Keep => {}
             }
         }
@@ -181,10 +182,12 @@ async fn rewrite(
     tx: &mpsc::Sender<Event>,
     forgotten: Vec<(Key, u64)>,
 ) {
-    let forgotten: Vec<(Key, u64)> = forgotten
+    let (forgotten, ended): (Vec<_>, Vec<_>) = forgotten
         .into_iter()
-        .filter(|(k, g)| lease.live(*k, *g))
-        .collect();
+        .partition(|&(k, g): &(Key, u64)| lease.live(k, g));
+    for (key, generation) in ended {
+        reclaim(lease, owners, tx, key, generation);
+    }
     if forgotten.is_empty() {
         return;
     }
@@ -202,17 +205,26 @@ async fn rewrite(
     };
     for (key, generation) in forgotten {
         // A failed write may still land, later.
-        let late = !written || !lease.live(key, generation);
-        if late && lease.give_up(key, generation) {
-            tracing::warn!(
-                partition = %owners.name(key),
-                "this process's write into the register was not acknowledged within its lease; it claims the partition again"
-            );
-            let _ = tx.send(Event::Taken {
-                key,
-                generation,
-                by: Owner::Nobody,
-            });
+        if !written || !lease.live(key, generation) {
+            reclaim(lease, owners, tx, key, generation);
         }
+    }
+}
+
+/// Gives up a partition whose register entry the broker forgot and whose
+/// lease ended (or whose rewrite was not acknowledged within it): someone
+/// may have claimed it meanwhile. The consumer thread claims it again,
+/// with a fence.
+fn reclaim(lease: &Lease, owners: &Owners, tx: &mpsc::Sender<Event>, key: Key, generation: u64) {
+    if lease.give_up(key, generation) {
+        tracing::warn!(
+            partition = %owners.name(key),
+            "the register forgot this process and its lease ended; it claims the partition again"
+        );
+        let _ = tx.send(Event::Taken {
+            key,
+            generation,
+            by: Owner::Nobody,
+        });
     }
 }

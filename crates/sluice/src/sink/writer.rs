@@ -36,7 +36,7 @@ use crate::config::{Delivery, Route};
 use crate::retry::Delays;
 use crate::telemetry;
 use sluice_core::acks::Ticket;
-use sluice_core::attempt::{Answer, Attempts, Unsettled};
+use sluice_core::attempt::{Answer, Attempts, Unsettled, REFUSED_AT_START};
 use sluice_core::dedup::conditional_excluded;
 use sluice_core::token::{insert_token, query_id};
 use sluice_core::{Batch, Offset, RowEncoder};
@@ -284,15 +284,20 @@ async fn attempt_until_done(job: &Job, ctx: &WriterCtx, letters: &mut Vec<Pendin
                 let at = rejected.partition_point(|o| *o < offset);
                 rejected.insert(at, offset);
             }
-            (_, Err(e)) => {
+            (answered, Err(e)) => {
                 telemetry::insert_retried(&label, e.kind.name());
+                let what = match answered {
+                    Answer::NotSent => "insert not sent; will retry",
+                    Answer::Refused => "insert refused before it started; will retry",
+                    _ => "insert outcome unknown; will reconcile before retrying",
+                };
                 tracing::warn!(
                     partition = %p,
                     first = batch.first().map_or(-1, |o| o.0),
                     last = batch.last().map_or(-1, |o| o.0),
                     attempt,
                     error = %e,
-                    "insert outcome unknown; will reconcile before retrying"
+                    "{what}"
                 );
                 delays.wait(&job.abandon).await;
             }
@@ -308,6 +313,12 @@ fn answer(result: &Result<(), ChError>) -> Answer {
         Ok(()) => Answer::Stored,
         Err(e) if e.kind == ChErrorKind::Connect => Answer::NotSent,
         Err(e) if deadline_passed(e) => Answer::TooLate,
+        Err(e)
+            if e.kind == ChErrorKind::Server
+                && e.code.is_some_and(|c| REFUSED_AT_START.contains(&c)) =>
+        {
+            Answer::Refused
+        }
         Err(e) if !e.is_retriable() => Answer::Rejected,
         Err(_) => Answer::Unknown,
     }
