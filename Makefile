@@ -27,9 +27,10 @@ test:
 	@$(ENV); cargo test --release --workspace --lib --bins --tests -- --test-threads=4
 
 # The checked model, deeper than `make test` checks it: each entry is
-# SECS RECORDS REBALANCES CRASHES LOST_COMMITS RESETS FORGETS
-# (docs/protocol.md has the sizes and times).
-MODEL_BOUNDS := "10 1 1 0 0 0 0" "9 1 1 1 0 0 0" "8 2 1 0 0 1 0" "8 1 2 0 0 0 0" "8 1 1 0 0 0 1"
+# SECS RECORDS REBALANCES CRASHES LOST_COMMITS RESETS FORGETS [BAD: a bit
+# mask of the offsets that go to the DLQ] (docs/protocol.md has the sizes
+# and times).
+MODEL_BOUNDS := "10 1 1 0 0 0 0" "9 1 1 1 0 0 0" "8 2 1 0 0 1 0" "8 1 2 0 0 0 0" "8 1 1 0 0 0 1" "7 2 1 1 0 0 0 1"
 
 model:
 	cargo build --release -p sluice-model --example check

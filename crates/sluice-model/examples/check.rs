@@ -2,8 +2,8 @@
 //! prints the size of the search and any counterexample (`make model`).
 //!
 //! `cargo run --release -p sluice-model --example check -- SECS RECORDS
-//! REBALANCES CRASHES LOST_COMMITS RESETS FORGETS`; `MAX_STATES` caps the
-//! search.
+//! REBALANCES CRASHES LOST_COMMITS RESETS FORGETS [BAD]`, where BAD is a
+//! bit mask of the offsets that go to the DLQ; `MAX_STATES` caps the search.
 
 use sluice_model::{trace, Bounds, Rules, Sluice};
 use stateright::{Checker, Model};
@@ -15,12 +15,18 @@ fn main() -> ExitCode {
         .skip(1)
         .map(|s| s.parse().expect("whole numbers"))
         .collect();
-    let [secs, records, rebalances, crashes, lost_commits, resets, forgets] = a[..] else {
-        eprintln!("usage: check SECS RECORDS REBALANCES CRASHES LOST_COMMITS RESETS FORGETS");
+    // The mask is optional: seven numbers, or eight.
+    let (fixed, bad) = match a.split_at_checked(7) {
+        Some((fixed, &[bad])) => (fixed, bad),
+        _ => (&a[..], 0),
+    };
+    let &[secs, records, rebalances, crashes, lost_commits, resets, forgets] = fixed else {
+        eprintln!("usage: check SECS RECORDS REBALANCES CRASHES LOST_COMMITS RESETS FORGETS [BAD]");
         return ExitCode::from(2);
     };
     let b = Bounds {
         records: records as i64,
+        bad: bad as u8,
         max_rows: records as usize,
         horizon: Duration::from_secs(secs),
         rebalances: rebalances as u8,
@@ -42,7 +48,7 @@ fn main() -> ExitCode {
         .join();
     let complete = c.state_count() < cap;
     println!(
-        "{secs} s, {records} records, rebalances/crashes/lost commits/resets/forgets {rebalances}/{crashes}/{lost_commits}/{resets}/{forgets}: {} states ({} unique), depth {}, {:.0?}{}",
+        "{secs} s, {records} records, rebalances/crashes/lost commits/resets/forgets {rebalances}/{crashes}/{lost_commits}/{resets}/{forgets}, DLQ mask {bad:#b}: {} states ({} unique), depth {}, {:.0?}{}",
         c.state_count(),
         c.unique_state_count(),
         c.max_depth(),

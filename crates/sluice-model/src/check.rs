@@ -55,6 +55,8 @@ pub enum Action {
     LandRewrite,
     /// The broker forgets the register's entry.
     Forget,
+    /// Letter `i` lands in the DLQ, and its sender hears of it.
+    LandLetter(usize),
     /// Process `p` takes a step.
     Proc(usize, Step),
 }
@@ -119,6 +121,7 @@ impl Model for Sluice {
             actions.push(Action::Arrive(i));
             actions.push(Action::Store(i));
         }
+        actions.extend((0..w.letters.len()).map(Action::LandLetter));
     }
 
     fn next_state(&self, w: &World, action: Action) -> Option<World> {
@@ -220,6 +223,12 @@ impl Model for Sluice {
                 w.left.forgets -= 1;
                 w.register = Owner::Nobody;
             }
+            Action::LandLetter(i) => {
+                if i >= w.letters.len() {
+                    return None;
+                }
+                w.land_letter(i);
+            }
             Action::Proc(..) => unreachable!(),
         }
         w.normalize();
@@ -231,14 +240,24 @@ impl Model for Sluice {
             Property::always("no offset is stored twice", |_, w: &World| {
                 w.table.iter().all(|&n| n <= 1)
             }),
-            Property::always("the commit passes only stored offsets", |_, w: &World| {
-                let c = w.group.committed.map_or(0, |c| c.0 as usize);
-                w.table[..c.min(w.table.len())].iter().all(|&n| n > 0)
-            }),
-            Property::sometimes("every record is stored and committed", |_, w: &World| {
-                let all = w.table.len() as i64;
-                w.table.iter().all(|&n| n == 1) && w.group.committed.is_some_and(|c| c.0 == all)
-            }),
+            Property::always(
+                "the commit passes only offsets in the table or the DLQ",
+                |_, w: &World| {
+                    let c = w.group.committed.map_or(0, |c| c.0 as usize);
+                    (0..c.min(w.table.len())).all(|o| w.table[o] > 0 || w.dlq[o] > 0)
+                },
+            ),
+            Property::sometimes(
+                "every record is stored or in the DLQ, and committed",
+                |m: &Sluice, w: &World| {
+                    let all = w.table.len() as i64;
+                    let landed = (0..w.table.len()).all(|o| match m.bounds.bad & (1 << o) {
+                        0 => w.table[o] == 1,
+                        _ => w.table[o] == 0 && w.dlq[o] > 0,
+                    });
+                    landed && w.group.committed.is_some_and(|c| c.0 == all)
+                },
+            ),
         ]
     }
 }
@@ -251,10 +270,11 @@ pub fn trace(m: &Sluice, path: &Path<World, Action>) -> String {
         let Some(a) = action else { continue };
         let after = m.next_state(&state, a).expect("a step of the path");
         out.push_str(&format!(
-            "t={:>2}s {:<28} table={:?} register={:?} committed={:?}\n",
+            "t={:>2}s {:<28} table={:?} dlq={:?} register={:?} committed={:?}\n",
             state.now.0 / 1000,
             format!("{a:?}"),
             after.table,
+            after.dlq,
             after.register,
             after.group.committed.map(|c| c.0),
         ));

@@ -71,6 +71,16 @@ pub enum RewriteCheck {
     None,
 }
 
+/// When a batch whose records partly went to the DLQ counts as done.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DlqConfirm {
+    /// The product: once its rows are durable and the DLQ acknowledged
+    /// each of its letters.
+    Acknowledged,
+    /// Unsafe: once its rows are durable, with its letters only queued.
+    Queued,
+}
+
 /// The rules the processes follow.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Rules {
@@ -78,6 +88,7 @@ pub struct Rules {
     pub claim: ClaimConfirm,
     pub unbacked: UnbackedRows,
     pub rewrite: RewriteCheck,
+    pub dlq: DlqConfirm,
 }
 
 impl Rules {
@@ -87,6 +98,7 @@ impl Rules {
         claim: ClaimConfirm::ReadBackAndFence,
         unbacked: UnbackedRows::FromLogStart,
         rewrite: RewriteCheck::AckWithinLease,
+        dlq: DlqConfirm::Acknowledged,
     };
 }
 
@@ -95,6 +107,9 @@ impl Rules {
 pub struct Bounds {
     /// Records in the partition's log, produced before the start.
     pub records: i64,
+    /// The records that cannot become rows and go to the DLQ (bit `o` for
+    /// offset `o`).
+    pub bad: u8,
     /// Sink processes.
     pub processes: usize,
     /// Rows per batch at most.
@@ -129,6 +144,7 @@ impl Bounds {
     /// The bounds CI checks.
     pub const CI: Bounds = Bounds {
         records: 2,
+        bad: 0,
         processes: 2,
         max_rows: 2,
         horizon: Duration::from_secs(14),

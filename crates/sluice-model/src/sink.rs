@@ -8,8 +8,8 @@
 //! a commit or a hand-off (`sink/state/handoff.rs`). The decisions are
 //! `sluice-core`'s; the unsafe [`Rules`] replace one of them each.
 
-use crate::world::{Claim, ClaimStep, Insert, Job, Part, Phase, Rewrite, Wait, World};
-use crate::{ClaimConfirm, LateGuard, RewriteCheck, Sluice, UnbackedRows};
+use crate::world::{Claim, ClaimStep, Insert, Job, Letter, Part, Phase, Rewrite, Wait, World};
+use crate::{ClaimConfirm, DlqConfirm, LateGuard, RewriteCheck, Sluice, UnbackedRows};
 use sluice_core::attempt::{Answer, Attempts};
 use sluice_core::deadline::{attempt_deadline, Fence, FenceStep, Millis, Moment};
 use sluice_core::lease::{on_register, Leases, Owner, Renewal};
@@ -168,14 +168,22 @@ pub fn take(m: &Sluice, w: &World, p: usize, step: Step) -> Option<World> {
             {
                 return None;
             }
+            let mut letters = Vec::new();
             for _ in 0..rows {
                 let o = Offset(part.next.0);
-                part.builder
-                    .push(o, now, |buf| {
-                        buf.extend_from_slice(format!("{o}\n").as_bytes());
-                        Ok::<_, ()>(())
-                    })
-                    .ok()?;
+                if m.bounds.bad & (1 << o.0) != 0 {
+                    // It cannot become a row: the batch accounts for it,
+                    // and it goes to the DLQ.
+                    part.builder.skip(o, now);
+                    letters.push(o);
+                } else {
+                    part.builder
+                        .push(o, now, |buf| {
+                            buf.extend_from_slice(format!("{o}\n").as_bytes());
+                            Ok::<_, ()>(())
+                        })
+                        .ok()?;
+                }
                 if part.check_through.is_some_and(|c| o <= c) {
                     part.builder_uncertain = true;
                 }
@@ -186,11 +194,22 @@ pub fn take(m: &Sluice, w: &World, p: usize, step: Step) -> Option<World> {
             let batch = part.builder.take()?;
             let ticket = part.acks.register(batch.end());
             let uncertain = std::mem::take(&mut part.builder_uncertain);
+            w.letters.extend(letters.iter().map(|&offset| Letter {
+                from: id,
+                offset,
+                sent: now,
+            }));
+            if rules.dlq == DlqConfirm::Queued {
+                letters.clear();
+            }
+            let part = active(&mut w, p)?;
             part.job = Some(Job {
                 batch,
                 ticket,
                 attempts: Attempts::new(true, uncertain),
                 wait: Wait::Ready,
+                letters,
+                letters_sent: now,
             });
         }
         Step::Renew => {
@@ -318,9 +337,7 @@ pub fn take(m: &Sluice, w: &World, p: usize, step: Step) -> Option<World> {
             let job = part.job.as_mut()?;
             job.attempts.reconciled();
             if rest.is_empty() {
-                let ticket = job.ticket;
-                part.acks.ack(ticket);
-                part.job = None;
+                durable(part);
             } else {
                 job.wait = Wait::Reconciled(rest);
             }
@@ -336,6 +353,11 @@ pub fn take(m: &Sluice, w: &World, p: usize, step: Step) -> Option<World> {
                 Wait::Reconciled(b) => b.clone(),
                 _ => return None,
             };
+            if batch.is_empty() {
+                // Every record went to the DLQ: nothing to insert.
+                durable(part);
+                return Some(w);
+            }
             let token = insert_token(TABLE, TOPIC, 0, batch.offsets());
             let qid = query_id(&token, job.attempts.next());
             let clock = w.procs[p].clock;
@@ -416,14 +438,39 @@ pub fn on_answer(part: &mut Part, to: &Insert, answer: Answer, now: Millis) {
     job.attempts.answered(to.query_id.clone(), deadline, answer);
     job.wait = Wait::Ready;
     match answer {
-        Answer::Stored => {
-            let ticket = job.ticket;
-            part.acks.ack(ticket);
-            part.job = None;
-        }
+        Answer::Stored => durable(part),
         // Refused after its deadline: the clock may have stood still.
         Answer::TooLate => part.leases.suspect(KEY, g, now),
         _ => {}
+    }
+}
+
+/// The batch's rows are durable: it is done once the DLQ acknowledged its
+/// letters (`sink/writer.rs`, `dlq::confirm`).
+fn durable(part: &mut Part) {
+    let Some(job) = part.job.as_mut() else {
+        return;
+    };
+    if job.letters.is_empty() {
+        let ticket = job.ticket;
+        part.acks.ack(ticket);
+        part.job = None;
+    } else {
+        job.wait = Wait::Letters;
+    }
+}
+
+/// The DLQ acknowledged letter `l`: its batch stops waiting for it.
+pub fn on_letter(part: &mut Part, l: &Letter) {
+    let Some(job) = part.job.as_mut() else {
+        return;
+    };
+    if job.letters_sent != l.sent {
+        return;
+    }
+    job.letters.retain(|&o| o != l.offset);
+    if job.wait == Wait::Letters {
+        durable(part);
     }
 }
 

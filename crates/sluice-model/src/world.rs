@@ -29,6 +29,11 @@ pub struct World {
     /// Copies of each offset in the table (a plain MergeTree: no dedup).
     pub table: Vec<u8>,
     pub inserts: Vec<Insert>,
+    /// Copies of each offset the DLQ acknowledged (it is at-least-once).
+    pub dlq: Vec<u8>,
+    /// DLQ writes not yet stored (the producer retries without end; a
+    /// crashed process's may still land).
+    pub letters: Vec<Letter>,
     pub procs: Vec<Proc>,
     /// Faults left to inject.
     pub left: Faults,
@@ -74,6 +79,16 @@ pub struct Insert {
     pub sent: Millis,
     /// When it started running; `None` while on the way.
     pub running_since: Option<Millis>,
+}
+
+/// A record on its way to the DLQ.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Letter {
+    /// The process id that sent it.
+    pub from: u64,
+    pub offset: Offset,
+    /// When it was queued: with `from`, which batch it belongs to.
+    pub sent: Millis,
 }
 
 /// One sink process.
@@ -159,6 +174,10 @@ pub struct Job {
     pub ticket: Ticket,
     pub attempts: Attempts,
     pub wait: Wait,
+    /// Its records queued for the DLQ and not yet acknowledged.
+    pub letters: Vec<Offset>,
+    /// When they were queued.
+    pub letters_sent: Millis,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -171,6 +190,8 @@ pub enum Wait {
     Fenced,
     /// Reconciled: these rows are missing.
     Reconciled(Batch),
+    /// Its rows are durable; the DLQ has not acknowledged every letter.
+    Letters,
     /// Attempt sent, no answer yet.
     InFlight {
         query_id: String,
@@ -219,6 +240,8 @@ impl World {
             rewrite_in_flight: None,
             table: vec![0; b.records as usize],
             inserts: Vec::new(),
+            dlq: vec![0; b.records as usize],
+            letters: Vec::new(),
             procs,
             left: Faults {
                 rebalances: b.rebalances,
@@ -234,6 +257,21 @@ impl World {
     /// The server's clock (Unix ms): the global time.
     pub fn server_ms(&self) -> i64 {
         self.now.0 as i64
+    }
+
+    /// Stores letter `i` in the DLQ and hands the acknowledgement to its
+    /// sender, if it still waits for it.
+    pub fn land_letter(&mut self, i: usize) {
+        let l = self.letters.remove(i);
+        self.dlq[l.offset.0 as usize] += 1;
+        for p in &mut self.procs {
+            if p.id != l.from {
+                continue;
+            }
+            if let Phase::Active(part) = &mut p.phase {
+                crate::sink::on_letter(part, &l);
+            }
+        }
     }
 
     /// The highest offset in the table.

@@ -3,15 +3,15 @@
 //! with the trace printed. `make model` runs deeper bounds.
 
 use sluice_model::{
-    trace, Bounds, ClaimConfirm, LateGuard, RewriteCheck, Rules, Settings, Sluice, Start,
-    UnbackedRows,
+    trace, Bounds, ClaimConfirm, DlqConfirm, LateGuard, RewriteCheck, Rules, Settings, Sluice,
+    Start, UnbackedRows,
 };
 use stateright::{Checker, HasDiscoveries, Model};
 use std::time::{Duration, Instant};
 
 const TWICE: &str = "no offset is stored twice";
-const COMMIT: &str = "the commit passes only stored offsets";
-const DONE: &str = "every record is stored and committed";
+const COMMIT: &str = "the commit passes only offsets in the table or the DLQ";
+const DONE: &str = "every record is stored or in the DLQ, and committed";
 
 /// `records` records, `secs` seconds, and the faults named.
 fn bounds(records: i64, secs: u64, faults: [u8; 4]) -> Bounds {
@@ -112,6 +112,15 @@ fn two_clean_claimers_keep_exactly_once() {
 }
 
 #[test]
+fn records_for_the_dlq_keep_exactly_once() {
+    let b = Bounds {
+        bad: 0b01,
+        ..bounds(2, 5, [1, 1, 0, 0])
+    };
+    holds("a record for the DLQ, a rebalance and a crash, 5 s", b);
+}
+
+#[test]
 fn a_deadline_on_the_clients_clock_lets_a_late_insert_in() {
     let rules = Rules {
         late: LateGuard::ClientTimeout,
@@ -171,4 +180,17 @@ fn trusting_a_late_rewrite_of_the_register_brings_an_old_owner_back() {
         ..bounds(1, 9, [1, 0, 0, 0])
     };
     breaks(Sluice::new(rules, b), TWICE);
+}
+
+#[test]
+fn a_batch_done_before_the_dlq_acknowledged_commits_past_a_lost_record() {
+    let rules = Rules {
+        dlq: DlqConfirm::Queued,
+        ..Rules::SAFE
+    };
+    let b = Bounds {
+        bad: 0b01,
+        ..bounds(1, 4, [0, 0, 0, 0])
+    };
+    breaks(Sluice::new(rules, b), COMMIT);
 }

@@ -16,6 +16,9 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// The `_topic` of the rows [`Stack::other_writer`] inserts.
+pub const OTHER_WRITER: &str = "other-writer";
+
 /// Where the lab runs: a broker and a ClickHouse HTTP endpoint.
 #[derive(Debug, Clone)]
 pub struct Stack {
@@ -122,11 +125,34 @@ impl Stack {
         Ok(())
     }
 
+    /// Another writer of `table`, as a production table has: `blocks`
+    /// one-row INSERTs, one every 200 ms. Each is a block of its own in the
+    /// insert dedup window, and moves it on. Its rows carry `_topic =`
+    /// [`OTHER_WRITER`], and the counts leave them out.
+    pub async fn other_writer(&self, table: &str, blocks: u64) -> anyhow::Result<()> {
+        let ch = self
+            .ch()
+            .with_setting("async_insert", "0")
+            .with_setting("insert_deduplicate", "1");
+        for i in 0..blocks {
+            ch.query(&format!(
+                "INSERT INTO {table} (id, payload, _topic, _partition, _offset) \
+                 SELECT {i}, 'filler', '{OTHER_WRITER}', 0, {i}"
+            ))
+            .execute()
+            .await
+            .with_context(|| format!("another writer's insert into {table}"))?;
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        Ok(())
+    }
+
     pub async fn landed(&self, table: &str) -> anyhow::Result<Landed> {
         let (rows, distinct_offsets, distinct_ids) = self
             .ch()
             .query(&format!(
-                "SELECT count(), uniqExact(_partition, _offset), uniqExact(id) FROM {table}"
+                "SELECT count(), uniqExact(_partition, _offset), uniqExact(id) FROM {table} \
+                 WHERE _topic != '{OTHER_WRITER}'"
             ))
             .fetch_one::<(u64, u64, u64)>()
             .await

@@ -18,6 +18,9 @@ pub struct RunSpec {
     pub topic: String,
     pub table: String,
     pub group: String,
+    /// `[kafka] session_timeout`: how long the coordinator waits for a
+    /// silent member (the lab's 6 s makes rebalances after a kill quick).
+    pub session_timeout: Duration,
     pub delivery: &'static str,
     pub max_batch_rows: usize,
     pub insert_timeout: Duration,
@@ -69,7 +72,7 @@ impl RunSpec {
                 r#"[kafka]
 brokers = "{brokers}"
 group_id = "{group}"
-session_timeout = "6s"
+session_timeout = "{st}ms"
 heartbeat_interval = "1s"
 {kafka_extra}
 [clickhouse]
@@ -94,6 +97,7 @@ required = {required:?}
 {dedup}"#,
                 brokers = self.brokers,
                 group = self.group,
+                st = self.session_timeout.as_millis(),
                 read_settings = self
                     .read_settings
                     .iter()
@@ -196,10 +200,15 @@ impl SinkProcess {
     }
 
     /// The last lines of the log, for error messages.
+    /// The log's last 40 lines other than the periodic progress lines, then
+    /// the last progress line: what a failing test prints.
     pub fn log_tail(&self) -> String {
         let s = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let lines: Vec<&str> = s.lines().collect();
-        lines[lines.len().saturating_sub(30)..].join("\n")
+        let is_progress = |l: &&str| l.contains(" progress records=");
+        let mut lines: Vec<&str> = s.lines().filter(|l| !is_progress(l)).collect();
+        lines.drain(..lines.len().saturating_sub(40));
+        lines.extend(s.lines().rev().find(is_progress));
+        lines.join("\n")
     }
 
     /// Sends a signal (`-TERM`, `-STOP`, …) with kill(1).

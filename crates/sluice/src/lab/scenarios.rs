@@ -174,6 +174,7 @@ impl Run {
             topic,
             table: table.clone(),
             group,
+            session_timeout: Duration::from_secs(6),
             delivery,
             max_batch_rows: 1_000,
             insert_timeout: params.insert_timeout,
@@ -365,7 +366,26 @@ pub async fn run(
                 .context("proxy")?
                 .arm(Fault::WithholdResponse);
             let sink = r.spec.start()?;
-            r.finish(scenario, vec![sink], n, Instant::now()).await
+            // The table's other writers move a small window on while the
+            // client waits (the documents' table: 1000 blocks in about 8 s).
+            let others = async {
+                let proxy = r.proxy.as_ref().context("proxy")?;
+                let deadline = Instant::now() + r.params.timeout;
+                if window >= 1000 {
+                    return Ok(());
+                }
+                while proxy.fired() == 0 {
+                    if Instant::now() > deadline {
+                        return Ok(());
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                r.stack.other_writer(&r.table, 40).await
+            };
+            let (others, cell) =
+                tokio::join!(others, r.finish(scenario, vec![sink], n, Instant::now()));
+            others?;
+            cell
         }
         "crash-replay" | "crash-after-many-batches" => {
             let mut r = Run::new(stack, mode, p, 1000, false).await?;

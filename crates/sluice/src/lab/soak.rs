@@ -125,6 +125,7 @@ pub async fn run(clickhouse_url: &str, o: SoakOptions) -> anyhow::Result<SoakRep
         topic: topic.clone(),
         table: table.clone(),
         group: group.clone(),
+        session_timeout: Duration::from_secs(6),
         delivery: "exactly-once",
         max_batch_rows: 2_000,
         insert_timeout,

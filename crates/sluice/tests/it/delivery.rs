@@ -15,9 +15,14 @@ async fn a_million_records_land_exactly_once() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(1_000_000);
-    let (topic, table, ch) = setup("million", PARTITIONS, n).await;
+    let (_broker, kafka) = own_kafka().await;
+    let (topic, table, ch) = setup_on(&kafka, "million", PARTITIONS, n).await;
 
     let mut spec = SinkSpec::new(&topic, &table);
+    spec.brokers = kafka.brokers.clone();
+    // Nothing here rebalances: a broker slowed by the tests beside this one
+    // must not end the session.
+    spec.session_timeout_s = 30;
     spec.max_batch_rows = 50_000;
     let started = Instant::now();
     let mut sink = spec.start();
@@ -48,18 +53,21 @@ async fn a_million_records_land_exactly_once() {
 /// that finishes. Returns what landed, how many ids are missing, and how
 /// many runs had inserted rows before they were killed.
 async fn kill9_scenario(delivery: &'static str, kills: u32) -> (Landed, u64, u32) {
-    let (topic, table, ch) = setup(
+    let (_broker, kafka) = own_kafka().await;
+    let (topic, table, ch) = setup_on(
+        &kafka,
         &format!("kill_{}", delivery.replace('-', "_")),
         PARTITIONS,
         0,
     )
     .await;
     let producing = Arc::new(AtomicBool::new(true));
-    let (t, p) = (topic.clone(), producing.clone());
+    let (k, t, p) = (kafka.clone(), topic.clone(), producing.clone());
     let producer = tokio::task::spawn_blocking(move || {
         let mut n = 0;
         while p.load(Ordering::Relaxed) {
-            produce(&t, PARTITIONS, n, 4_000);
+            k.produce(&t, PARTITIONS, n, 4_000)
+                .unwrap_or_else(|e| panic!("{e:#}"));
             n += 4_000;
             std::thread::sleep(Duration::from_millis(1000));
         }
@@ -67,11 +75,12 @@ async fn kill9_scenario(delivery: &'static str, kills: u32) -> (Landed, u64, u32
     });
 
     let mut spec = SinkSpec::new(&topic, &table);
+    spec.brokers = kafka.brokers.clone();
     spec.delivery = delivery;
     spec.insert_timeout_s = 2;
     spec.fence_wait_ms = 3_000;
     spec.commit_interval_ms = 2_000;
-    let _keepalive = keepalive(&spec.group).await;
+    let _keepalive = keepalive_on(&kafka, &spec.group).await;
     let mut rng = rand::rng();
     let mut inserted_before_kill = 0;
     for i in 0..kills {

@@ -124,17 +124,22 @@ impl Drop for PrivateClickHouse {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clickhouse_down_for_a_minute() {
     let n = 200_000;
+    let (_broker, kafka) = own_kafka().await;
     let topic = unique("outage");
-    create_topic(&topic, PARTITIONS).await;
+    kafka.create_topic(&topic, PARTITIONS).await.unwrap();
     let port = free_port();
     let dir = std::env::temp_dir().join(unique("chdb"));
     let mut server = PrivateClickHouse::start(port, dir.clone());
     let ch = ch_at(&server.url());
     let table = create_table(&ch, "outage").await;
-    let t = topic.clone();
-    let producer = tokio::task::spawn_blocking(move || produce(&t, PARTITIONS, 0, n));
+    let (k, t) = (kafka.clone(), topic.clone());
+    let producer = tokio::task::spawn_blocking(move || k.produce(&t, PARTITIONS, 0, n).unwrap());
 
     let mut spec = SinkSpec::new(&topic, &table);
+    spec.brokers = kafka.brokers.clone();
+    // Nothing here rebalances: a broker slowed by the tests beside this one
+    // must not end the session.
+    spec.session_timeout_s = 30;
     spec.clickhouse_url = server.url();
     spec.max_batch_rows = 2_000;
     spec.max_buffered_mb = 32;
@@ -165,12 +170,13 @@ async fn clickhouse_down_for_a_minute() {
     let server = PrivateClickHouse::start(port, dir);
     let ch = ch_at(&server.url());
     let got = wait_for(&ch, &table, n, Duration::from_secs(300)).await;
+    let log = sink.log_tail();
     assert!(sink.stop(Duration::from_secs(60)), "{}", sink.log_tail());
     eprintln!(
         "outage: {got:?}, peak RSS during outage {} MiB",
         peak_rss / 1024
     );
-    assert_eq!(missing_ids(&ch, &table, n).await, 0, "{got:?}");
+    assert_eq!(missing_ids(&ch, &table, n).await, 0, "{got:?}\n{log}");
     assert_eq!(got.duplicates(), 0, "{got:?}");
     // 32 MiB of batches plus librdkafka's queue and the runtime.
     assert!(

@@ -1,7 +1,7 @@
 //! Test fixtures: the stack's addresses, topics, tables, a producer, sink
 //! processes and the queries that count duplicates and losses.
 
-use sluice::lab::fixture::{Keepalive, Stack};
+use sluice::lab::fixture::{Keepalive, PrivateBroker, Stack};
 use sluice::lab::process::{RunSpec, SinkProcess};
 use std::time::{Duration, Instant};
 
@@ -137,17 +137,46 @@ pub async fn create_table(client: &clickhouse::Client, db: &str) -> String {
 /// A fresh topic with `partitions` partitions and `n` records in it, and a
 /// fresh table: `(topic, table, client)`.
 pub async fn setup(prefix: &str, partitions: i32, n: u64) -> (String, String, clickhouse::Client) {
+    setup_on(&stack(), prefix, partitions, n).await
+}
+
+/// [`setup`] with the topic on `kafka` (a test's own broker).
+pub async fn setup_on(
+    kafka: &Stack,
+    prefix: &str,
+    partitions: i32,
+    n: u64,
+) -> (String, String, clickhouse::Client) {
     let topic = unique(prefix);
-    create_topic(&topic, partitions).await;
+    kafka
+        .create_topic(&topic, partitions)
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}"));
     let ch = ch();
     let table = create_table(&ch, &unique("it")).await;
     if n > 0 {
-        let t = topic.clone();
-        tokio::task::spawn_blocking(move || produce(&t, partitions, 0, n))
+        let (k, t) = (kafka.clone(), topic.clone());
+        tokio::task::spawn_blocking(move || k.produce(&t, partitions, 0, n))
             .await
-            .unwrap();
+            .unwrap()
+            .unwrap_or_else(|e| panic!("{e:#}"));
     }
     (topic, table, ch)
+}
+
+/// A broker of the test's own (tansu, as in the stack) and the stack seen
+/// through it. The long, heavy tests use one: under the load of the tests
+/// beside them the shared broker can stall for longer than a session, and
+/// tansu's coordinator then does not always give the partitions out again.
+pub async fn own_kafka() -> (PrivateBroker, Stack) {
+    let broker = PrivateBroker::start()
+        .await
+        .unwrap_or_else(|e| panic!("starting a broker of the test's own: {e:#}"));
+    let kafka = Stack {
+        brokers: broker.brokers(),
+        clickhouse_url: clickhouse_url(),
+    };
+    (broker, kafka)
 }
 
 /// What landed: rows, distinct `(partition, offset)`, distinct ids.
@@ -218,7 +247,12 @@ pub async fn wait_for(
 
 /// A member that lets tansu evict dead ones (see [`Keepalive`]).
 pub async fn keepalive(group: &str) -> Keepalive {
-    Keepalive::start(&stack(), group)
+    keepalive_on(&stack(), group).await
+}
+
+/// [`keepalive`] on `kafka` (a test's own broker).
+pub async fn keepalive_on(kafka: &Stack, group: &str) -> Keepalive {
+    Keepalive::start(kafka, group)
         .await
         .unwrap_or_else(|e| panic!("{e:#}"))
 }
@@ -232,6 +266,9 @@ pub struct SinkSpec {
     pub clickhouse_url: String,
     pub brokers: String,
     pub delivery: &'static str,
+    /// `[kafka] session_timeout` in seconds (6: a killed member's partitions
+    /// move on quickly).
+    pub session_timeout_s: u64,
     pub max_batch_rows: usize,
     pub insert_timeout_s: u64,
     pub fence_wait_ms: u64,
@@ -262,6 +299,7 @@ impl SinkSpec {
             clickhouse_url: clickhouse_url(),
             brokers: brokers(),
             delivery: "exactly-once",
+            session_timeout_s: 6,
             max_batch_rows: 10_000,
             insert_timeout_s: 5,
             fence_wait_ms: 6_000,
@@ -285,6 +323,7 @@ impl SinkSpec {
             topic: self.topic.clone(),
             table: self.table.clone(),
             group: self.group.clone(),
+            session_timeout: Duration::from_secs(self.session_timeout_s),
             delivery: self.delivery,
             max_batch_rows: self.max_batch_rows,
             insert_timeout: Duration::from_secs(self.insert_timeout_s),
