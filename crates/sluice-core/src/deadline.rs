@@ -155,14 +155,22 @@ pub enum FenceStep {
 pub struct Fence {
     deadline_ms: i64,
     insert_timeout: Duration,
+    margin_ms: i64,
     blind: bool,
 }
 
 impl Fence {
     pub fn new(deadline_ms: i64, insert_timeout: Duration) -> Self {
+        Self::with_margin(deadline_ms, insert_timeout, CLOCK_MARGIN_MS)
+    }
+
+    /// A fence that allows `margin_ms` instead of [`CLOCK_MARGIN_MS`] for
+    /// servers that disagree (a checked model tries a smaller one).
+    pub fn with_margin(deadline_ms: i64, insert_timeout: Duration, margin_ms: i64) -> Self {
         Self {
             deadline_ms,
             insert_timeout,
+            margin_ms,
             blind: false,
         }
     }
@@ -177,8 +185,8 @@ impl Fence {
             None => self.blind = true,
         }
         let until = match self.blind {
-            false => self.deadline_ms + CLOCK_MARGIN_MS,
-            true => self.deadline_ms + millis(self.insert_timeout) + CLOCK_MARGIN_MS,
+            false => self.deadline_ms + self.margin_ms,
+            true => self.deadline_ms + millis(self.insert_timeout) + self.margin_ms,
         };
         if server_now_ms > until {
             FenceStep::Done

@@ -2,8 +2,9 @@
 //! prints the size of the search and any counterexample (`make model`).
 //!
 //! `cargo run --release -p sluice-model --example check -- SECS RECORDS
-//! REBALANCES CRASHES LOST_COMMITS RESETS FORGETS [BAD]`, where BAD is a
-//! bit mask of the offsets that go to the DLQ; `MAX_STATES` caps the search.
+//! REBALANCES CRASHES LOST_COMMITS RESETS FORGETS [BAD [SERVERS]]`, where
+//! BAD is a bit mask of the offsets that go to the DLQ and SERVERS=2 puts a
+//! second server a second behind the first; `MAX_STATES` caps the search.
 
 use sluice_model::{trace, Bounds, Rules, Sluice};
 use stateright::{Checker, Model};
@@ -15,14 +16,22 @@ fn main() -> ExitCode {
         .skip(1)
         .map(|s| s.parse().expect("whole numbers"))
         .collect();
-    // The mask is optional: seven numbers, or eight.
-    let (fixed, bad) = match a.split_at_checked(7) {
-        Some((fixed, &[bad])) => (fixed, bad),
-        _ => (&a[..], 0),
-    };
-    let &[secs, records, rebalances, crashes, lost_commits, resets, forgets] = fixed else {
-        eprintln!("usage: check SECS RECORDS REBALANCES CRASHES LOST_COMMITS RESETS FORGETS [BAD]");
+    let usage =
+        "usage: check SECS RECORDS REBALANCES CRASHES LOST_COMMITS RESETS FORGETS [BAD [SERVERS]]";
+    let (&[secs, records, rebalances, crashes, lost_commits, resets, forgets], rest) =
+        a.split_at(a.len().min(7))
+    else {
+        eprintln!("{usage}");
         return ExitCode::from(2);
+    };
+    let (bad, servers) = match *rest {
+        [] => (0, 1),
+        [bad] => (bad, 1),
+        [bad, servers] => (bad, servers),
+        _ => {
+            eprintln!("{usage}");
+            return ExitCode::from(2);
+        }
     };
     let b = Bounds {
         records: records as i64,
@@ -34,6 +43,7 @@ fn main() -> ExitCode {
         lost_commits: lost_commits as u8,
         resets: resets as u8,
         forgets: forgets as u8,
+        servers: servers as u8,
         ..Bounds::CI
     };
     let cap = std::env::var("MAX_STATES").map_or(usize::MAX, |s| s.parse().expect("a count"));
@@ -48,7 +58,8 @@ fn main() -> ExitCode {
         .join();
     let complete = c.state_count() < cap;
     println!(
-        "{secs} s, {records} records, rebalances/crashes/lost commits/resets/forgets {rebalances}/{crashes}/{lost_commits}/{resets}/{forgets}, DLQ mask {bad:#b}: {} states ({} unique), depth {}, {:.0?}{}",
+        "{secs} s, {records} records, rebalances/crashes/lost commits/resets/forgets {rebalances}/{crashes}/{lost_commits}/{resets}/{forgets}, DLQ mask {bad:#b}, {} server(s): {} states ({} unique), depth {}, {:.0?}{}",
+        b.servers,
         c.state_count(),
         c.unique_state_count(),
         c.max_depth(),

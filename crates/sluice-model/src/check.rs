@@ -45,8 +45,9 @@ pub enum Action {
     LoseCommit,
     /// The process crashes and restarts with a new id.
     Crash(usize),
-    /// Insert `i` reaches the server (it is refused after its deadline).
-    Arrive(usize),
+    /// Insert `i` reaches server `s` (refused after its deadline on that
+    /// server's clock).
+    Arrive(usize, u8),
     /// Insert `i` commits its rows.
     Store(usize),
     /// The clean mark in flight lands in the register.
@@ -71,7 +72,7 @@ const STEPS: [Step; 13] = [
     Step::Commit,
     Step::Settle,
     Step::Expire,
-    Step::Fence,
+    Step::Fence(0),
     Step::Reconcile,
     Step::Send,
     Step::GiveUp,
@@ -112,13 +113,15 @@ impl Model for Sluice {
             actions.extend(STEPS.iter().map(|&s| Action::Proc(p, s)));
             let rows = 1..=self.bounds.max_rows;
             actions.extend(rows.map(|n| Action::Proc(p, Step::Cut(n))));
+            let others = 1..self.bounds.servers;
+            actions.extend(others.map(|s| Action::Proc(p, Step::Fence(s))));
         }
         actions.push(Action::LoseCommit);
         actions.push(Action::LandMark);
         actions.push(Action::LandRewrite);
         actions.push(Action::Forget);
         for i in 0..w.inserts.len() {
-            actions.push(Action::Arrive(i));
+            actions.extend((0..self.bounds.servers).map(|s| Action::Arrive(i, s)));
             actions.push(Action::Store(i));
         }
         actions.extend((0..w.letters.len()).map(Action::LandLetter));
@@ -178,8 +181,8 @@ impl Model for Sluice {
                 proc.phase = Phase::Idle;
                 proc.clock = crate::world::server_clock();
             }
-            Action::Arrive(i) => {
-                let server = w.server_ms();
+            Action::Arrive(i, s) => {
+                let server = w.server_ms(s);
                 let ins = w.inserts.get_mut(i)?;
                 if ins.running_since.is_some() {
                     return None;

@@ -127,6 +127,11 @@ pub struct Bounds {
     pub resets: u8,
     /// Times the broker forgets the register's entry (offset retention).
     pub forgets: u8,
+    /// Servers behind the one address (1 or 2): server `s`'s clock runs `s`
+    /// seconds behind the first's (the assumption: they disagree by at most
+    /// 1 s). The fence sees every server's queries and kills on each
+    /// (`[clickhouse] cluster`).
+    pub servers: u8,
     pub start: Start,
 }
 
@@ -153,6 +158,7 @@ impl Bounds {
         lost_commits: 1,
         resets: 1,
         forgets: 0,
+        servers: 1,
         start: Start::Owned,
     };
 }
@@ -172,6 +178,11 @@ pub struct Settings {
     pub lease: Duration,
     /// How long a clean claim waits before it is read back.
     pub settle_wait: Duration,
+    /// How far past an attempt's deadline the fence waits for servers that
+    /// disagree ([`CLOCK_MARGIN_MS`]).
+    ///
+    /// [`CLOCK_MARGIN_MS`]: sluice_core::deadline::CLOCK_MARGIN_MS
+    pub clock_margin_ms: i64,
 }
 
 impl Settings {
@@ -187,6 +198,7 @@ impl Settings {
             fence_wait,
             lease: lease_term(fence_wait, insert_timeout),
             settle_wait: SETTLE_WAIT,
+            clock_margin_ms: sluice_core::deadline::CLOCK_MARGIN_MS,
         }
     }
 }

@@ -42,8 +42,9 @@ pub enum Step {
     Settle,
     /// A revoked partition whose lease ran out gives its insert up.
     Expire,
-    /// One look of the fence of the last unsettled attempt.
-    Fence,
+    /// One look of the fence of the last unsettled attempt, answered by
+    /// this server.
+    Fence(u8),
     /// Asks which rows of the batch the table holds.
     Reconcile,
     /// Sends the next attempt.
@@ -291,18 +292,25 @@ pub fn take(m: &Sluice, w: &World, p: usize, step: Step) -> Option<World> {
             }
             w.procs[p].phase = Phase::Idle;
         }
-        Step::Fence => {
-            let server = w.server_ms();
+        Step::Fence(at) => {
+            if at >= m.bounds.servers {
+                return None;
+            }
+            let server = w.server_ms(at);
             let job = w_active(&w, p)?.job.as_ref()?;
             let previous = job.attempts.fence()?.clone();
             let mut fence = match &job.wait {
-                Wait::Ready => Fence::new(previous.deadline_ms, s.insert_timeout),
+                Wait::Ready => {
+                    Fence::with_margin(previous.deadline_ms, s.insert_timeout, s.clock_margin_ms)
+                }
                 Wait::Fencing(f) => *f,
                 _ => return None,
             };
             let before = job.wait.clone();
             let running = w.running(&previous.query_id);
             let step = fence.step(server, Some(running));
+            // Each look is a reading of the clock of the server answering.
+            w.procs[p].clock.observe(server, now, now, false);
             let part = active(&mut w, p)?;
             let job = part.job.as_mut()?;
             match step {
@@ -343,7 +351,7 @@ pub fn take(m: &Sluice, w: &World, p: usize, step: Step) -> Option<World> {
             }
         }
         Step::Send => {
-            let server = w.server_ms();
+            let server = w.server_ms(0);
             let part = active(&mut w, p)?;
             let g = part.generation;
             let lease_end = part.leases.until(KEY, g, now)?;

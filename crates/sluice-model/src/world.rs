@@ -254,9 +254,9 @@ impl World {
         }
     }
 
-    /// The server's clock (Unix ms): the global time.
-    pub fn server_ms(&self) -> i64 {
-        self.now.0 as i64
+    /// Server `s`'s clock (Unix ms): the global time, `s` seconds behind.
+    pub fn server_ms(&self, s: u8) -> i64 {
+        self.now.0 as i64 - 1000 * i64::from(s)
     }
 
     /// Stores letter `i` in the DLQ and hands the acknowledgement to its

@@ -121,6 +121,15 @@ fn records_for_the_dlq_keep_exactly_once() {
 }
 
 #[test]
+fn a_second_server_a_second_behind_keeps_exactly_once() {
+    let b = Bounds {
+        servers: 2,
+        ..bounds(1, 6, [0, 0, 0, 1])
+    };
+    holds("two servers 1 s apart and a reset, 6 s", b);
+}
+
+#[test]
 fn a_deadline_on_the_clients_clock_lets_a_late_insert_in() {
     let rules = Rules {
         late: LateGuard::ClientTimeout,
@@ -193,4 +202,18 @@ fn a_batch_done_before_the_dlq_acknowledged_commits_past_a_lost_record() {
         ..bounds(1, 4, [0, 0, 0, 0])
     };
     breaks(Sluice::new(rules, b), COMMIT);
+}
+
+/// Servers behind one address disagree by up to 1 s: a fence that ends as
+/// soon as one server's clock is past the deadline lets the attempt start
+/// on a server whose clock is behind.
+#[test]
+fn a_fence_without_a_clock_margin_lets_an_insert_in_on_a_slower_server() {
+    let b = Bounds {
+        servers: 2,
+        ..bounds(1, 5, [0, 0, 0, 0])
+    };
+    let mut m = Sluice::new(Rules::SAFE, b);
+    m.settings.clock_margin_ms = 0;
+    breaks(m, TWICE);
 }
