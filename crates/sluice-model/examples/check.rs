@@ -33,6 +33,10 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if records > 8 || !(1..=2).contains(&servers) {
+        eprintln!("at most 8 records (BAD is a byte), and 1 or 2 servers");
+        return ExitCode::from(2);
+    }
     let b = Bounds {
         records: records as i64,
         bad: bad as u8,

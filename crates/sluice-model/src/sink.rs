@@ -203,6 +203,9 @@ pub fn take(m: &Sluice, w: &World, p: usize, step: Step) -> Option<World> {
             if rules.dlq == DlqConfirm::Queued {
                 letters.clear();
             }
+            // Only a batch with letters remembers when it queued them:
+            // the rest stay equal to batches cut at other moments.
+            let letters_sent = if letters.is_empty() { Millis(0) } else { now };
             let part = active(&mut w, p)?;
             part.job = Some(Job {
                 batch,
@@ -210,7 +213,7 @@ pub fn take(m: &Sluice, w: &World, p: usize, step: Step) -> Option<World> {
                 attempts: Attempts::new(true, uncertain),
                 wait: Wait::Ready,
                 letters,
-                letters_sent: now,
+                letters_sent,
             });
         }
         Step::Renew => {
@@ -309,8 +312,13 @@ pub fn take(m: &Sluice, w: &World, p: usize, step: Step) -> Option<World> {
             let before = job.wait.clone();
             let running = w.running(&previous.query_id);
             let step = fence.step(server, Some(running));
-            // Each look is a reading of the clock of the server answering.
-            w.procs[p].clock.observe(server, now, now, false);
+            // Each look is a reading of the clock of the server answering
+            // (kept only where it changes the estimate, so that states that
+            // estimate alike compare equal).
+            let clock = &mut w.procs[p].clock;
+            if clock.ms_at(now) != Some(server) {
+                clock.observe(server, now, now, false);
+            }
             let part = active(&mut w, p)?;
             let job = part.job.as_mut()?;
             match step {

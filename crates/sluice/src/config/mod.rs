@@ -785,6 +785,17 @@ mod tests {
                 c("settings = { async_insert = '1' }"),
                 "clickhouse.settings.async_insert",
             ),
+            (
+                c("settings = { input_format_allow_errors_num = '10' }"),
+                "clickhouse.settings.input_format_allow_errors_num",
+            ),
+            (
+                format!(
+                    "{}\n[sink]\ndelivery = 'at-least-once'",
+                    c("settings = { input_format_allow_errors_ratio = '0.1' }")
+                ),
+                "clickhouse.settings.input_format_allow_errors_ratio",
+            ),
             (sink("max_batch_bytes = 2000000000"), "sink.max_batch_bytes"),
             (
                 sink("max_concurrent_inserts = 0"),

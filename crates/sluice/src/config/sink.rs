@@ -40,6 +40,13 @@ const PROTOCOL_SETTINGS: &[&str] = &[
     "insert_quorum_timeout",
 ];
 
+/// Insert settings that make ClickHouse skip rows it cannot parse and still
+/// answer 200: sluice would count those records stored and commit past them.
+const ROW_SKIPPING_SETTINGS: &[&str] = &[
+    "input_format_allow_errors_num",
+    "input_format_allow_errors_ratio",
+];
+
 /// How strongly records are delivered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default, clap::ValueEnum)]
 #[serde(rename_all = "kebab-case")]
@@ -167,6 +174,17 @@ impl RawSink {
                 .unwrap_or(DEFAULT_MAX_BATCH_AGE),
             aligned: delivery == Delivery::TokenOnly,
         };
+        if let Some(name) = ROW_SKIPPING_SETTINGS
+            .iter()
+            .find(|n| clickhouse.settings.contains_key(**n))
+        {
+            return Err(invalid(
+                &format!("clickhouse.settings.{name}"),
+                "not set: ClickHouse would drop rows it cannot parse and sluice would commit past them \
+                 (records that cannot become rows go to the DLQ, see [dlq])",
+                &clickhouse.settings[*name],
+            ));
+        }
         if delivery.is_exactly_once() {
             if let Some(name) = PROTOCOL_SETTINGS
                 .iter()
