@@ -40,7 +40,7 @@ model:
 
 lint:
 	cargo fmt --all -- --check
-	cargo clippy --release --all-targets -- -D warnings
+	cargo clippy --all-targets -- -D warnings
 
 bench-dedup:
 	scripts/bench-dedup.sh
