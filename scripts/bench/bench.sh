@@ -3,7 +3,8 @@
 # pinned Python deps (scripts/bench/requirements.txt) into a cached venv outside the work tree,
 # run the cases (scripts/bench/run.py -> docs/bench/results.json) and render the report
 # (scripts/bench/report.py -> docs/bench/README.md + SVGs).
-# Knobs: BENCH_MB (MB of JSON per record size), BENCH_SIZES, BENCH_CASES, BENCH_PARTITIONS;
+# Knobs: BENCH_MB (MB of JSON per record size), BENCH_SIZES, BENCH_CASES, BENCH_PARTITIONS,
+# BENCH_KAFKA=mock (librdkafka's in-memory mock cluster instead of tansu: the hot path's measure);
 # BENCH_REV=<commit> benches that commit (git archive to $CACHE/bench-src, built in $CACHE/bench-target) instead of
 # the work tree.
 # The binaries are copied to a private temp dir so a rebuild by someone else cannot swap them.
@@ -47,16 +48,29 @@ if [ -n "${BENCH_REV:-}" ]; then   # bench a commit, not the work tree: build a 
   SRC="$CACHE/bench-src"        # a fixed path, so the next build of another commit is incremental
   rm -rf "$SRC" && mkdir -p "$SRC"
   git archive "$BENCH_REV" | tar -x -C "$SRC"
-  (cd "$SRC" && CARGO_TARGET_DIR="$CACHE/bench-target" cargo build --release --quiet --bin sluice --example raw_fetch --example raw_insert)
+  (cd "$SRC" && CARGO_TARGET_DIR="$CACHE/bench-target" cargo build --release --quiet --bin sluice --example raw_fetch --example raw_insert --example mock_broker)
   OUT="$CACHE/bench-target/release"
   export BENCH_SOURCE="commit $(git rev-parse --short "$BENCH_REV")"
 else
-  cargo build --release --quiet --bin sluice --example raw_fetch --example raw_insert
+  cargo build --release --quiet --bin sluice --example raw_fetch --example raw_insert --example mock_broker
   OUT=target/release
   dirty="$(git status --porcelain -- crates Cargo.toml Cargo.lock | wc -l)"
   export BENCH_SOURCE="work tree at $(git rev-parse --short HEAD)$([ "$dirty" = 0 ] || echo " + $dirty uncommitted file(s)")"
 fi
-cp "$OUT/sluice" "$OUT/examples/raw_fetch" "$OUT/examples/raw_insert" "$BIN/"
+cp "$OUT/sluice" "$OUT/examples/raw_fetch" "$OUT/examples/raw_insert" "$OUT/examples/mock_broker" "$BIN/"
+
+# BENCH_KAFKA=mock: librdkafka's in-memory mock cluster instead of tansu, so that the broker is not
+# the bottleneck and sluice's CPU per record is stable from one run to the next (the hot path's
+# measure). It lives as long as this script: its stdin is a pipe (fd 7, BENCH_MOCK_FD, where
+# run.py writes `TOPIC PARTITIONS` to create a topic) that closes when we exit.
+export BENCH_KAFKA_KIND="tansu 0.6.0 (sqlite storage)"
+if [ "${BENCH_KAFKA:-tansu}" = mock ]; then
+  exec 7> >("$BIN/mock_broker" > "$BIN/mock.env")
+  export BENCH_MOCK_FD=7 BENCH_MOCK_OUT="$BIN/mock.env"
+  for _ in $(seq 100); do grep -q KAFKA_BROKERS "$BIN/mock.env" 2>/dev/null && break; sleep 0.1; done
+  export "$(grep KAFKA_BROKERS "$BIN/mock.env")"
+  BENCH_KAFKA_KIND="librdkafka's mock cluster (in memory)"
+fi
 
 VENV="$CACHE/venv-bench-$(sha256sum "$REQ" | cut -c1-12)"
 if [ ! -f "$VENV/.complete" ]; then

@@ -21,7 +21,8 @@ Data flow, for each record size (1 KB and 200 B JSON objects):
 Env: BENCH_MB (MB of JSON per record size, default 250: ~10 min on 2 cores), BENCH_SIZES ("1k,200b"),
 BENCH_PARTITIONS (4), BENCH_CASES (comma list, default all), BENCH_OUT (docs/bench),
 BENCH_KAFKA_PROPERTIES ("k=v,…": librdkafka properties for sluice and raw_insert),
-BENCH_BIN (dir holding private copies of sluice, raw_fetch and raw_insert), KAFKA_BROKERS, CLICKHOUSE_URL.
+BENCH_BIN (dir holding private copies of sluice, raw_fetch and raw_insert), KAFKA_BROKERS, CLICKHOUSE_URL,
+BENCH_KAFKA_KIND (what KAFKA_BROKERS is, for the report), BENCH_MOCK_FD / BENCH_MOCK_OUT (bench.sh).
 Every process it starts is killed on exit (also on Ctrl-C and errors). Exit status 1 on any
 verification failure.
 """
@@ -163,10 +164,25 @@ def record(size, i):
             ).encode()
 
 
+def create_topic(topic):
+    mock_fd = os.environ.get("BENCH_MOCK_FD")
+    if mock_fd is None:
+        admin = AdminClient({"bootstrap.servers": BROKERS})
+        for f in admin.create_topics([NewTopic(topic, PARTS, 1)]).values():
+            f.result()
+        return
+    # librdkafka's mock cluster (bench.sh, BENCH_KAFKA=mock) has no controller for the admin
+    # API: its process creates the topic when told on its stdin.
+    os.write(int(mock_fd), f"{topic} {PARTS}\n".encode())
+    deadline = time.time() + 10
+    while f"created {topic}" not in open(os.environ["BENCH_MOCK_OUT"]).read():
+        if time.time() > deadline:
+            raise RuntimeError(f"the mock broker did not create {topic}")
+        time.sleep(0.05)
+
+
 def produce(topic, records):
-    admin = AdminClient({"bootstrap.servers": BROKERS})
-    for f in admin.create_topics([NewTopic(topic, PARTS, 1)]).values():
-        f.result()
+    create_topic(topic)
     p = Producer({"bootstrap.servers": BROKERS, "enable.idempotence": True, "acks": "all",
                   "linger.ms": 20, "compression.type": "lz4", "batch.size": 1_000_000,
                   "queue.buffering.max.kbytes": 262144})
@@ -463,7 +479,7 @@ def machine():
             "source": os.environ.get("BENCH_SOURCE", "?"),
             "stack": os.environ.get("BENCH_STACK_KIND", "?"),
             "clickhouse": ch("SELECT version()") + " (chDB behind stack/chdb_server.py)",
-            "kafka": "tansu 0.6.0 (sqlite storage)",
+            "kafka": os.environ.get("BENCH_KAFKA_KIND", "?"),
             "confluent_kafka": confluent_kafka.version()[0], "librdkafka": confluent_kafka.libversion()[0],
             "clickhouse_connect": clickhouse_connect.common.version()}
 
