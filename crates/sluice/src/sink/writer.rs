@@ -206,7 +206,9 @@ async fn attempt_until_done(job: &Job, ctx: &WriterCtx, letters: &mut Vec<Pendin
             continue;
         }
         let attempt = attempts.next();
-        let token = exactly_once
+        let token = ctx
+            .delivery
+            .sends_tokens()
             .then(|| insert_token(&table.sql(), &p.topic, p.partition, batch.offsets()));
         let qid = match &token {
             Some(t) => query_id(t, attempt),
