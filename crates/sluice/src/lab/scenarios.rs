@@ -546,12 +546,20 @@ pub async fn run(
             // A still reaches the partition leader and ClickHouse, not the
             // coordinator: no heartbeat, no commit, no offset read.
             proxy.cut_off_group(Some("lab-owner-a"));
-            let b = member("lab-owner-b").start()?;
-            tokio::time::sleep(Duration::from_secs(2)).await;
+            let mut b = member("lab-owner-b").start()?;
+            // The fault is two owners at once: B must hold the partitions
+            // while A still writes. Without that wait A could land every
+            // record before B joins, and a baseline would show no copy.
+            let b_owns = b.wait_for_log("assigned", r.params.timeout).await;
+            anyhow::ensure!(
+                b_owns,
+                "coordinator-partition: the second member was never given the partitions; its log:\n{}",
+                b.log_tail()
+            );
             r.produce(n / 2, n - n / 2).await?;
             let fault_end = Instant::now();
             let mut cell = r.finish(scenario, vec![a, b], n, fault_end).await?;
-            cell.fault_injected = proxy.swallowed() > 0;
+            cell.fault_injected = proxy.swallowed() > 0 && b_owns;
             drop(r);
             drop(broker);
             Ok(cell)

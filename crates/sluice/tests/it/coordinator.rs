@@ -47,6 +47,11 @@ async fn second_owner(prefix: &str, cut_off: bool) {
         s.fence_wait_ms = 15_000;
         s.max_batch_rows = 50;
         s.instance_id = (!cut_off).then(|| "member-1".to_string());
+        // tansu, loaded by the tests beside this one, once answered A's
+        // heartbeats after a 6 s session: A lost the partition before any
+        // fault and tansu never gave it out again. A cut-off A is evicted
+        // when its session ends: 20 s, well within the waits below.
+        s.session_timeout_s = 20;
         s
     };
     let a = spec("owner-a").start();
