@@ -1,7 +1,8 @@
 //! A Kafka broker that is not the bottleneck: librdkafka's in-memory mock
-//! cluster, so that `make bench-hot-path` measures sluice's own CPU per
-//! record rather than the local broker's fetch rate (tansu's sqlite fetch
-//! tops out at 12,000–24,000 records/s).
+//! cluster, so that `BENCH_KAFKA=mock make bench` measures sluice's own CPU
+//! per record rather than the local broker's fetch rate (tansu's sqlite
+//! fetch tops out at 12,000–24,000 records/s). It keeps about 5 MB
+//! (compressed) per partition and trims older records: give it partitions.
 //!
 //! `cargo run --release --example mock_broker`
 //!

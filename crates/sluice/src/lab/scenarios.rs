@@ -550,16 +550,15 @@ pub async fn run(
             // The fault is two owners at once: B must hold the partitions
             // while A still writes. Without that wait A could land every
             // record before B joins, and a baseline would show no copy.
-            let b_owns = b.wait_for_log("assigned", r.params.timeout).await;
             anyhow::ensure!(
-                b_owns,
+                b.wait_for_log("assigned", r.params.timeout).await,
                 "coordinator-partition: the second member was never given the partitions; its log:\n{}",
                 b.log_tail()
             );
             r.produce(n / 2, n - n / 2).await?;
             let fault_end = Instant::now();
             let mut cell = r.finish(scenario, vec![a, b], n, fault_end).await?;
-            cell.fault_injected = proxy.swallowed() > 0 && b_owns;
+            cell.fault_injected = proxy.swallowed() > 0;
             drop(r);
             drop(broker);
             Ok(cell)
