@@ -19,7 +19,7 @@ Data flow, for each record size (1 KB and 200 B JSON objects):
   -> docs/bench/results.json (raw numbers, series, machine info); report.py renders README + SVGs.
 
 Env: BENCH_MB (MB of JSON per record size, default 250: ~10 min on 2 cores), BENCH_SIZES ("1k,200b"),
-BENCH_PARTITIONS (4), BENCH_CASES (comma list, default all), BENCH_OUT (docs/bench),
+BENCH_PARTITIONS (4), BENCH_MAX_BUFFERED_MB (128: the sink's max_buffered_bytes), BENCH_CASES (comma list, default all), BENCH_OUT (docs/bench),
 BENCH_KAFKA_PROPERTIES ("k=v,…": librdkafka properties for sluice and raw_insert),
 BENCH_BIN (dir holding private copies of sluice, raw_fetch and raw_insert), KAFKA_BROKERS, CLICKHOUSE_URL,
 BENCH_KAFKA_KIND (what KAFKA_BROKERS is, for the report), BENCH_MOCK_FD / BENCH_MOCK_OUT (bench.sh).
@@ -58,7 +58,7 @@ RUN = time.strftime("%Y%m%d%H%M%S")
 WORK = f"/tmp/sluice-bench-{RUN}"          # configs and logs of this run
 # What sluice uses (crates/sluice/src/config.rs defaults, the bench's config below).
 BATCH_ROWS, BATCH_BYTES, CONCURRENCY = 100_000, 16 << 20, 4
-MAX_BUFFERED = 128 << 20
+MAX_BUFFERED = int(os.environ.get("BENCH_MAX_BUFFERED_MB", "128")) << 20
 TICK = os.sysconf("SC_CLK_TCK")
 
 CHILDREN = []          # every Popen we started; killed at exit
@@ -231,7 +231,7 @@ def verify(table, want, exactly_once):
 # ---------------------------------------------------------------- /proc sampling
 
 def proc_stat(pid):
-    """(cpu seconds, rss MB, peak rss MB) of a live process, or None."""
+    """(cpu seconds, rss MB, peak rss MB, minor page faults) of a live process, or None."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()
@@ -241,7 +241,7 @@ def proc_stat(pid):
         return None
     cpu = (int(fields[11]) + int(fields[12])) / TICK        # utime + stime
     kb = lambda k: int(st.get(k, "0 kB").split()[0]) / 1024
-    return cpu, kb("VmRSS"), kb("VmHWM")
+    return cpu, kb("VmRSS"), kb("VmHWM"), int(fields[7])     # minflt: first touches of fresh pages
 
 
 def thread_cpu(pid):
@@ -308,7 +308,7 @@ class Watch:
 
 
 def stack_cpu():
-    return {n: (proc_stat(p) or (0, 0, 0))[0] for n, p in stack_pids().items()}
+    return {n: (proc_stat(p) or (0, 0, 0, 0))[0] for n, p in stack_pids().items()}
 
 
 def diff(a, b):
@@ -348,7 +348,7 @@ def case_raw_fetch(ds):
     ok = r["records"] == ds["records"] and r["bytes"] == ds["bytes"]
     res = rates({"verify": {"ok": ok, "expected": ds["records"], "count": r["records"]}},
                 r["records"], r["bytes"], r["seconds"])
-    cpu, _, peak = w.last or (0, 0, 0)
+    cpu, _, peak, _ = w.last or (0, 0, 0, 0)
     first = r.get("first_record_seconds")
     if first is not None and r["seconds"] > first:
         res.update(time_to_first_row=round(first, 3), first_to_last_seconds=round(r["seconds"] - first, 3),
@@ -367,7 +367,7 @@ def case_raw_insert(ds):
     r, series, w, stack = run_example("raw_insert", ds, [config])
     res = rates({"table": table, "batches": r["batches"], "body_bytes": r["body_bytes"]},
                 r["records"], r["bytes"], r["seconds"])
-    cpu, _, peak = w.last or (0, 0, 0)
+    cpu, _, peak, _ = w.last or (0, 0, 0, 0)
     res.update(wall_seconds=round(r["seconds"], 3), cpu_seconds=cpu, peak_rss_mb=round(peak, 1),
                stack_cpu=stack, rows_series=series, verify=verify(table, ds["records"], True))
     return res
@@ -415,7 +415,7 @@ def run_sink(ds, name, args, table, exactly_once):
             break
         time.sleep(0.05)
     secs = time.time() - t0
-    last = proc_stat(p.pid) or w.last or (0, 0, 0)   # read before the process ends
+    last = proc_stat(p.pid) or w.last or (0, 0, 0, 0)   # read before the process ends
     threads = thread_cpu(p.pid)
     s1 = stack_cpu()
     w.finish()
@@ -434,7 +434,7 @@ def run_sink(ds, name, args, table, exactly_once):
         cpu_seconds=round(cpu, 2), cpu_s_per_mb=round(cpu / (ds["bytes"] / 1e6), 4),
         us_per_record=round(cpu / want * 1e6, 2),
         mb_per_cpu_s=round(ds["bytes"] / 1e6 / cpu, 1) if cpu else None,
-        peak_rss_mb=round(last[2], 1), time_to_first_row=first,
+        peak_rss_mb=round(last[2], 1), minor_faults=last[3], time_to_first_row=first,
         first_to_last_seconds=round(secs - first, 3) if first is not None else None,
         first_to_last_mb_per_s=round(ds["bytes"] / 1e6 / (secs - first), 2)
         if first is not None and secs > first else None,
@@ -522,7 +522,8 @@ def main():
             flag = "ok" if v["ok"] else "FAILED"
             print(f"   {case:<11} {r['records_per_s']:>9,} rec/s {r['mb_per_s']:>7.2f} MB/s "
                   f"{r['seconds']:>7.1f}s  cpu {r.get('cpu_seconds', r.get('client_cpu_seconds'))}s "
-                  f"peak {r.get('peak_rss_mb', '-')} MB  verify {flag}", flush=True)
+                  f"peak {r.get('peak_rss_mb', '-')} MB  us/rec {r.get('us_per_record', '-')}  "
+                  f"faults {r.get('minor_faults', '-')}  verify {flag}", flush=True)
             if not v["ok"]:
                 msg = f"{size}/{case}: VERIFICATION FAILED: {v} {r.get('error') or ''}"
                 print("!" * 72 + "\n!! " + msg + "\n" + "!" * 72, file=sys.stderr, flush=True)

@@ -15,6 +15,7 @@ use xxhash_rust::xxh3::Xxh3;
 pub const MAX_KEY_FIELDS: usize = 8;
 /// The most required fields a route may name.
 pub const MAX_REQUIRED_FIELDS: usize = 64;
+use memchr::memmem;
 use serde::de::{self, Deserializer, IgnoredAny, MapAccess, Visitor};
 use std::fmt;
 
@@ -81,6 +82,9 @@ pub struct RowEncoder {
     head: Vec<u8>,
     /// `,"_offset":`
     mid: Vec<u8>,
+    /// The metadata column names as they would appear, quoted, in a value
+    /// without escapes: a value holding none of them cannot name one.
+    quoted: [memmem::Finder<'static>; 3],
 }
 
 impl RowEncoder {
@@ -93,6 +97,12 @@ impl RowEncoder {
             q(&columns.partition)
         );
         let mid = format!(",{}:", q(&columns.offset));
+        let finder = |name: &str| memmem::Finder::new(q(name).as_bytes()).into_owned();
+        let quoted = [
+            finder(&columns.topic),
+            finder(&columns.partition),
+            finder(&columns.offset),
+        ];
         Self {
             columns,
             key_fields: Vec::new(),
@@ -100,6 +110,7 @@ impl RowEncoder {
             max_bytes: usize::MAX,
             head: head.into_bytes(),
             mid: mid.into_bytes(),
+            quoted,
         }
     }
 
@@ -219,6 +230,33 @@ impl RowEncoder {
                 Err(e) => Err(RowError::NotJson(e.to_string())),
             };
         }
+        if parts.is_empty() && self.required.is_empty() && !self.may_name_a_column(value) {
+            // Nothing to read from the keys: a validating skip is enough
+            // (and half the cost of walking them).
+            serde_json::from_slice::<IgnoredAny>(value)
+                .map_err(|e| RowError::NotJson(e.to_string()))?;
+            let empty = value[start + 1..end].iter().all(u8::is_ascii_whitespace);
+            return Ok((&value[..end], empty));
+        }
+        self.walk_keys(value, end, parts)
+    }
+
+    /// Whether a top-level key of `value` may be a metadata column: it holds
+    /// an escape (a key spelled with escapes is read as what it decodes to)
+    /// or one of the names, quoted, anywhere.
+    fn may_name_a_column(&self, value: &[u8]) -> bool {
+        memchr::memchr(b'\\', value).is_some()
+            || self.quoted.iter().any(|f| f.find(value).is_some())
+    }
+
+    /// Validates `value` (an object ending at `end`) key by key: metadata
+    /// columns, required fields and the key fields' values.
+    fn walk_keys<'v>(
+        &self,
+        value: &'v [u8],
+        end: usize,
+        parts: &mut [Option<KeyPart<'v>>],
+    ) -> Result<(&'v [u8], bool), RowError> {
         let mut de = serde_json::Deserializer::from_slice(value);
         let (fields, seen) = de
             .deserialize_map(KeyCheck {
@@ -544,6 +582,75 @@ mod tests {
             assert_eq!(e.original(&row).unwrap(), v.as_bytes());
         }
         assert_eq!(e.original(b"{\"a\":1}\n"), None);
+    }
+
+    /// Values built from pieces that matter to the fast path: metadata
+    /// column names as keys, nested and in strings, escapes, whitespace,
+    /// and damage (a cut or a stray byte).
+    fn values() -> impl proptest::strategy::Strategy<Value = Vec<u8>> {
+        use proptest::prelude::*;
+        let key = prop::sample::select(vec![
+            "a",
+            "_topic",
+            "_offset",
+            "_partition",
+            "_\\u006fffset",
+            "x\\\"y",
+            "src_off",
+            "",
+        ]);
+        let val = prop::sample::select(vec![
+            "1",
+            "-1.5e3",
+            "\"s\"",
+            "\"_topic\"",
+            r#"{"_offset":1}"#,
+            "[1,{\"a\":2}]",
+            "null",
+            "true",
+            "\"a\\\"b\"",
+            "\"\u{e9}\"",
+            "01",
+            "\"\t\"",
+            "{}",
+            " [ ] ",
+        ]);
+        let fields = prop::collection::vec((key, val), 0..5);
+        (fields, any::<bool>(), any::<u16>(), any::<u8>()).prop_map(|(fields, ws, cut, stray)| {
+            let sep = if ws { " , " } else { "," };
+            let body: Vec<String> = fields.iter().map(|(k, v)| format!("\"{k}\":{v}")).collect();
+            let mut v = format!("{{{}}}", body.join(sep)).into_bytes();
+            match cut % 8 {
+                0 => v.truncate(cut as usize % (v.len() + 1)),
+                1 => v.insert(cut as usize % (v.len() + 1), stray),
+                _ => {}
+            }
+            v
+        })
+    }
+
+    proptest::proptest! {
+        /// The validating skip, where it is taken, decides as the key walk.
+        #[test]
+        fn the_fast_path_decides_as_the_walk(v in values(), custom in proptest::bool::ANY) {
+            let cols = if custom {
+                MetadataColumns { topic: "src_topic".into(), partition: "x\"y".into(), offset: "src_off".into() }
+            } else {
+                MetadataColumns::default()
+            };
+            let e = RowEncoder::new("t", cols);
+            let end = v.iter().rposition(|b| !b.is_ascii_whitespace()).unwrap_or(0);
+            let fast = e.validate(&v, &mut []);
+            let walk = match std::str::from_utf8(&v) {
+                Ok(_) if v.first() == Some(&b'{') => e.walk_keys(&v, end, &mut []),
+                _ => fast.clone(),
+            };
+            proptest::prop_assert_eq!(
+                fast.as_ref().map_err(RowError::kind),
+                walk.as_ref().map_err(RowError::kind),
+                "{}", String::from_utf8_lossy(&v)
+            );
+        }
     }
 
     #[test]
