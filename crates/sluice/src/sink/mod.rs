@@ -8,7 +8,8 @@
 //! of [`owners`] kept by the broker; [`lease`] decides whether this process
 //! may still write a partition, on its own clock; [`dedup`] rebuilds a
 //! partition's key dedup window when it changes hands; [`dlq`] sends
-//! records that cannot become rows to the dead-letter topic.
+//! records that cannot become rows to the dead-letter topic; [`spares`]
+//! keeps the buffers of sent batches for the next ones to write into.
 
 mod dedup;
 mod dlq;
@@ -18,6 +19,7 @@ mod fates;
 mod lease;
 mod owners;
 mod prepare;
+mod spares;
 mod state;
 mod writer;
 

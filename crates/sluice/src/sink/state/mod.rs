@@ -21,6 +21,7 @@ use super::dlq::Letter;
 use super::event::{Completion, Event, Outcome};
 use super::fates::Fates;
 use super::owners::{Key, Owners};
+use super::spares::Spares;
 use super::writer::{deliver, Job, WriterCtx};
 use super::SinkContext;
 use crate::config::{Config, Route};
@@ -143,6 +144,8 @@ pub(super) struct Sink {
     rx: mpsc::Receiver<Event>,
     in_flight_bytes: usize,
     in_flight: usize,
+    /// Buffers of sent batches for the next ones (counted as buffered).
+    spares: Spares,
     next_generation: u64,
     overloaded: bool,
     /// Why the sink stops, once it must.
@@ -168,6 +171,7 @@ impl Sink {
         stopping: CancellationToken,
     ) -> Self {
         let (tx, rx) = mpsc::channel();
+        let spares = Spares::new(cfg.sink.limits.max_bytes);
         Self {
             counters: routes
                 .iter()
@@ -184,6 +188,7 @@ impl Sink {
             rx,
             in_flight_bytes: 0,
             in_flight: 0,
+            spares,
             next_generation: 0,
             overloaded: false,
             fatal: None,
@@ -335,13 +340,16 @@ impl Sink {
         let Some(batch) = part.builder.take() else {
             return;
         };
+        if let Some(buf) = self.spares.take() {
+            part.builder.give(buf);
+        }
         let uncertain = std::mem::take(&mut part.builder_uncertain);
         let Some(acks) = part.acks.as_mut() else {
             return;
         };
         let ticket = acks.register(batch.end());
         let letters = std::mem::take(&mut part.letters);
-        let bytes = batch.bytes() + std::mem::take(&mut part.letter_bytes);
+        let bytes = batch.held() + std::mem::take(&mut part.letter_bytes);
         let conditional = std::mem::take(&mut part.conditional);
         self.in_flight_bytes += bytes;
         telemetry::in_flight_bytes(self.in_flight_bytes);
@@ -391,6 +399,9 @@ impl Sink {
         self.in_flight_bytes -= c.bytes;
         telemetry::in_flight_bytes(self.in_flight_bytes);
         self.in_flight -= 1;
+        if let Some(buf) = c.buffer.filter(|_| !self.overloaded) {
+            self.spares.put(buf);
+        }
         let key = (c.route_idx, c.partition);
         let leaving = self
             .leaving
@@ -549,9 +560,9 @@ impl Sink {
         let building: usize = self
             .parts
             .values()
-            .map(|p| p.builder.bytes() + p.letter_bytes)
+            .map(|p| p.builder.held() + p.letter_bytes)
             .sum();
-        let buffered = self.in_flight_bytes + building;
+        let buffered = self.in_flight_bytes + building + self.spares.bytes();
         let max = self.cfg.sink.batch_buffer_bytes();
         self.overloaded = if self.overloaded {
             buffered >= max / 2
@@ -560,6 +571,7 @@ impl Sink {
         };
         if self.overloaded {
             // Send what is built so the memory can drain.
+            self.spares.clear();
             self.cut_due(Instant::now(), true);
         }
         let mut pause = TopicPartitionList::new();
