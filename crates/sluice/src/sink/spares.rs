@@ -5,9 +5,9 @@
 //! next batch ([`sluice_core::BatchBuilder::give`]). Writing rows into pages
 //! the process already has saves the kernel's zeroing of fresh ones, which
 //! was a quarter of the consumer thread's time. The spares count towards
-//! `max_buffered_bytes` by capacity, at most one batch's worth is kept, and
-//! they are dropped when the sink is over its bound, so they never hold it
-//! there.
+//! `max_buffered_bytes` by capacity, and the sink keeps at most a quarter
+//! of its bound (and one batch's worth): below the half at which a paused
+//! sink resumes, so spares alone never hold it paused.
 
 /// The spare buffers and their total capacity.
 #[derive(Debug, Default)]
@@ -46,11 +46,6 @@ impl Spares {
         self.bytes
     }
 
-    /// Gives every buffer back to the allocator.
-    pub(super) fn clear(&mut self) {
-        self.bufs.clear();
-        self.bytes = 0;
-    }
 }
 
 #[cfg(test)]
@@ -66,7 +61,7 @@ mod tests {
         assert_eq!(s.bytes(), 100);
         assert_eq!(s.take().map(|b| b.capacity()), Some(40));
         assert_eq!(s.bytes(), 60);
-        s.clear();
+        assert_eq!(s.take().map(|b| b.capacity()), Some(60));
         assert_eq!((s.bytes(), s.take()), (0, None));
     }
 }

@@ -171,7 +171,11 @@ impl Sink {
         stopping: CancellationToken,
     ) -> Self {
         let (tx, rx) = mpsc::channel();
-        let spares = Spares::new(cfg.sink.limits.max_bytes);
+        // A quarter of the bound at most: spares alone never keep the sink
+        // over its low-water mark (half the bound).
+        let spares = Spares::new(
+            (cfg.sink.batch_buffer_bytes() / 4).min(cfg.sink.limits.max_bytes),
+        );
         Self {
             counters: routes
                 .iter()
@@ -399,7 +403,7 @@ impl Sink {
         self.in_flight_bytes -= c.bytes;
         telemetry::in_flight_bytes(self.in_flight_bytes);
         self.in_flight -= 1;
-        if let Some(buf) = c.buffer.filter(|_| !self.overloaded) {
+        if let Some(buf) = c.buffer {
             self.spares.put(buf);
         }
         let key = (c.route_idx, c.partition);
@@ -571,7 +575,6 @@ impl Sink {
         };
         if self.overloaded {
             // Send what is built so the memory can drain.
-            self.spares.clear();
             self.cut_due(Instant::now(), true);
         }
         let mut pause = TopicPartitionList::new();
