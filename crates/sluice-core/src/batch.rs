@@ -174,6 +174,11 @@ impl<T: Moment> BatchBuilder<T> {
         }
     }
 
+    /// The capacity the next batch's body starts with (the last one's).
+    pub fn next_capacity(&self) -> usize {
+        self.next_capacity
+    }
+
     /// The buffer the next row is written into.
     fn buffer(&mut self) -> &mut Vec<u8> {
         if self.body.capacity() == 0 {

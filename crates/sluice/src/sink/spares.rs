@@ -26,19 +26,39 @@ impl Spares {
         }
     }
 
-    /// Keeps `buf` if it fits.
+    /// Keeps `buf`, making room by dropping smaller spares if need be;
+    /// drops it if it does not fit.
     pub(super) fn put(&mut self, buf: Vec<u8>) {
-        if self.bytes + buf.capacity() <= self.max_bytes {
-            self.bytes += buf.capacity();
-            self.bufs.push(buf);
+        let cap = buf.capacity();
+        if cap > self.max_bytes {
+            return;
         }
+        while self.bytes + cap > self.max_bytes {
+            match self.smallest().filter(|&i| self.bufs[i].capacity() < cap) {
+                Some(i) => self.bytes -= self.bufs.swap_remove(i).capacity(),
+                None => return,
+            }
+        }
+        self.bytes += cap;
+        self.bufs.push(buf);
     }
 
-    /// The buffer put last (its pages most likely in cache).
-    pub(super) fn take(&mut self) -> Option<Vec<u8>> {
-        let buf = self.bufs.pop()?;
+    /// The smallest spare of at least `capacity` bytes: one that a batch
+    /// like the last will not outgrow (growing copies into fresh pages).
+    pub(super) fn take(&mut self, capacity: usize) -> Option<Vec<u8>> {
+        let (i, _) = self
+            .bufs
+            .iter()
+            .enumerate()
+            .filter(|(_, b)| b.capacity() >= capacity)
+            .min_by_key(|(_, b)| b.capacity())?;
+        let buf = self.bufs.swap_remove(i);
         self.bytes -= buf.capacity();
         Some(buf)
+    }
+
+    fn smallest(&self) -> Option<usize> {
+        (0..self.bufs.len()).min_by_key(|&i| self.bufs[i].capacity())
     }
 
     /// The memory they hold.
@@ -53,15 +73,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn keeps_at_most_its_bound_and_counts_capacity() {
+    fn keeps_the_largest_within_its_bound_and_gives_the_best_fit() {
         let mut s = Spares::new(100);
+        s.put(Vec::with_capacity(30));
         s.put(Vec::with_capacity(60));
-        s.put(Vec::with_capacity(60)); // over the bound: dropped
-        s.put(Vec::with_capacity(40));
+        s.put(Vec::with_capacity(20)); // no room, and nothing smaller: dropped
+        assert_eq!(s.bytes(), 90);
+        s.put(Vec::with_capacity(40)); // room made by dropping the 30
         assert_eq!(s.bytes(), 100);
-        assert_eq!(s.take().map(|b| b.capacity()), Some(40));
+        assert_eq!(s.take(70).map(|b| b.capacity()), None);
+        assert_eq!(s.take(35).map(|b| b.capacity()), Some(40));
         assert_eq!(s.bytes(), 60);
-        assert_eq!(s.take().map(|b| b.capacity()), Some(60));
-        assert_eq!((s.bytes(), s.take()), (0, None));
+        assert_eq!(s.take(0).map(|b| b.capacity()), Some(60));
+        assert_eq!((s.bytes(), s.take(0)), (0, None));
     }
 }

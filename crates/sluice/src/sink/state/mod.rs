@@ -344,7 +344,7 @@ impl Sink {
         let Some(batch) = part.builder.take() else {
             return;
         };
-        if let Some(buf) = self.spares.take() {
+        if let Some(buf) = self.spares.take(part.builder.next_capacity()) {
             part.builder.give(buf);
         }
         let uncertain = std::mem::take(&mut part.builder_uncertain);
