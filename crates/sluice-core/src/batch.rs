@@ -174,6 +174,16 @@ impl<T: Moment> BatchBuilder<T> {
         }
     }
 
+    /// Takes back a [given](Self::give) buffer while nothing was written
+    /// into it: the builder accounts for no record.
+    pub fn reclaim(&mut self) -> Option<Vec<u8>> {
+        if !self.recycled || !self.is_empty() || !self.body.is_empty() {
+            return None;
+        }
+        self.recycled = false;
+        Some(std::mem::take(&mut self.body))
+    }
+
     /// The capacity the next batch's body starts with (the last one's).
     pub fn next_capacity(&self) -> usize {
         self.next_capacity
@@ -379,8 +389,14 @@ mod tests {
         assert_eq!(second.body().as_ptr(), at);
         assert_eq!(&second.body()[..], b"row50\n");
         assert_eq!(second.held(), spare);
+        // A buffer nothing was written into is taken back.
+        b.give(Vec::with_capacity(1 << 16));
+        assert_eq!(b.held(), 1 << 16);
+        assert_eq!(b.reclaim().map(|buf| buf.capacity()), Some(1 << 16));
+        assert_eq!((b.held(), b.reclaim()), (0, None));
         // A builder already writing keeps its own buffer.
         push(&mut b, 51, t0);
+        assert_eq!(b.reclaim(), None);
         b.give(Vec::with_capacity(1 << 16));
         assert_eq!(b.take().unwrap().held(), b"row51\n".len());
     }

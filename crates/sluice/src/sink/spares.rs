@@ -65,7 +65,6 @@ impl Spares {
     pub(super) fn bytes(&self) -> usize {
         self.bytes
     }
-
 }
 
 #[cfg(test)]

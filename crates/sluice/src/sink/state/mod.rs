@@ -173,9 +173,8 @@ impl Sink {
         let (tx, rx) = mpsc::channel();
         // A quarter of the bound at most: spares alone never keep the sink
         // over its low-water mark (half the bound).
-        let spares = Spares::new(
-            (cfg.sink.batch_buffer_bytes() / 4).min(cfg.sink.limits.max_bytes),
-        );
+        let spares =
+            Spares::new((cfg.sink.batch_buffer_bytes() / 4).min(cfg.sink.limits.max_bytes));
         Self {
             counters: routes
                 .iter()
@@ -268,7 +267,20 @@ impl Sink {
         let Some(part) = self.parts.get_mut(&key) else {
             return;
         };
+        // A spare buffer goes to a builder only with a record to write, so
+        // that it is always on its way to being sent (and coming back).
+        let starting = part.builder.is_empty();
+        if starting {
+            if let Some(buf) = self.spares.take(part.builder.next_capacity()) {
+                part.builder.give(buf);
+            }
+        }
         let fate = part.take(&self.ctx.encoders[ri], &rec, self.ctx.dlq.is_some(), now);
+        if starting && part.builder.is_empty() {
+            if let Some(buf) = part.builder.reclaim() {
+                self.spares.put(buf);
+            }
+        }
         let due = part.builder.is_due(now) || part.letters.len() >= MAX_LETTERS_PER_BATCH;
         if self.note(ri, &rec, fate) && due {
             self.cut(key);
@@ -344,9 +356,6 @@ impl Sink {
         let Some(batch) = part.builder.take() else {
             return;
         };
-        if let Some(buf) = self.spares.take(part.builder.next_capacity()) {
-            part.builder.give(buf);
-        }
         let uncertain = std::mem::take(&mut part.builder_uncertain);
         let Some(acks) = part.acks.as_mut() else {
             return;
