@@ -27,12 +27,16 @@ test:
 	@$(ENV); cargo test --release --workspace --lib --bins --tests -- --test-threads=4
 
 # The checked model, deeper than `make test` checks it: each entry is
-# SECS RECORDS REBALANCES CRASHES LOST_COMMITS RESETS FORGETS [BAD [SERVERS]]
-# (BAD: a bit mask of the offsets that go to the DLQ; SERVERS: 2 puts a
-# second server 1 s behind the first). docs/protocol.md has the sizes and
+# SECS RECORDS REBALANCES CRASHES LOST_COMMITS RESETS FORGETS
+# [BAD [SERVERS [REJECTED [KEYS]]]] (BAD: a bit mask of the offsets that go
+# to the DLQ; SERVERS: 2 puts a second server 1 s behind the first;
+# REJECTED: a bit mask of the offsets whose rows ClickHouse rejects; KEYS:
+# key dedup, one key digit per record). docs/protocol.md has the sizes and
 # times.
 MODEL_BOUNDS := "10 1 1 0 0 0 0" "9 1 1 1 0 0 0" "8 2 1 0 0 1 0" "8 1 2 0 0 0 0" "8 1 1 0 0 0 1" \
-	"7 2 1 1 0 0 0 1" "8 1 1 0 0 0 0 0 2"
+	"7 2 1 1 0 0 0 1" "8 1 1 0 0 0 0 0 2" \
+	"6 3 1 0 0 0 0 0 1 1 777" "5 3 1 0 0 0 0 0 1 2 787" "6 2 1 1 0 0 0 0 1 1 77" \
+	"6 2 1 0 0 1 0 0 1 1 77"
 
 model:
 	cargo build --release -p sluice-model --example check

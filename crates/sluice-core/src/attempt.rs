@@ -6,11 +6,18 @@
 //! before it is asked ([`Attempts::fence`]): one whose outcome is unknown
 //! may still commit, so asking before it is fenced proves nothing.
 //!
+//! Which rows an attempt holds: the batch without the rows ClickHouse
+//! rejected and the conditional rows of key dedup left out
+//! ([`rows_left`]).
+//!
 //! In exactly-once mode a batch is never re-sent blind: after an unknown
 //! outcome, or a rejection that may have stored part of it, the next
 //! attempt fences the last unsettled attempt, asks which rows are present
 //! and sends only the rest. In the other modes every attempt sends the same
 //! bytes and nothing is tracked.
+
+use crate::batch::Batch;
+use crate::offset::Offset;
 
 /// What one attempt's answer means.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -115,9 +122,54 @@ impl Attempts {
     }
 }
 
+/// The rows of `batch` its next attempt holds: all but those ClickHouse
+/// `rejected` (they went to the DLQ) and the conditional rows `excluded`
+/// (a copy of their key is covered: [`crate::dedup::conditional_excluded`]);
+/// both ascending. Its end stays the batch's: it still accounts for every
+/// record.
+pub fn rows_left(batch: &Batch, rejected: &[Offset], excluded: &[Offset]) -> Batch {
+    if rejected.is_empty() && excluded.is_empty() {
+        return batch.clone();
+    }
+    let mut out: Vec<Offset> = rejected.iter().chain(excluded).copied().collect();
+    out.sort_unstable();
+    batch.without(&out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_attempt_leaves_out_rejected_and_excluded_rows() {
+        use crate::batch::{BatchBuilder, BatchLimits, PartitionId};
+        let limits = BatchLimits {
+            max_rows: 10,
+            max_bytes: 1 << 20,
+            max_age: std::time::Duration::from_secs(1),
+            aligned: false,
+        };
+        let id = PartitionId {
+            topic: "t".into(),
+            partition: 0,
+        };
+        let mut b = BatchBuilder::new(id, limits);
+        for o in 10..15 {
+            b.push(Offset(o), crate::deadline::Millis(0), |buf| {
+                buf.extend_from_slice(format!("{o}\n").as_bytes());
+                Ok::<_, ()>(())
+            })
+            .expect("a row");
+        }
+        let batch = b.take().expect("a batch");
+        let o = Offset;
+        let left = rows_left(&batch, &[o(11), o(14)], &[o(12)]);
+        assert_eq!(left.offsets().collect::<Vec<_>>(), [o(10), o(13)]);
+        assert_eq!(left.body().as_ref(), b"10\n13\n");
+        assert_eq!(left.end(), batch.end());
+        let all = rows_left(&batch, &[], &[]);
+        assert_eq!(all.offsets().count(), 5);
+    }
 
     #[test]
     fn an_unknown_outcome_is_fenced_then_reconciled() {

@@ -3,12 +3,20 @@
 //!
 //! In: each record's key (a 128-bit hash of its key fields), timestamp and
 //! offset. Out: [`Seen::New`] (write it, and remember the key and offset) or
-//! [`Seen::Duplicate`] naming the offset of the copy remembered (drop the
-//! record once that copy is durable; see [`conditional_excluded`] for a copy
-//! still in flight). A copy ClickHouse rejected is [forgotten](KeyWindow::forget). Time is the stream's own — the highest
-//! record timestamp seen — not the wall clock, so replaying the same records
-//! gives the same answers. A key is remembered for `window` of stream time
-//! after the copy that was written.
+//! [`Seen::Duplicate`] naming the offset of the copy remembered, and from it
+//! the [`Verdict`] ([`KeyWindow::decide`]): drop the record only once that
+//! copy is durable; while it is still in flight, write the record on
+//! condition ([`conditional_excluded`] leaves it out of an attempt once the
+//! copy is covered). A copy ClickHouse rejected is
+//! [forgotten](KeyWindow::forget). A window rebuilt after a hand-off starts
+//! from the keys the table holds ([`KeyWindow::rebuilt`]). Time is the
+//! stream's own — the highest record timestamp seen — not the wall clock, so
+//! replaying the same records gives the same answers. A key is remembered
+//! for `window` of stream time after the copy that was written.
+//!
+//! The guarantee, checked by `sluice-model` (which calls these functions):
+//! a record is dropped for its key only when a copy of that key is durable
+//! in the table by the time the committed offset passes the record.
 //!
 //! Memory: one map entry and one queue entry per remembered key, 48 bytes
 //! plus the slack of growing tables (about 60–90 bytes per key measured by
@@ -16,7 +24,7 @@
 //! forgetting the oldest keys first, which shortens the window and is
 //! counted in [`KeyWindow::evicted_early`].
 
-use crate::offset::Offset;
+use crate::offset::{NextOffset, Offset};
 use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hash, Hasher};
 use std::time::Duration;
@@ -89,7 +97,7 @@ impl Hasher for PassThrough {
 }
 
 /// The keys one partition wrote within the window.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct KeyWindow {
     window_ms: i64,
     max_keys: usize,
@@ -136,6 +144,49 @@ impl KeyWindow {
         self.order.push_back((ts, key));
         self.enforce_cap();
         Seen::New
+    }
+
+    /// A window rebuilt when a partition changes hands: `keys` are already
+    /// in the table (read back from its rows), remembered as durable
+    /// ([`SEEDED`]) from `at_ms`, the stream time reached before the hand-off.
+    pub fn rebuilt(
+        window: Duration,
+        max_keys: usize,
+        keys: impl IntoIterator<Item = KeyHash>,
+        at_ms: i64,
+    ) -> Self {
+        let mut w = Self::new(window, max_keys);
+        for k in keys {
+            w.seed(k, at_ms);
+        }
+        w.advance_to(at_ms);
+        w
+    }
+
+    /// Decides a keyed record ([`check`](Self::check), then [`verdict`]):
+    /// every row of the partition below `settled` is settled (stored, or
+    /// rejected and forgotten here). A record written on condition
+    /// ([`Verdict::WriteUnless`]) becomes the copy that stands for its key.
+    pub fn decide(
+        &mut self,
+        key: KeyHash,
+        ts_ms: Option<i64>,
+        offset: Offset,
+        settled: NextOffset,
+    ) -> Verdict {
+        let v = verdict(self.check(key, ts_ms, offset), settled);
+        if let Verdict::WriteUnless { .. } = v {
+            self.replace_copy(key, ts_ms, offset);
+        }
+        v
+    }
+
+    /// The offset of the copy that stands for `key` within the window
+    /// ([`SEEDED`] for a key rebuilt from the table), without moving the
+    /// stream time.
+    pub fn copy_of(&self, key: KeyHash) -> Option<Offset> {
+        let e = self.latest.get(&Stored::from(key))?;
+        (e.0 >= self.cutoff()).then_some(e.1)
     }
 
     /// Remembers a key already in the table (rebuilding after a restart).
@@ -253,7 +304,8 @@ pub enum Verdict {
     },
 }
 
-pub fn verdict(seen: Seen, settled: crate::offset::NextOffset) -> Verdict {
+/// What to do with a record the window `seen`, given `settled`.
+pub fn verdict(seen: Seen, settled: NextOffset) -> Verdict {
     match seen {
         Seen::New => Verdict::Write,
         Seen::Duplicate { of } if settled.covers(of) || of == SEEDED => Verdict::Drop,
@@ -400,7 +452,6 @@ mod tests {
         let out = conditional_excluded(&cond, o(10), &[o(11)], |c| c == o(5));
         assert_eq!(out, vec![o(12), o(14)]);
         let v = |seen, settled| verdict(seen, NextOffset(settled));
-        use crate::offset::NextOffset;
         assert_eq!(v(Seen::New, 0), Verdict::Write);
         assert_eq!(v(Seen::Duplicate { of: o(4) }, 5), Verdict::Drop);
         assert_eq!(v(Seen::Duplicate { of: SEEDED }, 0), Verdict::Drop);
@@ -408,6 +459,44 @@ mod tests {
             v(Seen::Duplicate { of: o(5) }, 5),
             Verdict::WriteUnless { copy: o(5) }
         );
+    }
+
+    #[test]
+    fn a_copy_in_flight_is_written_on_condition_and_stands_for_its_key() {
+        let mut w = KeyWindow::new(Duration::from_secs(3600), 100);
+        let d = |w: &mut KeyWindow, o, settled| w.decide(7, None, Offset(o), NextOffset(settled));
+        assert_eq!(d(&mut w, 10, 10), Verdict::Write);
+        assert_eq!(w.copy_of(7), Some(Offset(10)));
+        // 10 is still in flight: 11 is written unless 10 is stored, and
+        // now stands for the key.
+        assert_eq!(d(&mut w, 11, 10), Verdict::WriteUnless { copy: Offset(10) });
+        assert_eq!(w.copy_of(7), Some(Offset(11)));
+        assert_eq!(d(&mut w, 12, 11), Verdict::WriteUnless { copy: Offset(11) });
+        // Once 12 is settled, a later record is dropped.
+        assert_eq!(d(&mut w, 13, 13), Verdict::Drop);
+        assert_eq!(w.copy_of(7), Some(Offset(12)));
+        assert_eq!(w.copy_of(8), None);
+    }
+
+    #[test]
+    fn a_rebuilt_window_drops_the_keys_the_table_holds() {
+        let mut w = KeyWindow::rebuilt(Duration::from_secs(60), 100, [7, 8], 10 * MIN);
+        assert_eq!(w.copy_of(7), Some(SEEDED));
+        // Durable whatever the frontier: they are in the table.
+        assert_eq!(w.decide(8, None, Offset(0), NextOffset(0)), Verdict::Drop);
+        assert_eq!(w.decide(9, None, Offset(1), NextOffset(0)), Verdict::Write);
+        // The seeds count from the hand-off's stream time: remembered for a
+        // window after it, then gone.
+        assert_eq!(
+            w.decide(7, Some(10 * MIN + 30_000), Offset(2), NextOffset(0)),
+            Verdict::Drop
+        );
+        assert_eq!(
+            w.decide(7, Some(12 * MIN), Offset(3), NextOffset(0)),
+            Verdict::Write
+        );
+        let fresh = KeyWindow::rebuilt(Duration::from_secs(60), 100, [], 0);
+        assert!(fresh.is_empty());
     }
 
     #[test]
@@ -452,7 +541,6 @@ mod tests {
             bad in prop::collection::vec(any::<bool>(), 1..12),
             cuts in prop::collection::vec(1usize..4, 1..12),
         ) {
-            use crate::offset::NextOffset;
             let mut w = KeyWindow::new(Duration::from_secs(3600), 100);
             let mut landed: Vec<Offset> = Vec::new();
             let mut uncovered: Vec<Offset> = Vec::new();
@@ -466,11 +554,10 @@ mod tests {
                 let mut cond = Vec::new();
                 for j in i..end {
                     let o = Offset(j as i64);
-                    match verdict(w.check(1, Some(0), o), settled) {
+                    match w.decide(1, Some(0), o, settled) {
                         Verdict::Write => rows.push(o),
                         Verdict::Drop => {}
                         Verdict::WriteUnless { copy } => {
-                            w.replace_copy(1, Some(0), o);
                             rows.push(o);
                             cond.push((o, copy));
                         }

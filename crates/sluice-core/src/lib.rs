@@ -11,7 +11,8 @@
 //! - [`token`]: a batch's rows → deterministic dedup token and query ids.
 //! - [`acks`]: out-of-order batch completions → the in-order durable frontier.
 //! - [`attempt`]: each attempt's answer → whether the next one fences an
-//!   earlier one and asks ClickHouse which rows it holds first.
+//!   earlier one and asks ClickHouse which rows it holds first, and which
+//!   rows it sends.
 //! - [`deadline`]: readings of the server's clock → an attempt's deadline on
 //!   it, and when an attempt whose outcome is unknown can no longer commit.
 //! - [`resume`]: committed offset + ClickHouse watermark + the log's bounds →
@@ -22,7 +23,9 @@
 //! - [`lease`]: reads of the register of owners → whether, and until when,
 //!   a process may write a partition.
 //! - [`timing`]: `fence_wait` and `insert_timeout` → the lease's term.
-//! - [`dedup`]: business keys written within a window → drop the repeats.
+//! - [`dedup`]: business keys written within a window → drop the repeats
+//!   whose first copy is durable, write on condition those whose copy is in
+//!   flight.
 //! - [`window`]: ClickHouse's block dedup window in seconds, and its size.
 
 pub mod acks;

@@ -2,54 +2,32 @@
 //! prints the size of the search and any counterexample (`make model`).
 //!
 //! `cargo run --release -p sluice-model --example check -- SECS RECORDS
-//! REBALANCES CRASHES LOST_COMMITS RESETS FORGETS [BAD [SERVERS]]`, where
-//! BAD is a bit mask of the offsets that go to the DLQ and SERVERS=2 puts a
-//! second server a second behind the first; `MAX_STATES` caps the search.
+//! REBALANCES CRASHES LOST_COMMITS RESETS FORGETS [BAD [SERVERS [REJECTED
+//! [KEYS]]]]`, where BAD is a bit mask of the offsets that go to the DLQ,
+//! SERVERS=2 puts a second server a second behind the first, REJECTED is a
+//! bit mask of the offsets whose rows ClickHouse rejects, and KEYS gives
+//! each record's business key as one digit (`001`: key dedup, the first two
+//! records share a key; absent: no key dedup); `MAX_STATES` caps the search
+//! and `MAX_ROWS` the rows per batch (default: RECORDS).
 
 use sluice_model::{trace, Bounds, Rules, Sluice};
 use stateright::{Checker, Model};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
+const USAGE: &str = "usage: check SECS RECORDS REBALANCES CRASHES LOST_COMMITS RESETS FORGETS \
+                     [BAD [SERVERS [REJECTED [KEYS]]]]";
+
 fn main() -> ExitCode {
-    let a: Vec<u64> = std::env::args()
-        .skip(1)
-        .map(|s| s.parse().expect("whole numbers"))
-        .collect();
-    let usage =
-        "usage: check SECS RECORDS REBALANCES CRASHES LOST_COMMITS RESETS FORGETS [BAD [SERVERS]]";
-    let (&[secs, records, rebalances, crashes, lost_commits, resets, forgets], rest) =
-        a.split_at(a.len().min(7))
-    else {
-        eprintln!("{usage}");
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let Some(b) = bounds(&args) else {
+        eprintln!("{USAGE}\n(at most 8 records, 1 or 2 servers, one key digit per record)");
         return ExitCode::from(2);
     };
-    let (bad, servers) = match *rest {
-        [] => (0, 1),
-        [bad] => (bad, 1),
-        [bad, servers] => (bad, servers),
-        _ => {
-            eprintln!("{usage}");
-            return ExitCode::from(2);
-        }
-    };
-    if records > 8 || !(1..=2).contains(&servers) {
-        eprintln!("at most 8 records (BAD is a byte), and 1 or 2 servers");
-        return ExitCode::from(2);
-    }
-    let b = Bounds {
-        records: records as i64,
-        bad: bad as u8,
-        max_rows: records as usize,
-        horizon: Duration::from_secs(secs),
-        rebalances: rebalances as u8,
-        crashes: crashes as u8,
-        lost_commits: lost_commits as u8,
-        resets: resets as u8,
-        forgets: forgets as u8,
-        servers: servers as u8,
-        ..Bounds::CI
-    };
+    let (secs, records) = (b.horizon.as_secs(), b.records);
+    let (rebalances, crashes, lost_commits) = (b.rebalances, b.crashes, b.lost_commits);
+    let (resets, forgets, bad) = (b.resets, b.forgets, b.bad);
+    let keys: String = b.keys.iter().map(|k| char::from(b'0' + k)).collect();
     let cap = std::env::var("MAX_STATES").map_or(usize::MAX, |s| s.parse().expect("a count"));
     let t0 = Instant::now();
     let m = Sluice::new(Rules::SAFE, b);
@@ -62,8 +40,11 @@ fn main() -> ExitCode {
         .join();
     let complete = c.state_count() < cap;
     println!(
-        "{secs} s, {records} records, rebalances/crashes/lost commits/resets/forgets {rebalances}/{crashes}/{lost_commits}/{resets}/{forgets}, DLQ mask {bad:#b}, {} server(s): {} states ({} unique), depth {}, {:.0?}{}",
+        "{secs} s, {records} records, rebalances/crashes/lost commits/resets/forgets {rebalances}/{crashes}/{lost_commits}/{resets}/{forgets}, DLQ mask {bad:#b}, {} server(s), rejected mask {:#b}, keys {:?}, {} rows per batch: {} states ({} unique), depth {}, {:.0?}{}",
         b.servers,
+        b.rejected,
+        keys,
+        b.max_rows,
         c.state_count(),
         c.unique_state_count(),
         c.max_depth(),
@@ -91,4 +72,47 @@ fn main() -> ExitCode {
     } else {
         ExitCode::SUCCESS
     }
+}
+
+/// The bounds the arguments give; `None` if they do not parse.
+fn bounds(args: &[String]) -> Option<Bounds> {
+    if !(7..=11).contains(&args.len()) {
+        return None;
+    }
+    let (nums, keys) = args.split_at(args.len().min(10));
+    let n: Vec<u64> = nums.iter().map(|s| s.parse().ok()).collect::<Option<_>>()?;
+    let small = |i: usize, default: u64| u8::try_from(n.get(i).copied().unwrap_or(default)).ok();
+    let records = n[1];
+    let keys: Vec<u8> = match keys.first() {
+        None => Vec::new(),
+        Some(k) => k
+            .bytes()
+            .map(|c| c.is_ascii_digit().then(|| c - b'0'))
+            .collect::<Option<_>>()?,
+    };
+    let servers = small(8, 1)?;
+    let fits = records <= 8 && (1..=2).contains(&servers);
+    if !fits || !(keys.is_empty() || keys.len() as u64 == records) {
+        return None;
+    }
+    let max_rows = match std::env::var("MAX_ROWS") {
+        Ok(s) => s.parse().ok()?,
+        Err(_) => records as usize,
+    };
+    Some(Bounds {
+        records: records as i64,
+        bad: small(7, 0)?,
+        rejected: small(9, 0)?,
+        // The example runs once: the keys live as long as it does.
+        keys: Box::leak(keys.into_boxed_slice()),
+        max_rows,
+        horizon: Duration::from_secs(n[0]),
+        rebalances: small(2, 0)?,
+        crashes: small(3, 0)?,
+        lost_commits: small(4, 0)?,
+        resets: small(5, 0)?,
+        forgets: small(6, 0)?,
+        servers,
+        ..Bounds::CI
+    })
 }

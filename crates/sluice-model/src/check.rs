@@ -3,9 +3,9 @@
 //! In: [`Rules`], [`Bounds`], [`Settings`]. Out: a [`stateright::Model`]
 //! whose checker explores every interleaving of the processes' steps
 //! ([`crate::sink::take`]) with what the world does on its own: time
-//! passing, an INSERT arriving (refused after its deadline), committing or
-//! running out of time, a rebalance, a crash, a lost commit, a clean mark
-//! landing.
+//! passing, an INSERT arriving (refused after its deadline), committing (or
+//! rejected at a row, having stored none or the rows before it) or running
+//! out of time, a rebalance, a crash, a lost commit, a clean mark landing.
 
 use crate::sink::{self, Step};
 use crate::world::{Claim, ClaimStep, Phase, Rewrite, World};
@@ -27,6 +27,10 @@ pub struct Sluice {
 
 impl Sluice {
     pub fn new(rules: Rules, bounds: Bounds) -> Self {
+        assert!(
+            bounds.keys.is_empty() || bounds.keys.len() == bounds.records as usize,
+            "one key per record, or none"
+        );
         Sluice {
             rules,
             bounds,
@@ -48,8 +52,12 @@ pub enum Action {
     /// Insert `i` reaches server `s` (refused after its deadline on that
     /// server's clock).
     Arrive(usize, u8),
-    /// Insert `i` commits its rows.
+    /// Insert `i` ends: it commits its rows, or, holding a row ClickHouse
+    /// rejects, it stores none and names the first such row.
     Store(usize),
+    /// Insert `i`, holding a row ClickHouse rejects after its first row,
+    /// stores the rows before it (a partial insert), then names it.
+    StoreBefore(usize),
     /// The clean mark in flight lands in the register.
     LandMark,
     /// The rewrite in flight lands in the register.
@@ -123,6 +131,9 @@ impl Model for Sluice {
         for i in 0..w.inserts.len() {
             actions.extend((0..self.bounds.servers).map(|s| Action::Arrive(i, s)));
             actions.push(Action::Store(i));
+            if self.bounds.rejected != 0 {
+                actions.push(Action::StoreBefore(i));
+            }
         }
         actions.extend((0..w.letters.len()).map(Action::LandLetter));
     }
@@ -150,7 +161,7 @@ impl Model for Sluice {
                     .iter()
                     .position(|i| i.running_since.is_some_and(|s| w.now.since(s) >= t))
                 {
-                    w.answer(i, Answer::Unknown);
+                    w.answer(i, Answer::Unknown, &self.rules);
                 }
             }
             Action::Rebalance(p) => {
@@ -188,16 +199,33 @@ impl Model for Sluice {
                     return None;
                 }
                 if ins.deadline_ms.is_some_and(|d| server > d) {
-                    w.answer(i, Answer::TooLate);
+                    w.answer(i, Answer::TooLate, &self.rules);
                 } else {
                     ins.running_since = Some(w.now);
                 }
             }
-            Action::Store(i) => {
-                w.inserts.get(i)?.running_since?;
-                let ins = w.answer(i, Answer::Stored);
-                for o in ins.rows {
+            Action::Store(i) | Action::StoreBefore(i) => {
+                let ins = w.inserts.get(i)?;
+                ins.running_since?;
+                let rejects = self.bounds.rejected;
+                let bad = ins.rows.iter().position(|o| rejects & (1 << o.0) != 0);
+                let stored = match (action, bad) {
+                    (Action::Store(_), None) => ins.rows.len(),
+                    (Action::Store(_), Some(_)) => 0,
+                    (_, Some(at)) if at > 0 => at,
+                    _ => return None,
+                };
+                for o in &ins.rows[..stored] {
                     w.table[o.0 as usize] += 1;
+                }
+                match bad {
+                    None => {
+                        w.answer(i, Answer::Stored, &self.rules);
+                    }
+                    Some(at) => {
+                        let ins = w.inserts.remove(i);
+                        sink::on_rejected(self, &mut w, &ins, ins.rows[at]);
+                    }
                 }
             }
             Action::LandMark => {
@@ -230,7 +258,7 @@ impl Model for Sluice {
                 if i >= w.letters.len() {
                     return None;
                 }
-                w.land_letter(i);
+                w.land_letter(i, &self.rules);
             }
             Action::Proc(..) => unreachable!(),
         }
@@ -243,44 +271,118 @@ impl Model for Sluice {
             Property::always("no offset is stored twice", |_, w: &World| {
                 w.table.iter().all(|&n| n <= 1)
             }),
+            // A record that shares its key with another may be dropped as a
+            // duplicate: the next property says when that is right.
             Property::always(
                 "the commit passes only offsets in the table or the DLQ",
-                |_, w: &World| {
-                    let c = w.group.committed.map_or(0, |c| c.0 as usize);
-                    (0..c.min(w.table.len())).all(|o| w.table[o] > 0 || w.dlq[o] > 0)
+                |m: &Sluice, w: &World| {
+                    (0..committed(w))
+                        .all(|o| w.table[o] > 0 || w.dlq[o] > 0 || shares_key(&m.bounds, o))
                 },
             ),
-            Property::sometimes(
-                "every record is stored or in the DLQ, and committed",
+            Property::always(
+                "a key-dedup drop the commit passes has its key in the table",
                 |m: &Sluice, w: &World| {
-                    let all = w.table.len() as i64;
-                    let landed = (0..w.table.len()).all(|o| match m.bounds.bad & (1 << o) {
-                        0 => w.table[o] == 1,
-                        _ => w.table[o] == 0 && w.dlq[o] > 0,
+                    (0..committed(w)).all(|o| {
+                        let dropped = w.table[o] == 0 && w.dlq[o] == 0;
+                        !(dropped && shares_key(&m.bounds, o)) || key_stored(&m.bounds, w, o)
+                    })
+                },
+            ),
+            Property::always("no key is stored twice", |m: &Sluice, w: &World| {
+                let keys = m.bounds.keys;
+                (0..keys.len()).all(|o| {
+                    let copies = (0..keys.len()).filter(|&i| keys[i] == keys[o]);
+                    copies.map(|i| u32::from(w.table[i])).sum::<u32>() <= 1
+                })
+            }),
+            Property::sometimes(
+                "every record is stored, in the DLQ or a duplicate of a stored key, and committed",
+                |m: &Sluice, w: &World| {
+                    let all = w.table.len();
+                    let landed = (0..all).all(|o| {
+                        w.table[o] == 1
+                            || w.dlq[o] > 0
+                            || (shares_key(&m.bounds, o) && key_stored(&m.bounds, w, o))
                     });
-                    landed && w.group.committed.is_some_and(|c| c.0 == all)
+                    landed && committed(w) == all
                 },
             ),
         ]
     }
 }
 
+/// The offsets the group's commit passes (of the records in the log).
+fn committed(w: &World) -> usize {
+    let c = w.group.committed.map_or(0, |c| c.0.max(0) as usize);
+    c.min(w.table.len())
+}
+
+/// Whether key dedup may drop the record at `o`: another record has its key.
+fn shares_key(b: &Bounds, o: usize) -> bool {
+    let keys = b.keys;
+    (0..keys.len()).any(|i| i != o && keys[i] == keys[o])
+}
+
+/// Whether the table holds a copy of the key of the record at `o`.
+fn key_stored(b: &Bounds, w: &World, o: usize) -> bool {
+    let keys = b.keys;
+    (0..keys.len()).any(|i| keys[i] == keys[o] && w.table[i] > 0)
+}
+
 /// A counterexample in plain words: one line per action, with the time and
-/// the table after it.
+/// the table after it, and what a batch held or an insert sent.
 pub fn trace(m: &Sluice, path: &Path<World, Action>) -> String {
     let mut out = String::new();
     for (state, action) in path.clone().into_vec() {
         let Some(a) = action else { continue };
         let after = m.next_state(&state, a).expect("a step of the path");
         out.push_str(&format!(
-            "t={:>2}s {:<28} table={:?} dlq={:?} register={:?} committed={:?}\n",
+            "t={:>2}s {:<28} table={:?} dlq={:?} register={:?} committed={:?}{}\n",
             state.now.0 / 1000,
             format!("{a:?}"),
             after.table,
             after.dlq,
             after.register,
             after.group.committed.map(|c| c.0),
+            note(m, &state, &after, a),
         ));
     }
     out
+}
+
+/// What a cut batch holds, what an insert sends, or which row ClickHouse
+/// rejected.
+fn note(m: &Sluice, before: &World, after: &World, a: Action) -> String {
+    let job = |p: usize| match &after.procs[p].phase {
+        Phase::Active(part) => part.job.as_ref(),
+        _ => None,
+    };
+    match a {
+        Action::Proc(p, Step::Cut(_)) => job(p).map_or_else(String::new, |j| {
+            let rows: Vec<i64> = j.batch.offsets().map(|o| o.0).collect();
+            let cond: Vec<(i64, i64)> = j.conditional.iter().map(|(r, c)| (r.0, c.0)).collect();
+            match (j.batch.end().0, cond.is_empty()) {
+                (end, true) => format!("  batch to {end}: rows {rows:?}"),
+                (end, false) => {
+                    format!("  batch to {end}: rows {rows:?}, (row, unless copy) {cond:?}")
+                }
+            }
+        }),
+        Action::Proc(_, Step::Send) if after.inserts.len() > before.inserts.len() => {
+            let sent = after
+                .inserts
+                .last()
+                .map(|i| i.rows.iter().map(|o| o.0).collect::<Vec<_>>());
+            format!("  sends {:?}", sent.unwrap_or_default())
+        }
+        Action::Store(i) | Action::StoreBefore(i) => {
+            let rows = &before.inserts[i].rows;
+            match rows.iter().find(|o| m.bounds.rejected & (1 << o.0) != 0) {
+                Some(r) => format!("  rejected at offset {}", r.0),
+                None => String::new(),
+            }
+        }
+        _ => String::new(),
+    }
 }

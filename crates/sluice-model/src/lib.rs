@@ -4,14 +4,16 @@
 //! ones the protocol replaced) and the bounds of the search ([`Bounds`]).
 //! Out: every interleaving within the bounds of sink processes, a group
 //! coordinator, the register of owners and ClickHouse, checked against the
-//! exactly-once properties ([`Sluice::properties`]).
+//! exactly-once properties (the `properties` of [`Sluice`]).
 //!
 //! The processes decide as the sink does, by calling the same functions of
 //! `sluice-core`: the resume plan, batch cutting, tokens and query ids, the
-//! attempt rule, the server-side deadline and the fence, the lease and the
-//! register's meaning, the durable frontier. What the model writes itself
-//! is the order in which the sink calls them ([`sink`]) and the world around
-//! it ([`world`]). The unsafe rules exist only here.
+//! attempt rule and the rows an attempt holds, the server-side deadline and
+//! the fence, the lease and the register's meaning, the durable frontier,
+//! key dedup (the window rebuilt from the table, each record's verdict, the
+//! conditional rows left out, a rejected copy forgotten). What the model
+//! writes itself is the order in which the sink calls them ([`sink`]) and
+//! the world around it ([`world`]). The unsafe rules exist only here.
 //!
 //! - [`world`]: the state: time, the coordinator, the register, ClickHouse
 //!   and its in-flight inserts, the processes.
@@ -81,6 +83,31 @@ pub enum DlqConfirm {
     Queued,
 }
 
+/// When key dedup drops a record whose key the window has seen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum KeyDrop {
+    /// The product ([`KeyWindow::decide`]): only when the copy it saw is
+    /// settled (below the durable frontier) or in the table; a copy still
+    /// in flight makes the record a conditional row instead.
+    ///
+    /// [`KeyWindow::decide`]: sluice_core::dedup::KeyWindow::decide
+    SettledCopy,
+    /// Unsafe: as soon as the window has seen the key.
+    AnyCopy,
+}
+
+/// What the window does with the key of a row ClickHouse rejected.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RejectedKey {
+    /// The product: the batch's completion forgets it
+    /// ([`KeyWindow::forget`]), unless a later copy stands for the key.
+    ///
+    /// [`KeyWindow::forget`]: sluice_core::dedup::KeyWindow::forget
+    Forget,
+    /// Unsafe: it is remembered as written.
+    Keep,
+}
+
 /// The rules the processes follow.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Rules {
@@ -89,6 +116,8 @@ pub struct Rules {
     pub unbacked: UnbackedRows,
     pub rewrite: RewriteCheck,
     pub dlq: DlqConfirm,
+    pub key_drop: KeyDrop,
+    pub rejected_key: RejectedKey,
 }
 
 impl Rules {
@@ -99,6 +128,8 @@ impl Rules {
         unbacked: UnbackedRows::FromLogStart,
         rewrite: RewriteCheck::AckWithinLease,
         dlq: DlqConfirm::Acknowledged,
+        key_drop: KeyDrop::SettledCopy,
+        rejected_key: RejectedKey::Forget,
     };
 }
 
@@ -110,6 +141,15 @@ pub struct Bounds {
     /// The records that cannot become rows and go to the DLQ (bit `o` for
     /// offset `o`).
     pub bad: u8,
+    /// The records whose rows ClickHouse rejects (bit `o` for offset `o`):
+    /// an INSERT holding one ends with an error naming the first of them
+    /// (`(at row N)`), having stored none of its rows or (a partial insert)
+    /// the rows before it; the record goes to the DLQ.
+    pub rejected: u8,
+    /// The business key of each record, on a route with key dedup (empty:
+    /// no key dedup). Every record has one; the window is long enough that
+    /// nothing expires.
+    pub keys: &'static [u8],
     /// Sink processes.
     pub processes: usize,
     /// Rows per batch at most.
@@ -150,6 +190,8 @@ impl Bounds {
     pub const CI: Bounds = Bounds {
         records: 2,
         bad: 0,
+        rejected: 0,
+        keys: &[],
         processes: 2,
         max_rows: 2,
         horizon: Duration::from_secs(14),

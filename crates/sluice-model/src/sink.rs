@@ -4,19 +4,28 @@
 //! it, or `None` where the step cannot be taken now. Each step is one
 //! atomic piece of the sink: a read or a write of the register
 //! (`sink/prepare.rs`, `sink/lease.rs`), fetching a record and cutting a
-//! batch (`sink/state`), one turn of the writer's loop (`sink/writer.rs`),
-//! a commit or a hand-off (`sink/state/handoff.rs`). The decisions are
-//! `sluice-core`'s; the unsafe [`Rules`] replace one of them each.
+//! batch, each record's key dedup verdict included (`sink/state`), one turn
+//! of the writer's loop (`sink/writer.rs`: which rows an attempt holds, a
+//! row ClickHouse rejected), a batch's completion (the window forgets a
+//! rejected copy), a commit or a hand-off (`sink/state/handoff.rs`). The
+//! decisions are `sluice-core`'s; the unsafe [`Rules`] replace one of them
+//! each.
 
-use crate::world::{Claim, ClaimStep, Insert, Job, Letter, Part, Phase, Rewrite, Wait, World};
-use crate::{ClaimConfirm, DlqConfirm, LateGuard, RewriteCheck, Sluice, UnbackedRows};
-use sluice_core::attempt::{Answer, Attempts};
+use crate::world::{
+    Claim, ClaimStep, Insert, Job, Keys, Letter, Part, Phase, Rewrite, Wait, World,
+};
+use crate::{
+    ClaimConfirm, DlqConfirm, KeyDrop, LateGuard, RejectedKey, RewriteCheck, Rules, Sluice,
+    UnbackedRows,
+};
+use sluice_core::attempt::{rows_left, Answer, Attempts};
 use sluice_core::deadline::{attempt_deadline, Fence, FenceStep, Millis, Moment};
+use sluice_core::dedup::{conditional_excluded, KeyHash, KeyWindow, Seen, Verdict};
 use sluice_core::lease::{on_register, Leases, Owner, Renewal};
 use sluice_core::resume::{resume_plan, Committed, LogBounds, ResetPolicy};
 use sluice_core::timing::SETTLE;
 use sluice_core::token::{insert_token, query_id};
-use sluice_core::{AckTracker, BatchBuilder, BatchLimits, NextOffset, Offset, PartitionId};
+use sluice_core::{AckTracker, Batch, BatchBuilder, BatchLimits, NextOffset, Offset, PartitionId};
 use std::time::Duration;
 
 /// What a process does next.
@@ -170,17 +179,43 @@ pub fn take(m: &Sluice, w: &World, p: usize, step: Step) -> Option<World> {
                 return None;
             }
             let mut letters = Vec::new();
+            let mut conditional = Vec::new();
             for _ in 0..rows {
                 let o = Offset(part.next.0);
+                let row = |buf: &mut Vec<u8>| buf.extend_from_slice(format!("{o}\n").as_bytes());
                 if m.bounds.bad & (1 << o.0) != 0 {
                     // It cannot become a row: the batch accounts for it,
                     // and it goes to the DLQ.
                     part.builder.skip(o, now);
                     letters.push(o);
+                } else if let Some(keys) = part.keys.as_mut() {
+                    // Below the frontier every row is settled.
+                    let settled = part.acks.frontier();
+                    let key = keys.key(o);
+                    let verdict = match rules.key_drop {
+                        KeyDrop::SettledCopy => keys.window.decide(key, None, o, settled),
+                        KeyDrop::AnyCopy => match keys.window.check(key, None, o) {
+                            Seen::New => Verdict::Write,
+                            Seen::Duplicate { .. } => Verdict::Drop,
+                        },
+                    };
+                    part.builder
+                        .push_or_skip(o, now, |buf| {
+                            row(buf);
+                            Ok::<_, ()>(match verdict {
+                                Verdict::Write => true,
+                                Verdict::Drop => false,
+                                Verdict::WriteUnless { copy } => {
+                                    conditional.push((o, copy));
+                                    true
+                                }
+                            })
+                        })
+                        .ok()?;
                 } else {
                     part.builder
                         .push(o, now, |buf| {
-                            buf.extend_from_slice(format!("{o}\n").as_bytes());
+                            row(buf);
                             Ok::<_, ()>(())
                         })
                         .ok()?;
@@ -214,6 +249,8 @@ pub fn take(m: &Sluice, w: &World, p: usize, step: Step) -> Option<World> {
                 wait: Wait::Ready,
                 letters,
                 letters_sent,
+                conditional,
+                rejected: Vec::new(),
             });
         }
         Step::Renew => {
@@ -325,7 +362,7 @@ pub fn take(m: &Sluice, w: &World, p: usize, step: Step) -> Option<World> {
                 FenceStep::Done => job.wait = Wait::Fenced,
                 FenceStep::KillAgain => {
                     job.wait = Wait::Fencing(fence);
-                    kill(&mut w, &previous.query_id);
+                    kill(&mut w, &previous.query_id, &rules);
                 }
                 FenceStep::WaitUntil(_) => {
                     job.wait = Wait::Fencing(fence);
@@ -347,13 +384,14 @@ pub fn take(m: &Sluice, w: &World, p: usize, step: Step) -> Option<World> {
             {
                 return None;
             }
-            let present = w.present(&job.batch);
-            let rest = job.batch.without(&present);
+            let base = rows_to_send(job);
+            let present = w.present(&base);
+            let rest = base.without(&present);
             let part = active(&mut w, p)?;
             let job = part.job.as_mut()?;
             job.attempts.reconciled();
             if rest.is_empty() {
-                durable(part);
+                durable(part, &rules);
             } else {
                 job.wait = Wait::Reconciled(rest);
             }
@@ -365,13 +403,14 @@ pub fn take(m: &Sluice, w: &World, p: usize, step: Step) -> Option<World> {
             let lease_end = part.leases.until(KEY, g, now)?;
             let job = part.job.as_mut()?;
             let batch = match &job.wait {
-                Wait::Ready if !job.attempts.reconcile() => job.batch.clone(),
+                Wait::Ready if !job.attempts.reconcile() => rows_to_send(job),
                 Wait::Reconciled(b) => b.clone(),
                 _ => return None,
             };
             if batch.is_empty() {
-                // Every record went to the DLQ: nothing to insert.
-                durable(part);
+                // Every record went to the DLQ or was dropped for its key:
+                // nothing to insert.
+                durable(part, &rules);
                 return Some(w);
             }
             let token = insert_token(TABLE, TOPIC, 0, batch.offsets());
@@ -424,7 +463,7 @@ pub fn take(m: &Sluice, w: &World, p: usize, step: Step) -> Option<World> {
                 sent: *sent,
                 running_since: None,
             };
-            on_answer(part, &lost, Answer::Unknown, now);
+            on_answer(part, &lost, Answer::Unknown, now, &rules);
             if !timed_out {
                 w.left.resets -= 1;
             }
@@ -433,51 +472,110 @@ pub fn take(m: &Sluice, w: &World, p: usize, step: Step) -> Option<World> {
     Some(w)
 }
 
-/// The answer to request `to` reaches the writer, if it still waits for it.
-pub fn on_answer(part: &mut Part, to: &Insert, answer: Answer, now: Millis) {
-    let g = part.generation;
-    let Some(job) = part.job.as_mut() else {
-        return;
-    };
-    let Wait::InFlight {
-        query_id,
-        deadline_ms,
-        sent,
-    } = &job.wait
-    else {
-        return;
-    };
-    if *query_id != to.query_id || *sent != to.sent {
-        return;
+/// The job waiting for the answer to request `to`, if any.
+fn waiting_for<'a>(part: &'a mut Part, to: &Insert) -> Option<&'a mut Job> {
+    let job = part.job.as_mut()?;
+    match &job.wait {
+        Wait::InFlight { query_id, sent, .. } if *query_id == to.query_id && *sent == to.sent => {
+            Some(job)
+        }
+        _ => None,
     }
-    let deadline = *deadline_ms;
-    job.attempts.answered(to.query_id.clone(), deadline, answer);
+}
+
+/// The answer to request `to` reaches the writer, if it still waits for it.
+pub fn on_answer(part: &mut Part, to: &Insert, answer: Answer, now: Millis, rules: &Rules) {
+    let g = part.generation;
+    let Some(job) = waiting_for(part, to) else {
+        return;
+    };
+    let Wait::InFlight { deadline_ms, .. } = job.wait else {
+        return;
+    };
+    job.attempts
+        .answered(to.query_id.clone(), deadline_ms, answer);
     job.wait = Wait::Ready;
     match answer {
-        Answer::Stored => durable(part),
+        Answer::Stored => durable(part, rules),
         // Refused after its deadline: the clock may have stood still.
         Answer::TooLate => part.leases.suspect(KEY, g, now),
         _ => {}
     }
 }
 
+/// ClickHouse rejected request `to` at `row` (`(at row N)`; the query
+/// ended). If its sender still waits for it, the row goes to the DLQ and
+/// the rest of the batch is tried again (`sink/writer.rs`).
+pub fn on_rejected(m: &Sluice, w: &mut World, to: &Insert, row: Offset) {
+    let now = w.now;
+    let Some(part) = w.part_of(to.from) else {
+        return;
+    };
+    let Some(job) = waiting_for(part, to) else {
+        return;
+    };
+    let Wait::InFlight { deadline_ms, .. } = job.wait else {
+        return;
+    };
+    job.attempts
+        .answered(to.query_id.clone(), deadline_ms, Answer::Rejected);
+    job.wait = Wait::Ready;
+    let at = job.rejected.partition_point(|&o| o < row);
+    job.rejected.insert(at, row);
+    // One stamp per job for its letters (its earlier ones, if any, have
+    // landed when it has none left).
+    if job.letters.is_empty() {
+        job.letters_sent = now;
+    }
+    if m.rules.dlq == DlqConfirm::Acknowledged {
+        job.letters.push(row);
+    }
+    let sent = job.letters_sent;
+    w.letters.push(Letter {
+        from: to.from,
+        offset: row,
+        sent,
+    });
+}
+
+/// The rows the next attempt of `job` holds (`sink/writer.rs`): without
+/// those ClickHouse rejected and the conditional rows whose copy is
+/// covered. One batch is in flight at a time, so a conditional row's copy
+/// is always in its own batch (one in an earlier, settled batch made the
+/// verdict a drop), and `earlier` is never asked.
+fn rows_to_send(job: &Job) -> Batch {
+    let first = job.batch.first().unwrap_or(Offset(i64::MAX));
+    let excluded = conditional_excluded(&job.conditional, first, &job.rejected, |_| true);
+    rows_left(&job.batch, &job.rejected, &excluded)
+}
+
 /// The batch's rows are durable: it is done once the DLQ acknowledged its
-/// letters (`sink/writer.rs`, `dlq::confirm`).
-fn durable(part: &mut Part) {
+/// letters (`sink/writer.rs`, `dlq::confirm`). Its completion reaches the
+/// consumer thread: the window forgets the keys of its rejected rows, and
+/// the frontier moves (`sink/state`, `on_completion`).
+fn durable(part: &mut Part, rules: &Rules) {
     let Some(job) = part.job.as_mut() else {
         return;
     };
-    if job.letters.is_empty() {
-        let ticket = job.ticket;
-        part.acks.ack(ticket);
-        part.job = None;
-    } else {
+    if !job.letters.is_empty() {
         job.wait = Wait::Letters;
+        return;
     }
+    if let Some(keys) = part.keys.as_mut() {
+        if rules.rejected_key == RejectedKey::Forget {
+            for &o in &job.rejected {
+                let key = keys.key(o);
+                keys.window.forget(key, o);
+            }
+        }
+    }
+    let ticket = job.ticket;
+    part.acks.ack(ticket);
+    part.job = None;
 }
 
 /// The DLQ acknowledged letter `l`: its batch stops waiting for it.
-pub fn on_letter(part: &mut Part, l: &Letter) {
+pub fn on_letter(part: &mut Part, l: &Letter, rules: &Rules) {
     let Some(job) = part.job.as_mut() else {
         return;
     };
@@ -486,7 +584,7 @@ pub fn on_letter(part: &mut Part, l: &Letter) {
     }
     job.letters.retain(|&o| o != l.offset);
     if job.wait == Wait::Letters {
-        durable(part);
+        durable(part, rules);
     }
 }
 
@@ -517,6 +615,21 @@ pub fn activate(
             .count();
         plan = plan.with_zone_count(held as u64);
     }
+    // A route with key dedup rebuilds its window from the keys the table
+    // holds up to the watermark (`sink/dedup.rs`); the model's window
+    // covers the whole partition.
+    let keys = (!m.bounds.keys.is_empty()).then(|| {
+        let of = m.bounds.keys;
+        let window = match w.watermark() {
+            Some(high) => {
+                let held = (0..=high.0 as usize).filter(|&o| w.table[o] > 0);
+                let seeds = held.map(|o| KeyHash::from(of[o]));
+                KeyWindow::rebuilt(Keys::WINDOW, Keys::MAX_KEYS, seeds, 0)
+            }
+            None => KeyWindow::new(Keys::WINDOW, Keys::MAX_KEYS),
+        };
+        Keys { window, of }
+    });
     let proc = &mut w.procs[p];
     let mut leases = Leases::new(m.settings.lease);
     leases.hold(KEY, generation, read_at);
@@ -542,6 +655,7 @@ pub fn activate(
         committed: None,
         job: None,
         rewrite: Rewrite::No,
+        keys,
     }));
 }
 
@@ -563,13 +677,13 @@ fn taken(w: &mut World, p: usize, generation: u64, watch: bool, wait: Duration) 
 
 /// `KILL QUERY WHERE query_id = …`: every running query with that id ends
 /// without storing anything.
-fn kill(w: &mut World, qid: &str) {
+fn kill(w: &mut World, qid: &str, rules: &Rules) {
     while let Some(i) = w
         .inserts
         .iter()
         .position(|i| i.running_since.is_some() && i.query_id == qid)
     {
-        w.answer(i, Answer::Unknown);
+        w.answer(i, Answer::Unknown, rules);
     }
 }
 

@@ -7,10 +7,11 @@
 //! arriving or committing, a rebalance, a crash, a lost commit) is here;
 //! what a process does is in [`crate::sink`].
 
-use crate::Bounds;
+use crate::{Bounds, Rules};
 use sluice_core::acks::Ticket;
 use sluice_core::attempt::{Answer, Attempts};
 use sluice_core::deadline::{Fence, Millis, ServerClock};
+use sluice_core::dedup::{KeyHash, KeyWindow};
 use sluice_core::lease::{Leases, Owner};
 use sluice_core::resume::Committed;
 use sluice_core::{AckTracker, Batch, BatchBuilder, NextOffset, Offset};
@@ -154,6 +155,54 @@ pub struct Part {
     pub job: Option<Job>,
     /// Writing this process back into a register that forgot it.
     pub rewrite: Rewrite,
+    /// The key dedup window, on a route with key dedup.
+    pub keys: Option<Keys>,
+}
+
+/// A partition's key dedup window, and the key of each record.
+///
+/// Two windows compare equal when the same copy stands for each key: the
+/// records carry no timestamps (the stream time stays where it started) and
+/// nothing outlives the window or its cap, so that decides every later
+/// answer.
+#[derive(Debug, Clone)]
+pub struct Keys {
+    pub window: KeyWindow,
+    /// The key of each record (`Bounds::keys`).
+    pub of: &'static [u8],
+}
+
+impl Keys {
+    /// The window of a route with key dedup: a week, and room for every key.
+    pub const WINDOW: std::time::Duration = std::time::Duration::from_secs(7 * 86_400);
+    pub const MAX_KEYS: usize = 1 << 10;
+
+    /// The key of the record at `o`.
+    pub fn key(&self, o: Offset) -> KeyHash {
+        KeyHash::from(self.of[o.0 as usize])
+    }
+
+    fn copies(&self) -> impl Iterator<Item = Option<Offset>> + '_ {
+        self.of
+            .iter()
+            .map(|&k| self.window.copy_of(KeyHash::from(k)))
+    }
+}
+
+impl PartialEq for Keys {
+    fn eq(&self, other: &Self) -> bool {
+        self.of == other.of && self.copies().eq(other.copies())
+    }
+}
+
+impl Eq for Keys {}
+
+impl std::hash::Hash for Keys {
+    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+        for c in self.copies() {
+            c.hash(h);
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -178,6 +227,12 @@ pub struct Job {
     pub letters: Vec<Offset>,
     /// When they were queued.
     pub letters_sent: Millis,
+    /// Key dedup: `(row, copy)`, ascending, for rows written on the
+    /// condition that the copy of their key at `copy` is not stored.
+    pub conditional: Vec<(Offset, Offset)>,
+    /// Its rows ClickHouse rejected (ascending): sent to the DLQ, never
+    /// inserted.
+    pub rejected: Vec<Offset>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -261,17 +316,20 @@ impl World {
 
     /// Stores letter `i` in the DLQ and hands the acknowledgement to its
     /// sender, if it still waits for it.
-    pub fn land_letter(&mut self, i: usize) {
+    pub fn land_letter(&mut self, i: usize, rules: &Rules) {
         let l = self.letters.remove(i);
         self.dlq[l.offset.0 as usize] += 1;
-        for p in &mut self.procs {
-            if p.id != l.from {
-                continue;
-            }
-            if let Phase::Active(part) = &mut p.phase {
-                crate::sink::on_letter(part, &l);
-            }
+        if let Some(part) = self.part_of(l.from) {
+            crate::sink::on_letter(part, &l, rules);
         }
+    }
+
+    /// The partition of the process with id `from`, if it is active.
+    pub fn part_of(&mut self, from: u64) -> Option<&mut Part> {
+        self.procs.iter_mut().find_map(|p| match &mut p.phase {
+            Phase::Active(part) if p.id == from => Some(&mut **part),
+            _ => None,
+        })
     }
 
     /// The highest offset in the table.
@@ -300,15 +358,11 @@ impl World {
 
     /// Hands the answer to insert `i` to its sender, if it still waits for
     /// it, and removes the insert.
-    pub fn answer(&mut self, i: usize, answer: Answer) -> Insert {
+    pub fn answer(&mut self, i: usize, answer: Answer, rules: &Rules) -> Insert {
         let ins = self.inserts.remove(i);
-        for p in &mut self.procs {
-            if p.id != ins.from {
-                continue;
-            }
-            if let Phase::Active(part) = &mut p.phase {
-                crate::sink::on_answer(part, &ins, answer, self.now);
-            }
+        let now = self.now;
+        if let Some(part) = self.part_of(ins.from) {
+            crate::sink::on_answer(part, &ins, answer, now, rules);
         }
         ins
     }

@@ -3,15 +3,18 @@
 //! with the trace printed. `make model` runs deeper bounds.
 
 use sluice_model::{
-    trace, Bounds, ClaimConfirm, DlqConfirm, LateGuard, RewriteCheck, Rules, Settings, Sluice,
-    Start, UnbackedRows,
+    trace, Bounds, ClaimConfirm, DlqConfirm, KeyDrop, LateGuard, RejectedKey, RewriteCheck, Rules,
+    Settings, Sluice, Start, UnbackedRows,
 };
 use stateright::{Checker, HasDiscoveries, Model};
 use std::time::{Duration, Instant};
 
 const TWICE: &str = "no offset is stored twice";
 const COMMIT: &str = "the commit passes only offsets in the table or the DLQ";
-const DONE: &str = "every record is stored or in the DLQ, and committed";
+const KEY_DROP: &str = "a key-dedup drop the commit passes has its key in the table";
+const KEY_TWICE: &str = "no key is stored twice";
+const DONE: &str =
+    "every record is stored, in the DLQ or a duplicate of a stored key, and committed";
 
 /// `records` records, `secs` seconds, and the faults named.
 fn bounds(records: i64, secs: u64, faults: [u8; 4]) -> Bounds {
@@ -40,7 +43,7 @@ fn holds(what: &str, b: Bounds) {
         c.max_depth(),
         t0.elapsed()
     );
-    for p in [TWICE, COMMIT] {
+    for p in [TWICE, COMMIT, KEY_DROP, KEY_TWICE] {
         if let Some(path) = c.discovery(p) {
             panic!("{what}: {p} fails:\n{}", trace(&m, &path));
         }
@@ -216,4 +219,50 @@ fn a_fence_without_a_clock_margin_lets_an_insert_in_on_a_slower_server() {
     let mut m = Sluice::new(Rules::SAFE, b);
     m.settings.clock_margin_ms = 0;
     breaks(m, TWICE);
+}
+
+/// `records` records with one key, under key dedup; ClickHouse rejects the
+/// first. In one batch the others are written on condition and the next one
+/// is sent once the first is rejected; in several, the window forgets the
+/// rejected copy; a new owner rebuilds its window from the table.
+fn one_key_first_rejected(records: i64, secs: u64, faults: [u8; 4]) -> Bounds {
+    Bounds {
+        keys: &[7; 3][..records as usize],
+        rejected: 0b001,
+        ..bounds(records, secs, faults)
+    }
+}
+
+#[test]
+fn key_dedup_with_a_rejected_copy_keeps_exactly_once() {
+    holds(
+        "key dedup, 3 records of one key, the first rejected, a rebalance, 4 s",
+        one_key_first_rejected(3, 4, [1, 0, 0, 0]),
+    );
+}
+
+/// Dropping a record as soon as the window has seen its key: the copy it
+/// saw is still in flight, and ClickHouse rejects it.
+#[test]
+fn dropping_a_key_whose_copy_is_in_flight_loses_the_key() {
+    let rules = Rules {
+        key_drop: KeyDrop::AnyCopy,
+        ..Rules::SAFE
+    };
+    let m = Sluice::new(rules, one_key_first_rejected(2, 4, [0, 0, 0, 0]));
+    let t = breaks(m, KEY_DROP);
+    assert!(t.contains("rejected at offset 0"), "{t}");
+}
+
+/// Remembering the key of a rejected row: the next record with that key is
+/// dropped though no copy of it is stored.
+#[test]
+fn remembering_a_rejected_copy_drops_the_next_one() {
+    let rules = Rules {
+        rejected_key: RejectedKey::Keep,
+        ..Rules::SAFE
+    };
+    let m = Sluice::new(rules, one_key_first_rejected(2, 4, [0, 0, 0, 0]));
+    let t = breaks(m, KEY_DROP);
+    assert!(t.contains("rejected at offset 0"), "{t}");
 }

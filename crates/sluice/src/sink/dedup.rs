@@ -12,7 +12,7 @@
 //! before it. The keys loaded count as written at the watermark's time (they
 //! may be remembered up to one window longer than their own time says).
 //!
-//! The decisions themselves ([`KeyWindow::check`]) happen on the consumer
+//! The decisions themselves ([`KeyWindow::decide`]) happen on the consumer
 //! thread, in `state`.
 
 use crate::ch::ClickHouse;
@@ -32,14 +32,10 @@ pub(super) struct Seeds {
 
 /// A fresh window for a route, loaded with `seeds`.
 pub(super) fn window(d: &KeyDedup, seeds: Option<&Seeds>) -> KeyWindow {
-    let mut w = KeyWindow::new(d.window, d.max_keys);
-    if let Some(s) = seeds {
-        for k in &s.keys {
-            w.seed(*k, s.at_ms);
-        }
-        w.advance_to(s.at_ms);
+    match seeds {
+        Some(s) => KeyWindow::rebuilt(d.window, d.max_keys, s.keys.iter().copied(), s.at_ms),
+        None => KeyWindow::new(d.window, d.max_keys),
     }
-    w
 }
 
 /// Reads the keys of the last window of `partition` from the table.

@@ -36,7 +36,7 @@ use crate::config::{Delivery, Route};
 use crate::retry::Delays;
 use crate::telemetry;
 use sluice_core::acks::Ticket;
-use sluice_core::attempt::{Answer, Attempts, Unsettled, REFUSED_AT_START};
+use sluice_core::attempt::{rows_left, Answer, Attempts, Unsettled, REFUSED_AT_START};
 use sluice_core::dedup::conditional_excluded;
 use sluice_core::token::{insert_token, query_id};
 use sluice_core::{Batch, Offset, RowEncoder};
@@ -177,11 +177,7 @@ async fn attempt_until_done(job: &Job, ctx: &WriterCtx, letters: &mut Vec<Pendin
         let excluded = conditional_excluded(&job.conditional, first, &rejected, |c| {
             !earlier_uncovered.contains(&c)
         });
-        let base = if rejected.is_empty() && excluded.is_empty() {
-            job.batch.clone()
-        } else {
-            job.batch.without(&merged(&rejected, &excluded))
-        };
+        let base = rows_left(&job.batch, &rejected, &excluded);
         let batch = if attempts.reconcile() {
             match reconcile(job, &base, ctx, attempts.fence()).await {
                 Ok(b) => {
@@ -354,13 +350,6 @@ async fn earlier_uncovered(job: &Job) -> Option<Vec<Offset>> {
         }
     }
     Some(uncovered)
-}
-
-/// Two ascending offset lists as one.
-fn merged(a: &[Offset], b: &[Offset]) -> Vec<Offset> {
-    let mut all: Vec<Offset> = a.iter().chain(b).copied().collect();
-    all.sort_unstable();
-    all
 }
 
 /// The outcome of a batch whose rows are stored; a rejected row carries its

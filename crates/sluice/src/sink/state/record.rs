@@ -11,7 +11,7 @@
 
 use super::{Letter, Part, Phase};
 use rdkafka::message::Message;
-use sluice_core::dedup::{verdict, Verdict};
+use sluice_core::dedup::Verdict;
 use sluice_core::{AckTracker, NextOffset, Offset, RowEncoder, RowError};
 use std::fmt;
 use std::time::Instant;
@@ -105,18 +105,15 @@ impl Part {
                         keyless = true;
                         return Ok(true);
                     };
-                    Ok(
-                        match verdict(window.check(key, rec.timestamp, offset), settled) {
-                            Verdict::Write => true,
-                            Verdict::Drop => false,
-                            Verdict::WriteUnless { copy } => {
-                                window.replace_copy(key, rec.timestamp, offset);
-                                conditional.push((offset, copy));
-                                *waiting.entry(copy).or_default() += 1;
-                                true
-                            }
-                        },
-                    )
+                    Ok(match window.decide(key, rec.timestamp, offset, settled) {
+                        Verdict::Write => true,
+                        Verdict::Drop => false,
+                        Verdict::WriteUnless { copy } => {
+                            conditional.push((offset, copy));
+                            *waiting.entry(copy).or_default() += 1;
+                            true
+                        }
+                    })
                 })
             }
         };
