@@ -46,9 +46,6 @@ pub struct Batch {
     rows: Vec<(Offset, usize)>,
     /// The position after the last record this batch accounts for.
     end: NextOffset,
-    /// The memory its body holds: its capacity if it was a recycled buffer
-    /// (pages written by an earlier batch), else its length.
-    held: usize,
 }
 
 impl Batch {
@@ -66,20 +63,6 @@ impl Batch {
 
     pub fn bytes(&self) -> usize {
         self.body.len()
-    }
-
-    /// The memory the body holds, for the sink's bound on buffered bytes.
-    pub fn held(&self) -> usize {
-        self.held
-    }
-
-    /// The body's buffer, emptied, for a later batch to write into (its
-    /// pages are already the process's: no page faults), unless something
-    /// else (a request still on its way) holds the bytes too.
-    pub fn into_buffer(self) -> Option<Vec<u8>> {
-        let mut buf = Vec::from(self.body.try_into_mut().ok()?);
-        buf.clear();
-        Some(buf)
     }
 
     /// Offsets of the rows, ascending.
@@ -126,7 +109,6 @@ impl Batch {
         }
         Batch {
             partition: self.partition.clone(),
-            held: body.len(),
             body: body.into(),
             rows,
             end: self.end,
@@ -141,11 +123,6 @@ pub struct BatchBuilder<T = Instant> {
     partition: PartitionId,
     limits: BatchLimits,
     body: Vec<u8>,
-    /// Whether `body` was [given](Self::give) (a recycled buffer).
-    recycled: bool,
-    /// The capacity a body allocated for the next batch starts with: the
-    /// last batch's.
-    next_capacity: usize,
     rows: Vec<(Offset, usize)>,
     end: Option<NextOffset>,
     opened: Option<T>,
@@ -157,44 +134,10 @@ impl<T: Moment> BatchBuilder<T> {
             partition,
             limits,
             body: Vec::new(),
-            recycled: false,
-            next_capacity: 0,
             rows: Vec::new(),
             end: None,
             opened: None,
         }
-    }
-
-    /// Hands the builder an empty buffer to write the next rows into,
-    /// taken if it holds none yet.
-    pub fn give(&mut self, buf: Vec<u8>) {
-        if self.body.capacity() == 0 && buf.is_empty() {
-            self.body = buf;
-            self.recycled = true;
-        }
-    }
-
-    /// Takes back a [given](Self::give) buffer while nothing was written
-    /// into it: the builder accounts for no record.
-    pub fn reclaim(&mut self) -> Option<Vec<u8>> {
-        if !self.recycled || !self.is_empty() || !self.body.is_empty() {
-            return None;
-        }
-        self.recycled = false;
-        Some(std::mem::take(&mut self.body))
-    }
-
-    /// The capacity the next batch's body starts with (the last one's).
-    pub fn next_capacity(&self) -> usize {
-        self.next_capacity
-    }
-
-    /// The buffer the next row is written into.
-    fn buffer(&mut self) -> &mut Vec<u8> {
-        if self.body.capacity() == 0 {
-            self.body.reserve(self.next_capacity);
-        }
-        &mut self.body
     }
 
     pub fn partition(&self) -> &PartitionId {
@@ -209,7 +152,7 @@ impl<T: Moment> BatchBuilder<T> {
         now: T,
         encode: impl FnOnce(&mut Vec<u8>) -> Result<(), E>,
     ) -> Result<(), E> {
-        encode(self.buffer())?;
+        encode(&mut self.body)?;
         self.rows.push((offset, self.body.len()));
         self.end = Some(offset.next());
         self.opened.get_or_insert(now);
@@ -226,7 +169,7 @@ impl<T: Moment> BatchBuilder<T> {
         encode: impl FnOnce(&mut Vec<u8>) -> Result<bool, E>,
     ) -> Result<bool, E> {
         let start = self.body.len();
-        match encode(self.buffer()) {
+        match encode(&mut self.body) {
             Ok(true) => {
                 self.rows.push((offset, self.body.len()));
                 self.end = Some(offset.next());
@@ -264,15 +207,6 @@ impl<T: Moment> BatchBuilder<T> {
         self.body.len()
     }
 
-    /// The memory the body being built holds (see [`Batch::held`]).
-    pub fn held(&self) -> usize {
-        if self.recycled {
-            self.body.capacity()
-        } else {
-            self.body.len()
-        }
-    }
-
     /// Whether the batch is full or old enough to be sent.
     pub fn is_due(&self, now: T) -> bool {
         let boundary = self.limits.aligned
@@ -291,15 +225,12 @@ impl<T: Moment> BatchBuilder<T> {
     pub fn take(&mut self) -> Option<Batch> {
         let end = self.end.take()?;
         self.opened = None;
-        self.next_capacity = self.body.capacity().min(self.limits.max_bytes + 64 * 1024);
-        let held = self.held();
-        self.recycled = false;
+        let cap = self.body.capacity().min(self.limits.max_bytes + 64 * 1024);
         Some(Batch {
             partition: self.partition.clone(),
-            body: std::mem::take(&mut self.body).into(),
+            body: std::mem::replace(&mut self.body, Vec::with_capacity(cap)).into(),
             rows: std::mem::take(&mut self.rows),
             end,
-            held,
         })
     }
 
@@ -362,43 +293,6 @@ mod tests {
         }
         push(&mut b, 11, t0);
         assert!(b.is_due(t0));
-    }
-
-    #[test]
-    fn a_sent_body_is_written_into_again_once_nothing_else_holds_it() {
-        let t0 = Instant::now();
-        let mut b = builder(limits(100, 1 << 20));
-        for o in 0..50 {
-            push(&mut b, o, t0);
-        }
-        let first = b.take().unwrap();
-        assert_eq!(first.held(), first.bytes());
-        let (at, capacity) = (first.body().as_ptr(), first.bytes());
-        // A request still holding the bytes keeps them from being reused.
-        let on_the_way = first.body().clone();
-        assert_eq!(first.clone().into_buffer(), None);
-        drop(on_the_way);
-        let buf = first.into_buffer().expect("nothing else holds it");
-        assert!(buf.is_empty() && buf.capacity() >= capacity);
-        let spare = buf.capacity();
-        b.give(buf);
-        push(&mut b, 50, t0);
-        // Counted by what it holds, not by what was written.
-        assert_eq!(b.held(), spare);
-        let second = b.take().unwrap();
-        assert_eq!(second.body().as_ptr(), at);
-        assert_eq!(&second.body()[..], b"row50\n");
-        assert_eq!(second.held(), spare);
-        // A buffer nothing was written into is taken back.
-        b.give(Vec::with_capacity(1 << 16));
-        assert_eq!(b.held(), 1 << 16);
-        assert_eq!(b.reclaim().map(|buf| buf.capacity()), Some(1 << 16));
-        assert_eq!((b.held(), b.reclaim()), (0, None));
-        // A builder already writing keeps its own buffer.
-        push(&mut b, 51, t0);
-        assert_eq!(b.reclaim(), None);
-        b.give(Vec::with_capacity(1 << 16));
-        assert_eq!(b.take().unwrap().held(), b"row51\n".len());
     }
 
     fn builder(l: BatchLimits) -> BatchBuilder {

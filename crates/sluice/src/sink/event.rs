@@ -56,8 +56,6 @@ pub(super) struct Completion {
     /// The copies its conditional rows depended on.
     pub(super) copies: Vec<Offset>,
     pub(super) outcome: Outcome,
-    /// Its body's buffer, when nothing else holds it, for a later batch.
-    pub(super) buffer: Option<Vec<u8>>,
 }
 
 /// A partition whose start position is known.

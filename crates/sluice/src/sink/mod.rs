@@ -8,8 +8,7 @@
 //! of [`owners`] kept by the broker; [`lease`] decides whether this process
 //! may still write a partition, on its own clock; [`dedup`] rebuilds a
 //! partition's key dedup window when it changes hands; [`dlq`] sends
-//! records that cannot become rows to the dead-letter topic; [`spares`]
-//! keeps the buffers of sent batches for the next ones to write into.
+//! records that cannot become rows to the dead-letter topic.
 
 mod dedup;
 mod dlq;
@@ -19,7 +18,6 @@ mod fates;
 mod lease;
 mod owners;
 mod prepare;
-mod spares;
 mod state;
 mod writer;
 

@@ -112,7 +112,6 @@ pub async fn deliver(mut job: Job, ctx: Arc<WriterCtx>) -> Completion {
         dlq,
         copies: job.conditional.iter().map(|c| c.1).collect(),
         outcome,
-        buffer: job.batch.into_buffer(),
     }
 }
 

@@ -21,7 +21,6 @@ use super::dlq::Letter;
 use super::event::{Completion, Event, Outcome};
 use super::fates::Fates;
 use super::owners::{Key, Owners};
-use super::spares::Spares;
 use super::writer::{deliver, Job, WriterCtx};
 use super::SinkContext;
 use crate::config::{Config, Route};
@@ -144,8 +143,6 @@ pub(super) struct Sink {
     rx: mpsc::Receiver<Event>,
     in_flight_bytes: usize,
     in_flight: usize,
-    /// Buffers of sent batches for the next ones (counted as buffered).
-    spares: Spares,
     next_generation: u64,
     overloaded: bool,
     /// Why the sink stops, once it must.
@@ -171,10 +168,6 @@ impl Sink {
         stopping: CancellationToken,
     ) -> Self {
         let (tx, rx) = mpsc::channel();
-        // A quarter of the bound at most: spares alone never keep the sink
-        // over its low-water mark (half the bound).
-        let spares =
-            Spares::new((cfg.sink.batch_buffer_bytes() / 4).min(cfg.sink.limits.max_bytes));
         Self {
             counters: routes
                 .iter()
@@ -191,7 +184,6 @@ impl Sink {
             rx,
             in_flight_bytes: 0,
             in_flight: 0,
-            spares,
             next_generation: 0,
             overloaded: false,
             fatal: None,
@@ -267,20 +259,7 @@ impl Sink {
         let Some(part) = self.parts.get_mut(&key) else {
             return;
         };
-        // A spare buffer goes to a builder only with a record to write, so
-        // that it is always on its way to being sent (and coming back).
-        let starting = part.builder.is_empty();
-        if starting {
-            if let Some(buf) = self.spares.take(part.builder.next_capacity()) {
-                part.builder.give(buf);
-            }
-        }
         let fate = part.take(&self.ctx.encoders[ri], &rec, self.ctx.dlq.is_some(), now);
-        if starting && part.builder.is_empty() {
-            if let Some(buf) = part.builder.reclaim() {
-                self.spares.put(buf);
-            }
-        }
         let due = part.builder.is_due(now) || part.letters.len() >= MAX_LETTERS_PER_BATCH;
         if self.note(ri, &rec, fate) && due {
             self.cut(key);
@@ -362,7 +341,7 @@ impl Sink {
         };
         let ticket = acks.register(batch.end());
         let letters = std::mem::take(&mut part.letters);
-        let bytes = batch.held() + std::mem::take(&mut part.letter_bytes);
+        let bytes = batch.bytes() + std::mem::take(&mut part.letter_bytes);
         let conditional = std::mem::take(&mut part.conditional);
         self.in_flight_bytes += bytes;
         telemetry::in_flight_bytes(self.in_flight_bytes);
@@ -412,9 +391,6 @@ impl Sink {
         self.in_flight_bytes -= c.bytes;
         telemetry::in_flight_bytes(self.in_flight_bytes);
         self.in_flight -= 1;
-        if let Some(buf) = c.buffer {
-            self.spares.put(buf);
-        }
         let key = (c.route_idx, c.partition);
         let leaving = self
             .leaving
@@ -573,9 +549,9 @@ impl Sink {
         let building: usize = self
             .parts
             .values()
-            .map(|p| p.builder.held() + p.letter_bytes)
+            .map(|p| p.builder.bytes() + p.letter_bytes)
             .sum();
-        let buffered = self.in_flight_bytes + building + self.spares.bytes();
+        let buffered = self.in_flight_bytes + building;
         let max = self.cfg.sink.batch_buffer_bytes();
         self.overloaded = if self.overloaded {
             buffered >= max / 2
