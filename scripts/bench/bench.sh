@@ -61,7 +61,7 @@ cp "$OUT/sluice" "$OUT/examples/raw_fetch" "$OUT/examples/raw_insert" "$OUT/exam
 
 # BENCH_KAFKA=mock: librdkafka's in-memory mock cluster instead of tansu, so that the broker is not
 # the bottleneck (the hot path's measure; it keeps ~5 MB compressed per partition, so set
-# BENCH_PARTITIONS=32 for BENCH_MB=150). It lives as long as this script: its stdin is a pipe (fd 7, BENCH_MOCK_FD, where
+# BENCH_PARTITIONS=32 for BENCH_MB=150, 128 for 600, which is mostly steady state). It lives as long as this script: its stdin is a pipe (fd 7, BENCH_MOCK_FD, where
 # run.py writes `TOPIC PARTITIONS` to create a topic) that closes when we exit.
 export BENCH_KAFKA_KIND="tansu 0.6.0 (sqlite storage)"
 if [ "${BENCH_KAFKA:-tansu}" = mock ]; then
