@@ -107,6 +107,7 @@ impl Preparation {
         }
         let mut pending: Vec<(Key, u64)> = self.parts.values().flatten().copied().collect();
         let mut delays = Delays::new(Duration::from_millis(500));
+        let mut yield_for = self.fence_wait.max(WATCH_EVERY);
         loop {
             pending.retain(|p| self.current(p));
             if pending.is_empty() {
@@ -115,13 +116,16 @@ impl Preparation {
             let Some(commits) = self.committed(lookup, &pending).await else {
                 return;
             };
-            let ours = if self.exactly_once {
+            let (ours, lost) = if self.exactly_once {
                 match self.claim(&pending).await {
-                    Some(ours) => ours,
+                    Some(claimed) => claimed,
                     None => return,
                 }
             } else {
-                pending.iter().map(|&p| (p, Instant::now())).collect()
+                (
+                    pending.iter().map(|&p| (p, Instant::now())).collect(),
+                    false,
+                )
             };
             pending.retain(|p| !ours.iter().any(|(o, _)| o == p));
             if !self.plan(lookup, &ours, &commits).await {
@@ -130,8 +134,22 @@ impl Preparation {
             if pending.is_empty() {
                 return;
             }
-            // Two claimers that keep losing to each other drift apart.
-            if !delays.wait(&self.stopping).await {
+            if lost {
+                // Another process claimed them too: the coordinator moved
+                // them (a revocation follows) or gave them to both. Claiming
+                // back at once overwrote its claim within its fence, and its
+                // claim ours within ours, for ever; yield for a fence (then
+                // twice as long) so that it writes, or until it hands off.
+                tracing::info!(
+                    wait_ms = yield_for.as_millis() as u64,
+                    "another owner claimed partitions this process is assigned; yielding before claiming them back"
+                );
+                let keys: Vec<Key> = pending.iter().map(|(k, _)| *k).collect();
+                if self.until_clean(&keys, yield_for).await.is_none() {
+                    return;
+                }
+                yield_for = (yield_for * 2).min(self.fence_wait.max(WATCH_EVERY) * 8);
+            } else if !delays.wait(&self.stopping).await {
                 return;
             }
         }
@@ -207,7 +225,7 @@ impl Preparation {
     /// [`SETTLE_WAIT`] later: two claimers that both read `clean` cannot both
     /// read themselves back then (Fischer's mutual exclusion, with the
     /// write's own duration as its bound).
-    async fn claim(&self, pending: &[(Key, u64)]) -> Option<Vec<((Key, u64), Instant)>> {
+    async fn claim(&self, pending: &[(Key, u64)]) -> Option<(Vec<((Key, u64), Instant)>, bool)> {
         let keys: Vec<Key> = pending.iter().map(|(k, _)| *k).collect();
         let (before, read_sent) = self.read_owners_at(&keys).await?;
         let clean = keys.iter().all(|k| before.get(k) == Some(&Owner::Clean));
@@ -218,7 +236,7 @@ impl Preparation {
                 error = %format!("{e:#}"),
                 "cannot record the ownership marker (the claim) yet; the partitions wait"
             );
-            return Some(Vec::new());
+            return Some((Vec::new(), false));
         }
         let clean = clean && read_sent.elapsed() <= SETTLE;
         if clean && !self.sleep(SETTLE_WAIT).await {
@@ -230,14 +248,15 @@ impl Preparation {
             .filter(|(k, _)| after.get(k) == Some(&Owner::Process(self.me)))
             .copied()
             .collect();
-        if claimed.len() < pending.len() {
+        let lost = claimed.len() < pending.len();
+        if lost {
             tracing::warn!(
                 lost = pending.len() - claimed.len(),
-                "another owner claimed partitions at the same time; claiming them again"
+                "another owner claimed partitions at the same time"
             );
         }
         if clean || claimed.is_empty() {
-            return Some(claimed.into_iter().map(|p| (p, read_at)).collect());
+            return Some((claimed.into_iter().map(|p| (p, read_at)).collect(), lost));
         }
         tracing::info!(
             wait_ms = self.fence_wait.as_millis() as u64,
@@ -247,7 +266,7 @@ impl Preparation {
         if self.until_clean(&keys, self.fence_wait).await? {
             // Marked over this claim by an owner whose inserts ended.
             tracing::info!("the previous owner marked the partitions clean during the fence; claiming them again");
-            return Some(Vec::new());
+            return Some((Vec::new(), false));
         }
         let (after, read_at) = self.read_owners_at(&keys).await?;
         let ours: Vec<((Key, u64), Instant)> = claimed
@@ -256,13 +275,16 @@ impl Preparation {
             .filter(|p| self.current(p))
             .map(|&p| (p, read_at))
             .collect();
-        if ours.len() < claimed.len() {
+        let lost_now = claimed
+            .iter()
+            .any(|(k, _)| after.get(k) != Some(&Owner::Process(self.me)));
+        if lost_now {
             tracing::warn!(
                 lost = claimed.len() - ours.len(),
-                "another owner claimed partitions during the fence; claiming them again"
+                "another owner claimed partitions during the fence"
             );
         }
-        Some(ours)
+        Some((ours, lost || lost_now))
     }
 
     /// The register's entries for `keys`, read until every one is known,

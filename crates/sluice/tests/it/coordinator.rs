@@ -207,3 +207,48 @@ async fn a_clean_mark_nobody_earned_does_not_skip_the_fence() {
         at.elapsed()
     );
 }
+
+/// A coordinator that gives one partition to two members: the other one
+/// claims it during this process's fence. This process yields for a fence
+/// instead of claiming it straight back (two claimers that each overwrote
+/// the other's claim within its fence stalled the lab's `rebalance` run for
+/// minutes), then claims it back and lands every record once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_lost_during_the_fence_yields_before_claiming_back() {
+    const OTHER: i64 = 4_242_424_242;
+    let (topic, table, ch) = setup("yield", 1, 500).await;
+    let mut spec = SinkSpec::new(&topic, &table);
+    spec.insert_timeout_s = 1;
+    spec.fence_wait_ms = 9_000;
+    let mut sink = spec.start();
+    wait_for_log(&sink, "no clean hand-off; claimed", Duration::from_secs(30)).await;
+    write_register(&spec.group, &topic, OTHER);
+    wait_for_log(
+        &sink,
+        "yielding before claiming them back",
+        Duration::from_secs(30),
+    )
+    .await;
+    // Claiming straight back wrote this process over the other's claim
+    // within a second.
+    let register = format!("{}.sluice-owners", spec.group);
+    let yielded = Instant::now();
+    while yielded.elapsed() < Duration::from_secs(5) {
+        assert_eq!(
+            committed(&brokers(), &register, &topic),
+            Some(OTHER),
+            "the claim was taken straight back: {}",
+            sink.log_tail()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let got = wait_for(&ch, &table, 500, Duration::from_secs(90)).await;
+    assert_eq!(
+        (got.rows, got.distinct_offsets),
+        (500, 500),
+        "{}",
+        sink.log_tail()
+    );
+    assert_ne!(committed(&brokers(), &register, &topic), Some(OTHER));
+    assert!(sink.stop(Duration::from_secs(30)), "{}", sink.log_tail());
+}
