@@ -9,7 +9,9 @@
 //! owner stops writing within a lease of the claim ([`super::lease`]), and
 //! its last inserts end within `2 × insert_timeout` after that. A partition
 //! that is someone else's in the register after the fence was claimed by
-//! another owner meanwhile; it is claimed again. A claim that cannot be
+//! another owner meanwhile; it is claimed again after a yield of a fence
+//! (twice that the next time), which lets that owner write, so that two
+//! members given one partition take turns. A claim that cannot be
 //! written or read back is tried again; the partition stays paused
 //! meanwhile. Then the task reads the watermarks from ClickHouse and the
 //! log's bounds from the broker, and plans each partition with
@@ -99,8 +101,8 @@ impl Preparation {
     }
 
     /// Claims, fences and plans every partition, in rounds: a partition
-    /// that could not be claimed, or that someone else claimed while this
-    /// process fenced, is claimed again.
+    /// that could not be claimed is claimed again; one that someone else
+    /// claimed while this process claimed or fenced, after a yield.
     async fn prepare(&self, lookup: &Lookup) {
         if !self.wait_to_claim().await {
             return;
@@ -134,12 +136,16 @@ impl Preparation {
             if pending.is_empty() {
                 return;
             }
+            pending.retain(|p| self.current(p));
+            if pending.is_empty() {
+                return;
+            }
             if lost {
                 // Another process claimed them too: the coordinator moved
                 // them (a revocation follows) or gave them to both. Claiming
                 // back at once overwrote its claim within its fence, and its
                 // claim ours within ours, for ever; yield for a fence (then
-                // twice as long) so that it writes, or until it hands off.
+                // two) so that it writes, or until it hands off.
                 tracing::info!(
                     wait_ms = yield_for.as_millis() as u64,
                     "another owner claimed partitions this process is assigned; yielding before claiming them back"
@@ -148,7 +154,7 @@ impl Preparation {
                 if self.until_clean(&keys, yield_for).await.is_none() {
                     return;
                 }
-                yield_for = (yield_for * 2).min(self.fence_wait.max(WATCH_EVERY) * 8);
+                yield_for = self.fence_wait.max(WATCH_EVERY) * 2;
             } else if !delays.wait(&self.stopping).await {
                 return;
             }
@@ -248,8 +254,8 @@ impl Preparation {
             .filter(|(k, _)| after.get(k) == Some(&Owner::Process(self.me)))
             .copied()
             .collect();
-        let lost = claimed.len() < pending.len();
-        if lost {
+        let lost = pending.iter().any(|(k, _)| self.other_owner(&after, k));
+        if claimed.len() < pending.len() {
             tracing::warn!(
                 lost = pending.len() - claimed.len(),
                 "another owner claimed partitions at the same time"
@@ -266,7 +272,7 @@ impl Preparation {
         if self.until_clean(&keys, self.fence_wait).await? {
             // Marked over this claim by an owner whose inserts ended.
             tracing::info!("the previous owner marked the partitions clean during the fence; claiming them again");
-            return Some((Vec::new(), false));
+            return Some((Vec::new(), lost));
         }
         let (after, read_at) = self.read_owners_at(&keys).await?;
         let ours: Vec<((Key, u64), Instant)> = claimed
@@ -277,7 +283,7 @@ impl Preparation {
             .collect();
         let lost_now = claimed
             .iter()
-            .any(|(k, _)| after.get(k) != Some(&Owner::Process(self.me)));
+            .any(|p| self.current(p) && self.other_owner(&after, &p.0));
         if lost_now {
             tracing::warn!(
                 lost = claimed.len() - ours.len(),
@@ -285,6 +291,11 @@ impl Preparation {
             );
         }
         Some((ours, lost || lost_now))
+    }
+
+    /// Whether the register names another process for `key`.
+    fn other_owner(&self, register: &HashMap<Key, Owner>, key: &Key) -> bool {
+        matches!(register.get(key), Some(Owner::Process(id)) if *id != self.me)
     }
 
     /// The register's entries for `keys`, read until every one is known,
