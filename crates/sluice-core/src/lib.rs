@@ -22,6 +22,8 @@
 //!   ([`batch::Batch::without`] drops the rows ClickHouse already holds.)
 //! - [`lease`]: reads of the register of owners → whether, and until when,
 //!   a process may write a partition.
+//! - [`claim`]: reads and writes of the register of owners → when a new
+//!   owner may write a partition (the claim, its fence, its yield).
 //! - [`timing`]: `fence_wait` and `insert_timeout` → the lease's term.
 //! - [`dedup`]: business keys written within a window → drop the repeats
 //!   whose first copy is durable, write on condition those whose copy is in
@@ -31,6 +33,7 @@
 pub mod acks;
 pub mod attempt;
 pub mod batch;
+pub mod claim;
 pub mod deadline;
 pub mod dedup;
 pub mod lease;

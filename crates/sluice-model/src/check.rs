@@ -8,7 +8,7 @@
 //! out of time, a rebalance, a crash, a lost commit, a clean mark landing.
 
 use crate::sink::{self, Step};
-use crate::world::{Claim, ClaimStep, Phase, Rewrite, World};
+use crate::world::{Claim, Phase, Rewrite, World};
 use crate::{Bounds, Rules, Settings, Start};
 use sluice_core::attempt::Answer;
 use sluice_core::deadline::{Millis, Moment};
@@ -102,11 +102,9 @@ impl Model for Sluice {
                 w.register = Owner::Clean;
                 for p in &mut w.procs {
                     p.heard = 1;
-                    p.phase = Phase::Claiming(Claim {
-                        generation: 1,
-                        committed: Committed::Nothing,
-                        step: ClaimStep::Read,
-                    });
+                    let start = sluice_core::claim::Start::Now;
+                    let claim = Claim::new(p.id, 1, Committed::Nothing, &self.settings, start);
+                    p.phase = Phase::Claiming(claim);
                 }
             }
         }

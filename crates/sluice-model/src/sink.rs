@@ -11,19 +11,17 @@
 //! decisions are `sluice-core`'s; the unsafe [`Rules`] replace one of them
 //! each.
 
-use crate::world::{
-    Claim, ClaimStep, Insert, Job, Keys, Letter, Part, Phase, Rewrite, Wait, World,
-};
+use crate::world::{Claim, Insert, Job, Keys, Letter, Part, Phase, Rewrite, Wait, World};
 use crate::{
-    ClaimConfirm, DlqConfirm, KeyDrop, LateGuard, RejectedKey, RewriteCheck, Rules, Sluice,
-    UnbackedRows,
+    ClaimConfirm, DlqConfirm, KeyDrop, LateGuard, RejectedKey, RewriteCheck, Rules, Settings,
+    Sluice, UnbackedRows,
 };
 use sluice_core::attempt::{rows_left, Answer, Attempts};
+use sluice_core::claim::{Do, Start};
 use sluice_core::deadline::{attempt_deadline, Fence, FenceStep, Millis, Moment};
 use sluice_core::dedup::{conditional_excluded, KeyHash, KeyWindow, Seen, Verdict};
 use sluice_core::lease::{on_register, Leases, Owner, Renewal};
 use sluice_core::resume::{resume_plan, Committed, LogBounds, ResetPolicy};
-use sluice_core::timing::SETTLE;
 use sluice_core::token::{insert_token, query_id};
 use sluice_core::{AckTracker, Batch, BatchBuilder, BatchLimits, NextOffset, Offset, PartitionId};
 use std::time::Duration;
@@ -80,11 +78,7 @@ pub fn take(m: &Sluice, w: &World, p: usize, step: Step) -> Option<World> {
             if !fresh || !matches!(w.procs[p].phase, Phase::Idle) {
                 return None;
             }
-            let claim = Claim {
-                generation: g.generation,
-                committed: g.committed(),
-                step: ClaimStep::Read,
-            };
+            let claim = Claim::new(id, g.generation, g.committed(), s, Start::Now);
             w.procs[p].heard = g.generation;
             w.procs[p].phase = Phase::Claiming(claim);
         }
@@ -104,25 +98,26 @@ pub fn take(m: &Sluice, w: &World, p: usize, step: Step) -> Option<World> {
             }
         }
         Step::Claim => {
+            // One read, write or look of the claim (`sink/prepare.rs`),
+            // decided by the sink's own `Claim`; reads are atomic here.
             let register = w.register;
+            let entry = |_: &()| register;
             let Phase::Claiming(c) = &mut w.procs[p].phase else {
                 return None;
             };
             let (generation, committed) = (c.generation, c.committed);
-            match c.step.clone() {
-                ClaimStep::Wait { until, watch } => {
-                    if now < until && !(watch && register == Owner::Clean) {
-                        return None;
+            match c.claim.next() {
+                Do::Done => return None,
+                Do::ReadCommits => {
+                    c.committed = w.group.committed();
+                    c.claim.commits_read();
+                }
+                Do::Read => {
+                    if let Some(((), read_at)) = c.claim.read(now, now, entry).pop() {
+                        activate(m, &mut w, p, generation, committed, read_at);
                     }
-                    c.step = ClaimStep::Read;
                 }
-                ClaimStep::Read => {
-                    c.step = ClaimStep::Write {
-                        clean: register == Owner::Clean,
-                        read_sent: now,
-                    };
-                }
-                ClaimStep::Write { clean, read_sent } => {
+                Do::Write => {
                     w.register = Owner::Process(id);
                     if rules.claim == ClaimConfirm::TrustWrite {
                         activate(m, &mut w, p, generation, committed, now);
@@ -131,37 +126,17 @@ pub fn take(m: &Sluice, w: &World, p: usize, step: Step) -> Option<World> {
                     let Phase::Claiming(c) = &mut w.procs[p].phase else {
                         unreachable!()
                     };
-                    c.step = if clean && now.since(read_sent) <= SETTLE {
-                        ClaimStep::Settle {
-                            until: now.after(s.settle_wait),
-                        }
-                    } else {
-                        ClaimStep::ReadBack { clean: false }
-                    };
+                    c.claim.written(now);
                 }
-                ClaimStep::Settle { until } if now >= until => {
-                    c.step = ClaimStep::ReadBack { clean: true };
-                }
-                ClaimStep::ReadBack { clean } => {
-                    if register != Owner::Process(id) {
-                        c.step = ClaimStep::Read;
-                    } else if clean {
-                        activate(m, &mut w, p, generation, committed, now);
-                    } else {
-                        c.step = ClaimStep::Fence {
-                            until: now.after(s.fence_wait),
-                        };
+                // The backoff may last any time: the step may come at any
+                // time.
+                Do::Backoff => c.claim.woke(now),
+                Do::Wait { until, .. } if now >= until => c.claim.woke(now),
+                Do::Wait { .. } => {
+                    if !c.claim.watched(now, entry) {
+                        return None;
                     }
                 }
-                // Watching the register during the fence: a clean mark
-                // over this claim means the previous owner's inserts ended.
-                ClaimStep::Fence { .. } if register == Owner::Clean => c.step = ClaimStep::Read,
-                ClaimStep::Fence { until } if now >= until => c.step = ClaimStep::ReadAgain,
-                ClaimStep::ReadAgain if register == Owner::Process(id) => {
-                    activate(m, &mut w, p, generation, committed, now);
-                }
-                ClaimStep::ReadAgain => c.step = ClaimStep::Read,
-                _ => return None,
             }
         }
         Step::Cut(rows) => {
@@ -269,9 +244,9 @@ pub fn take(m: &Sluice, w: &World, p: usize, step: Step) -> Option<World> {
                     // Someone else claimed it: give it up (its insert is
                     // abandoned) and claim it back after `fence_wait`.
                     let watch = matches!(by, Owner::Process(_));
-                    taken(&mut w, p, g, watch, s.fence_wait);
+                    taken(&mut w, p, g, watch, s);
                 }
-                Renewal::Reclaim => taken(&mut w, p, g, false, s.fence_wait),
+                Renewal::Reclaim => taken(&mut w, p, g, false, s),
                 Renewal::Keep => return None,
             }
         }
@@ -297,7 +272,7 @@ pub fn take(m: &Sluice, w: &World, p: usize, step: Step) -> Option<World> {
             // Acknowledged after the lease ended: it may have landed over
             // a new owner's claim. Claim again.
             if !part.leases.live(KEY, g, now) && m.rules.rewrite == RewriteCheck::AckWithinLease {
-                taken(&mut w, p, g, false, s.fence_wait);
+                taken(&mut w, p, g, false, s);
             }
         }
         Step::Commit => {
@@ -662,17 +637,14 @@ pub fn activate(
 /// The partition was taken from process `p`: it gives it up (its insert is
 /// abandoned) and claims it back after `wait`, or (`watch`) once the
 /// register shows a clean hand-off.
-fn taken(w: &mut World, p: usize, generation: u64, watch: bool, wait: Duration) {
+fn taken(w: &mut World, p: usize, generation: u64, watch: bool, s: &Settings) {
     let committed = w.group.committed();
-    let step = ClaimStep::Wait {
-        until: w.now.after(wait),
+    let start = Start::After {
+        until: w.now.after(s.fence_wait),
         watch,
     };
-    w.procs[p].phase = Phase::Claiming(Claim {
-        generation,
-        committed,
-        step,
-    });
+    let id = w.procs[p].id;
+    w.procs[p].phase = Phase::Claiming(Claim::new(id, generation, committed, s, start));
 }
 
 /// `KILL QUERY WHERE query_id = …`: every running query with that id ends

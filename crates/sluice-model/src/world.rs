@@ -7,9 +7,10 @@
 //! arriving or committing, a rebalance, a crash, a lost commit) is here;
 //! what a process does is in [`crate::sink`].
 
-use crate::{Bounds, Rules};
+use crate::{Bounds, Rules, Settings};
 use sluice_core::acks::Ticket;
 use sluice_core::attempt::{Answer, Attempts};
+use sluice_core::claim::{ClaimTimes, Start};
 use sluice_core::deadline::{Fence, Millis, ServerClock};
 use sluice_core::dedup::{KeyHash, KeyWindow};
 use sluice_core::lease::{Leases, Owner};
@@ -110,33 +111,33 @@ pub enum Phase {
     Active(Box<Part>),
 }
 
-/// A partition being prepared: the group's commit as read first, and the
-/// claim's progress.
+/// A partition being prepared: the group's commit as last read, and the
+/// claim ([`sluice_core::claim::Claim`], the sink's own).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Claim {
     pub generation: u64,
     pub committed: Committed,
-    pub step: ClaimStep,
+    pub claim: sluice_core::claim::Claim<(), Millis>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub enum ClaimStep {
-    /// Taken from this process: wait before claiming it back, until then
-    /// or (`watch`: it was taken by a process) until the register shows a
-    /// clean hand-off.
-    Wait { until: Millis, watch: bool },
-    /// Read the register.
-    Read,
-    /// Write this process into it; `clean` if the read showed a clean hand-off.
-    Write { clean: bool, read_sent: Millis },
-    /// A claim on a clean partition settles.
-    Settle { until: Millis },
-    /// Read the claim back.
-    ReadBack { clean: bool },
-    /// Wait out the previous owner, watching for a clean mark.
-    Fence { until: Millis },
-    /// Read the register once more after the fence.
-    ReadAgain,
+impl Claim {
+    pub fn new(
+        me: u64,
+        generation: u64,
+        committed: Committed,
+        s: &Settings,
+        start: Start<Millis>,
+    ) -> Self {
+        let times = ClaimTimes {
+            fence_wait: s.fence_wait,
+            settle_wait: s.settle_wait,
+        };
+        Claim {
+            generation,
+            committed,
+            claim: sluice_core::claim::Claim::new(vec![()], me, times, start),
+        }
+    }
 }
 
 /// A partition this process writes.

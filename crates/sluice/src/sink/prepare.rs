@@ -3,21 +3,15 @@
 //! In: the partitions of one assignment (paused on the consumer thread,
 //! see [`super::state`]), with their generations. A task reads the group's
 //! committed positions until it knows them, then, in exactly-once mode,
-//! *claims* each partition: it writes this process into the register of
-//! owners ([`super::owners`]) and reads it back. From that read it waits
-//! out `fence_wait`, unless every previous owner left cleanly: the previous
-//! owner stops writing within a lease of the claim ([`super::lease`]), and
-//! its last inserts end within `2 × insert_timeout` after that. A partition
-//! that is someone else's in the register after the fence was claimed by
-//! another owner meanwhile; it is claimed again after a yield of a fence
-//! (twice that the next time), which lets that owner write, so that two
-//! members given one partition take turns. A claim that cannot be
-//! written or read back is tried again; the partition stays paused
-//! meanwhile. Then the task reads the watermarks from ClickHouse and the
-//! log's bounds from the broker, and plans each partition with
-//! [`resume_plan`]: what ClickHouse holds decides, the reset policy applies
-//! only where it holds nothing. Out: each plan, as an [`Event::Prepared`]
-//! to the consumer thread, which seeks and resumes the partition.
+//! *claims* each partition in the register of owners ([`super::owners`]):
+//! [`Claim`] (`sluice-core`) decides each read, write and wait, with its
+//! fence and its yield, and this task does them. A partition given up
+//! meanwhile (revoked, lost, taken) leaves the claim within a second. Then
+//! the task reads the watermarks from ClickHouse and the log's bounds from
+//! the broker, and plans each partition with [`resume_plan`]: what
+//! ClickHouse holds decides, the reset policy applies only where it holds
+//! nothing. Out: each plan, as an [`Event::Prepared`] to the consumer
+//! thread, which seeks and resumes the partition.
 
 use super::dedup::rebuild;
 use super::event::{Event, Prepared};
@@ -28,8 +22,8 @@ use crate::retry::{self, Delays};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaResult;
 use rdkafka::{Offset as KOffset, TopicPartitionList};
+use sluice_core::claim::{Claim, ClaimTimes, Do, Start, Why, WATCH_EVERY};
 use sluice_core::resume::{resume_plan, Committed, LogBounds, ResetPolicy};
-use sluice_core::timing::{SETTLE, SETTLE_WAIT};
 use sluice_core::NextOffset;
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
@@ -75,10 +69,6 @@ pub(super) struct Preparation {
     pub(super) given_up: HashMap<(Key, u64), CancellationToken>,
 }
 
-/// How often a partition waiting (to be claimed back, or out its fence)
-/// reads the register.
-const WATCH_EVERY: Duration = Duration::from_secs(1);
-
 /// Reads the group's offsets and the log's bounds without joining the
 /// group: a client of its own with the group's id, used off the consumer
 /// thread.
@@ -100,202 +90,147 @@ impl Preparation {
         tokio::task::spawn_blocking(move || drop(lookup));
     }
 
-    /// Claims, fences and plans every partition, in rounds: a partition
-    /// that could not be claimed is claimed again; one that someone else
-    /// claimed while this process claimed or fenced, after a yield.
+    /// Plans every partition; in exactly-once mode, claims each one first
+    /// ([`Claim`] decides; this drives it).
     async fn prepare(&self, lookup: &Lookup) {
-        if !self.wait_to_claim().await {
+        let keys: Vec<(Key, u64)> = self.parts.values().flatten().copied().collect();
+        if !self.exactly_once {
+            if self.wait.is_zero() || self.sleep(self.wait).await {
+                if let Some(commits) = self.committed(lookup, &keys).await {
+                    let now = Instant::now();
+                    let all: Vec<_> = keys.iter().map(|&p| (p, now)).collect();
+                    self.plan(lookup, &all, &commits).await;
+                }
+            }
             return;
         }
-        let mut pending: Vec<(Key, u64)> = self.parts.values().flatten().copied().collect();
+        let start = if self.wait.is_zero() {
+            Start::Now
+        } else {
+            tracing::info!(
+                wait_ms = self.wait.as_millis() as u64,
+                "the partition was taken; waiting before claiming it back"
+            );
+            Start::After {
+                until: Instant::now() + self.wait,
+                watch: self.watch,
+            }
+        };
+        let times = ClaimTimes::new(self.fence_wait);
+        let mut claim = Claim::new(keys, self.me, times, start);
+        let mut commits = HashMap::new();
         let mut delays = Delays::new(Duration::from_millis(500));
-        let mut yield_for = self.fence_wait.max(WATCH_EVERY);
         loop {
-            pending.retain(|p| self.current(p));
-            if pending.is_empty() {
-                return;
-            }
-            let Some(commits) = self.committed(lookup, &pending).await else {
-                return;
-            };
-            let (ours, lost) = if self.exactly_once {
-                match self.claim(&pending).await {
-                    Some(claimed) => claimed,
-                    None => return,
+            claim.retain(Instant::now(), |p| self.current(p));
+            let ks: Vec<Key> = claim.keys().iter().map(|(k, _)| *k).collect();
+            match claim.next() {
+                Do::Done => return,
+                Do::ReadCommits => {
+                    let Some(c) = self.committed(lookup, claim.keys()).await else {
+                        return;
+                    };
+                    commits = c;
+                    claim.commits_read();
                 }
-            } else {
-                (
-                    pending.iter().map(|&p| (p, Instant::now())).collect(),
-                    false,
-                )
-            };
-            pending.retain(|p| !ours.iter().any(|(o, _)| o == p));
-            if !self.plan(lookup, &ours, &commits).await {
-                return;
-            }
-            if pending.is_empty() {
-                return;
-            }
-            pending.retain(|p| self.current(p));
-            if pending.is_empty() {
-                return;
-            }
-            if lost {
-                // Another process claimed them too: the coordinator moved
-                // them (a revocation follows) or gave them to both. Claiming
-                // back at once overwrote its claim within its fence, and its
-                // claim ours within ours, for ever; yield for a fence (then
-                // two) so that it writes, or until it hands off.
-                tracing::info!(
-                    wait_ms = yield_for.as_millis() as u64,
-                    "another owner claimed partitions this process is assigned; yielding before claiming them back"
-                );
-                let keys: Vec<Key> = pending.iter().map(|(k, _)| *k).collect();
-                if self.until_clean(&keys, yield_for).await.is_none() {
-                    return;
+                Do::Read => {
+                    let Some((found, sent)) = self.read_owners_at(&ks).await else {
+                        return;
+                    };
+                    let entry =
+                        |(k, _): &(Key, u64)| found.get(k).copied().unwrap_or(Owner::Nobody);
+                    let ours = claim.read(sent, Instant::now(), entry);
+                    if !self.plan(lookup, &ours, &commits).await {
+                        return;
+                    }
                 }
-                yield_for = self.fence_wait.max(WATCH_EVERY) * 2;
-            } else if !delays.wait(&self.stopping).await {
-                return;
+                Do::Write => {
+                    let (owners, me) = (self.owners.clone(), self.me);
+                    match blocking(move || owners.write(ks, me)).await {
+                        Ok(()) => claim.written(Instant::now()),
+                        Err(e) => {
+                            tracing::warn!(
+                                error = %format!("{e:#}"),
+                                "cannot record the ownership marker (the claim) yet; the partitions wait"
+                            );
+                            claim.write_failed(Instant::now());
+                        }
+                    }
+                }
+                Do::Wait { until, why } => {
+                    match why {
+                        Why::Fence => tracing::info!(
+                            wait_ms = until.saturating_duration_since(Instant::now()).as_millis() as u64,
+                            "no clean hand-off; claimed, waiting out the previous owner's inserts before reading ClickHouse"
+                        ),
+                        Why::Yield => tracing::info!(
+                            wait_ms = until.saturating_duration_since(Instant::now()).as_millis() as u64,
+                            "another owner claimed partitions this process is assigned; yielding before claiming them back"
+                        ),
+                        Why::Taken { .. } | Why::Settle => {}
+                    }
+                    let Some(clean) = self.wait_watching(&mut claim, until, why).await else {
+                        return;
+                    };
+                    if clean {
+                        tracing::info!(
+                            ?why,
+                            "the register shows the partitions handed off cleanly"
+                        );
+                    }
+                }
+                Do::Backoff => {
+                    if !delays.wait(&self.stopping).await {
+                        return;
+                    }
+                    claim.woke(Instant::now());
+                }
             }
         }
     }
 
-    /// Waits [`Self::wait`] before claiming, or until the register shows
-    /// every partition clean (if [`Self::watch`]). False when stopping.
-    async fn wait_to_claim(&self) -> bool {
-        if self.wait.is_zero() {
-            return true;
-        }
-        tracing::info!(
-            wait_ms = self.wait.as_millis() as u64,
-            "the partition was taken; waiting before claiming it back"
-        );
-        if !self.watch {
-            return self.sleep(self.wait).await;
-        }
-        let keys: Vec<Key> = self.parts.values().flatten().map(|(k, _)| *k).collect();
-        match self.until_clean(&keys, self.wait).await {
-            Some(true) => {
-                tracing::info!(
-                    "the owner that took the partition handed it off cleanly; claiming it now"
-                );
-                true
-            }
-            Some(false) => true,
-            None => false,
-        }
-    }
-
-    /// Sleeps `d`, reading the register every [`WATCH_EVERY`]: `Some(true)`
-    /// as soon as it shows every one of `keys` clean, `Some(false)` after
-    /// `d`, `None` when stopping.
+    /// Waits until `until`, checking every [`WATCH_EVERY`] whether the
+    /// partitions are still to be claimed and, if `why` watches, reading the
+    /// register. `Some(true)` when a read ended the wait, `Some(false)` at
+    /// its end or once nothing is left, `None` when stopping.
     ///
     /// Only an owner holding a lease, with nothing in flight, writes
     /// `clean`; any owner before it had been fenced out before it went
     /// active. So once the register shows `clean`, nothing anyone started
     /// can still commit.
-    async fn until_clean(&self, keys: &[Key], d: Duration) -> Option<bool> {
-        let end = Instant::now() + d;
-        while let Some(left) = end.checked_duration_since(Instant::now()) {
+    async fn wait_watching(
+        &self,
+        claim: &mut Claim<(Key, u64), Instant>,
+        until: Instant,
+        why: Why,
+    ) -> Option<bool> {
+        while let Some(left) = until.checked_duration_since(Instant::now()) {
             if !self.sleep(left.min(WATCH_EVERY)).await {
                 return None;
             }
-            let (owners, ks) = (self.owners.clone(), keys.to_vec());
+            claim.retain(Instant::now(), |p| self.current(p));
+            if claim.next() != (Do::Wait { until, why }) {
+                return Some(false);
+            }
+            if !why.watches() {
+                continue;
+            }
+            let (owners, ks) = (self.owners.clone(), claim.keys().to_vec());
+            let ks: Vec<Key> = ks.into_iter().map(|(k, _)| k).collect();
             let Ok(found) = blocking(move || owners.read(ks, Duration::from_secs(5))).await else {
                 continue;
             };
-            if keys.iter().all(|k| found.get(k) == Some(&Owner::Clean)) {
+            let entry = |(k, _): &(Key, u64)| found.get(k).copied().unwrap_or(Owner::Nobody);
+            if claim.watched(Instant::now(), entry) {
                 return Some(true);
             }
         }
+        claim.woke(Instant::now());
         Some(false)
     }
 
     /// Whether this generation of the partition is still being prepared.
     fn current(&self, p: &(Key, u64)) -> bool {
         self.given_up.get(p).is_some_and(|t| !t.is_cancelled())
-    }
-
-    /// Writes this process into the register for `pending`, reads it back,
-    /// fences (unless every previous owner left cleanly), and returns the
-    /// partitions still this process's after the fence, each with the send
-    /// time of the read that showed it (where its lease starts).
-    ///
-    /// The fence counts from a read that shows the claim stored: an owner
-    /// that read itself in the register before then stops writing within
-    /// a lease, and its last inserts end within `2 × insert_timeout`.
-    ///
-    /// A clean hand-off skips the fence, but only when the claim was stored
-    /// within [`SETTLE`] of the read that showed `clean`, and is read back
-    /// [`SETTLE_WAIT`] later: two claimers that both read `clean` cannot both
-    /// read themselves back then (Fischer's mutual exclusion, with the
-    /// write's own duration as its bound).
-    async fn claim(&self, pending: &[(Key, u64)]) -> Option<(Vec<((Key, u64), Instant)>, bool)> {
-        let keys: Vec<Key> = pending.iter().map(|(k, _)| *k).collect();
-        let (before, read_sent) = self.read_owners_at(&keys).await?;
-        let clean = keys.iter().all(|k| before.get(k) == Some(&Owner::Clean));
-        let (owners, me) = (self.owners.clone(), self.me);
-        let ks = keys.clone();
-        if let Err(e) = blocking(move || owners.write(ks, me)).await {
-            tracing::warn!(
-                error = %format!("{e:#}"),
-                "cannot record the ownership marker (the claim) yet; the partitions wait"
-            );
-            return Some((Vec::new(), false));
-        }
-        let clean = clean && read_sent.elapsed() <= SETTLE;
-        if clean && !self.sleep(SETTLE_WAIT).await {
-            return None;
-        }
-        let (after, read_at) = self.read_owners_at(&keys).await?;
-        let claimed: Vec<(Key, u64)> = pending
-            .iter()
-            .filter(|(k, _)| after.get(k) == Some(&Owner::Process(self.me)))
-            .copied()
-            .collect();
-        let lost = pending.iter().any(|(k, _)| self.other_owner(&after, k));
-        if claimed.len() < pending.len() {
-            tracing::warn!(
-                lost = pending.len() - claimed.len(),
-                "another owner claimed partitions at the same time"
-            );
-        }
-        if clean || claimed.is_empty() {
-            return Some((claimed.into_iter().map(|p| (p, read_at)).collect(), lost));
-        }
-        tracing::info!(
-            wait_ms = self.fence_wait.as_millis() as u64,
-            "no clean hand-off; claimed, waiting out the previous owner's inserts before reading ClickHouse"
-        );
-        let keys: Vec<Key> = claimed.iter().map(|(k, _)| *k).collect();
-        if self.until_clean(&keys, self.fence_wait).await? {
-            // Marked over this claim by an owner whose inserts ended.
-            tracing::info!("the previous owner marked the partitions clean during the fence; claiming them again");
-            return Some((Vec::new(), lost));
-        }
-        let (after, read_at) = self.read_owners_at(&keys).await?;
-        let ours: Vec<((Key, u64), Instant)> = claimed
-            .iter()
-            .filter(|(k, _)| after.get(k) == Some(&Owner::Process(self.me)))
-            .filter(|p| self.current(p))
-            .map(|&p| (p, read_at))
-            .collect();
-        let lost_now = claimed
-            .iter()
-            .any(|p| self.current(p) && self.other_owner(&after, &p.0));
-        if lost_now {
-            tracing::warn!(
-                lost = claimed.len() - ours.len(),
-                "another owner claimed partitions during the fence"
-            );
-        }
-        Some((ours, lost || lost_now))
-    }
-
-    /// Whether the register names another process for `key`.
-    fn other_owner(&self, register: &HashMap<Key, Owner>, key: &Key) -> bool {
-        matches!(register.get(key), Some(Owner::Process(id)) if *id != self.me)
     }
 
     /// The register's entries for `keys`, read until every one is known,
