@@ -40,6 +40,22 @@ use std::time::Duration;
 /// How often a wait that watches the register reads it.
 pub const WATCH_EVERY: Duration = Duration::from_secs(1);
 
+/// How long a partition taken from this process waits before it is
+/// claimed back, the `n`th time (from 1) it was taken since the group
+/// assigned it or since it last stayed this process's for two fences
+/// ([`counts_afresh`]): a fence, doubling, up to four. Two members a
+/// coordinator gave one partition take it from each other; the longer
+/// wait lets the other's fence end.
+pub fn taken_wait(fence_wait: Duration, n: u32) -> Duration {
+    fence_wait * 2u32.pow(n.saturating_sub(1).min(2))
+}
+
+/// Whether a partition that was this process's for `held` before it was
+/// taken counts its takings afresh.
+pub fn counts_afresh(held: Duration, fence_wait: Duration) -> bool {
+    held > fence_wait * 2
+}
+
 /// What the driver does next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Do<T> {
@@ -152,8 +168,9 @@ pub struct Claim<K, T> {
     /// Of those, the ones the last read back showed claimed (they fence).
     fencing: Vec<K>,
     step: Step<T>,
-    /// The register named another process during this round.
-    lost: bool,
+    /// Of those, the ones the register named another process for during
+    /// this round.
+    contested: Vec<K>,
     /// Rounds lost to another process so far.
     yields: u32,
 }
@@ -173,7 +190,7 @@ impl<K: Copy + Eq, T: Moment> Claim<K, T> {
             pending: keys,
             fencing: Vec::new(),
             step,
-            lost: false,
+            contested: Vec::new(),
             yields: 0,
         }
     }
@@ -211,7 +228,8 @@ impl<K: Copy + Eq, T: Moment> Claim<K, T> {
     /// others were revoked, lost or taken), at `now`.
     pub fn retain(&mut self, now: T, mut keep: impl FnMut(&K) -> bool) {
         self.pending.retain(&mut keep);
-        self.fencing.retain(keep);
+        self.fencing.retain(&mut keep);
+        self.contested.retain(keep);
         if self.fencing.is_empty() && self.fencing_step() {
             self.end_round(now);
         }
@@ -231,6 +249,7 @@ impl<K: Copy + Eq, T: Moment> Claim<K, T> {
     pub fn commits_read(&mut self) {
         if self.step == Step::ReadCommits {
             self.step = Step::Read;
+            self.contested.clear();
         }
     }
 
@@ -248,7 +267,7 @@ impl<K: Copy + Eq, T: Moment> Claim<K, T> {
                 Vec::new()
             }
             Step::ReadBack { clean } => {
-                self.lost = self.pending.iter().any(|k| self.other(entry(k)));
+                self.contested = self.others(&self.pending, &entry);
                 let claimed: Vec<K> = self
                     .pending
                     .iter()
@@ -266,7 +285,11 @@ impl<K: Copy + Eq, T: Moment> Claim<K, T> {
                 Vec::new()
             }
             Step::ReadAgain => {
-                self.lost |= self.fencing.iter().any(|k| self.other(entry(k)));
+                for k in self.others(&self.fencing, &entry) {
+                    if !self.contested.contains(&k) {
+                        self.contested.push(k);
+                    }
+                }
                 let ours: Vec<K> = self
                     .fencing
                     .iter()
@@ -279,9 +302,36 @@ impl<K: Copy + Eq, T: Moment> Claim<K, T> {
         }
     }
 
-    /// Whether the register names another process.
-    fn other(&self, owner: Owner) -> bool {
-        matches!(owner, Owner::Process(id) if id != self.me)
+    /// Those of `keys` the register names another process for.
+    fn others(&self, keys: &[K], entry: impl Fn(&K) -> Owner) -> Vec<K> {
+        let other = |k: &&K| matches!(entry(k), Owner::Process(id) if id != self.me);
+        keys.iter().filter(other).copied().collect()
+    }
+
+    /// The partitions the register named another process for during the
+    /// round that just ended (two members a coordinator gave one partition
+    /// show here), while it yields.
+    pub fn contested(&self) -> &[K] {
+        match self.step {
+            Step::Wait {
+                why: Why::Yield, ..
+            } => &self.contested,
+            _ => &[],
+        }
+    }
+
+    /// Planning what the round claimed took until `now`: a yield starts
+    /// from here, so that the other claimer's fence can end within it.
+    pub fn planned(&mut self, now: T) {
+        if let Step::Wait {
+            why: Why::Yield, ..
+        } = self.step
+        {
+            self.step = Step::Wait {
+                until: now.after(self.times.yield_after(self.yields)),
+                why: Why::Yield,
+            };
+        }
     }
 
     /// `ours` are this process's since a read sent at `sent`; the round ends.
@@ -295,7 +345,7 @@ impl<K: Copy + Eq, T: Moment> Claim<K, T> {
     /// claimed it this round, after the driver's backoff if not.
     fn end_round(&mut self, now: T) {
         self.fencing.clear();
-        self.step = if self.lost {
+        self.step = if !self.contested.is_empty() {
             self.yields += 1;
             Step::Wait {
                 until: now.after(self.times.yield_after(self.yields)),
@@ -304,7 +354,6 @@ impl<K: Copy + Eq, T: Moment> Claim<K, T> {
         } else {
             Step::Backoff
         };
-        self.lost = false;
     }
 
     /// The write of the claim was stored; the driver knew it at `now`.
@@ -532,6 +581,56 @@ mod tests {
     }
 
     #[test]
+    fn a_contested_partition_given_up_does_not_make_the_others_yield() {
+        let mut c = Claim::new(
+            vec![1, 2, 3],
+            ME,
+            ClaimTimes::new(Duration::from_secs(10)),
+            Start::Now,
+        );
+        c.commits_read();
+        c.read(s(0), s(0), |_| Owner::Nobody);
+        c.written(s(0));
+        c.read(s(0), s(0), |&k| match k {
+            1 => Owner::Process(ME),
+            2 => Owner::Process(3),
+            _ => Owner::Nobody,
+        });
+        c.retain(s(1), |&k| k != 2);
+        c.woke(s(10));
+        let ours = c.read(s(10), s(10), |_| Owner::Process(ME));
+        assert_eq!(ours, vec![(1, s(10))]);
+        assert_eq!(c.next(), Do::Backoff, "3 was never contested");
+        assert!(c.contested().is_empty());
+    }
+
+    #[test]
+    fn a_yield_starts_once_the_claimed_partitions_are_planned() {
+        let mut c = claim(Start::Now);
+        write(&mut c, s(1), Owner::Nobody);
+        let ours = c.read(s(1), s(1), |&k| match k {
+            1 => Owner::Process(ME),
+            _ => Owner::Process(3),
+        });
+        assert!(ours.is_empty(), "1 fences");
+        c.woke(s(11));
+        let ours = c.read(s(11), s(11), |&k| match k {
+            1 => Owner::Process(ME),
+            _ => Owner::Process(3),
+        });
+        assert_eq!(ours, vec![(1, s(11))]);
+        assert_eq!(c.contested(), &[2]);
+        c.planned(s(30));
+        assert_eq!(
+            c.next(),
+            Do::Wait {
+                until: s(40),
+                why: Why::Yield
+            }
+        );
+    }
+
+    #[test]
     fn a_taken_partition_waits_first() {
         let mut c = claim(Start::After {
             until: s(20),
@@ -546,5 +645,14 @@ mod tests {
         });
         assert!(c.watched(s(1), |_| Owner::Clean));
         assert_eq!(c.next(), Do::ReadCommits);
+    }
+
+    #[test]
+    fn the_wait_after_a_taking_doubles_up_to_four_fences() {
+        let f = Duration::from_secs(10);
+        let waits: Vec<u64> = (1..=4).map(|n| taken_wait(f, n).as_secs()).collect();
+        assert_eq!(waits, [10, 20, 40, 40]);
+        assert!(!counts_afresh(f * 2, f));
+        assert!(counts_afresh(f * 2 + Duration::from_millis(1), f));
     }
 }

@@ -8,9 +8,13 @@
 //! bit mask of the offsets whose rows ClickHouse rejects, and KEYS gives
 //! each record's business key as one digit (`001`: key dedup, the first two
 //! records share a key; absent: no key dedup); `MAX_STATES` caps the search
-//! and `MAX_ROWS` the rows per batch (default: RECORDS).
+//! and `MAX_ROWS` the rows per batch (default: RECORDS). `FAIR=STALLS,SECS`
+//! checks liveness too (`Fair`: at most STALLS unfair seconds, recovery
+//! within SECS of the last fault); `START=clean` or `START=shared` starts
+//! with a clean partition assigned to both processes (`shared`: until a
+//! rebalance).
 
-use sluice_model::{trace, Bounds, Rules, Sluice};
+use sluice_model::{trace, Bounds, Fair, Rules, Sluice, Start};
 use stateright::{Checker, Model};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -113,6 +117,21 @@ fn bounds(args: &[String]) -> Option<Bounds> {
         resets: small(5, 0)?,
         forgets: small(6, 0)?,
         servers,
+        start: match std::env::var("START").as_deref() {
+            Ok("shared") => Start::SharedByBoth,
+            Ok("clean") => Start::CleanToBoth,
+            _ => Start::Owned,
+        },
+        fair: match std::env::var("FAIR") {
+            Ok(f) => {
+                let (stalls, recovery) = f.split_once(',')?;
+                Some(Fair {
+                    stalls: stalls.parse().ok()?,
+                    recovery: Duration::from_secs(recovery.parse().ok()?),
+                })
+            }
+            Err(_) => None,
+        },
         ..Bounds::CI
     })
 }

@@ -98,8 +98,9 @@ impl Model for Sluice {
                 w.procs[0].heard = 1;
                 sink::activate(self, &mut w, 0, 1, Committed::Nothing, Millis(0));
             }
-            Start::CleanToBoth => {
+            Start::CleanToBoth | Start::SharedByBoth => {
                 w.register = Owner::Clean;
+                w.group.shared = self.bounds.start == Start::SharedByBoth;
                 for p in &mut w.procs {
                     p.heard = 1;
                     let start = sluice_core::claim::Start::Now;
@@ -137,6 +138,81 @@ impl Model for Sluice {
     }
 
     fn next_state(&self, w: &World, action: Action) -> Option<World> {
+        let mut next = self.step(w, action)?;
+        if self.bounds.fair.is_some() && next.left != w.left {
+            next.last_fault = next.now;
+        }
+        Some(next)
+    }
+
+    fn properties(&self) -> Vec<Property<Self>> {
+        vec![
+            Property::always("no offset is stored twice", |_, w: &World| {
+                w.table.iter().all(|&n| n <= 1)
+            }),
+            // A record that shares its key with another may be dropped as a
+            // duplicate: the next property says when that is right.
+            Property::always(
+                "the commit passes only offsets in the table or the DLQ",
+                |m: &Sluice, w: &World| {
+                    (0..committed(w))
+                        .all(|o| w.table[o] > 0 || w.dlq[o] > 0 || shares_key(&m.bounds, o))
+                },
+            ),
+            Property::always(
+                "a key-dedup drop the commit passes has its key in the table",
+                |m: &Sluice, w: &World| {
+                    (0..committed(w)).all(|o| {
+                        let dropped = w.table[o] == 0 && w.dlq[o] == 0;
+                        !(dropped && shares_key(&m.bounds, o)) || key_stored(&m.bounds, w, o)
+                    })
+                },
+            ),
+            Property::always("no key is stored twice", |m: &Sluice, w: &World| {
+                let keys = m.bounds.keys;
+                (0..keys.len()).all(|o| {
+                    let copies = (0..keys.len()).filter(|&i| keys[i] == keys[o]);
+                    copies.map(|i| u32::from(w.table[i])).sum::<u32>() <= 1
+                })
+            }),
+            Property::sometimes(
+                "every record is stored, in the DLQ or a duplicate of a stored key, and committed",
+                done,
+            ),
+            // Liveness, checked as a bounded response: see `Fair`.
+            Property::always(
+                "once faults stop, every record lands and is committed within the recovery time",
+                |m: &Sluice, w: &World| match m.bounds.fair {
+                    Some(f) => w.now < w.last_fault.after(f.recovery) || done(m, w),
+                    None => true,
+                },
+            ),
+        ]
+    }
+}
+
+impl Sluice {
+    /// Whether a process or a message can move in `w`: some action that is
+    /// not a fault changes the world.
+    fn can_move(&self, w: &World) -> bool {
+        let mut actions = Vec::new();
+        self.actions(w, &mut actions);
+        actions.into_iter().any(|a| {
+            let fault = match a {
+                Action::Tick
+                | Action::Rebalance(_)
+                | Action::Crash(_)
+                | Action::LoseCommit
+                | Action::Forget => true,
+                _ => false,
+            };
+            // A step that spends a fault (a reset) is one too.
+            !fault && self.step(w, a).is_some_and(|n| n != *w && n.left == w.left)
+        })
+    }
+
+    /// The world after `action`, faults counted as they happen.
+    fn step(&self, w: &World, action: Action) -> Option<World> {
         let mut w = match action {
             Action::Proc(p, step) => {
                 let mut w = sink::take(self, w, p, step)?;
@@ -150,6 +226,11 @@ impl Model for Sluice {
                 let horizon = Millis(self.bounds.horizon.as_millis() as u64);
                 if w.now >= horizon {
                     return None;
+                }
+                // Checking liveness, a second passes with something able
+                // to move only as a fault (a stall).
+                if self.bounds.fair.is_some() && self.can_move(&w) {
+                    w.left.stalls = w.left.stalls.checked_sub(1)?;
                 }
                 w.now = w.now.after(Duration::from_secs(1));
                 // max_execution_time: a query running that long is stopped.
@@ -169,6 +250,7 @@ impl Model for Sluice {
                 w.left.rebalances -= 1;
                 w.group.generation += 1;
                 w.group.member = Some(p);
+                w.group.shared = false;
             }
             Action::LoseCommit => {
                 if w.left.lost_commits == 0 || w.group.committed.is_none() {
@@ -187,8 +269,13 @@ impl Model for Sluice {
                 let proc = &mut w.procs[p];
                 proc.id = w.ids;
                 proc.heard = generation;
+                proc.taken = 0;
                 proc.phase = Phase::Idle;
                 proc.clock = crate::world::server_clock();
+                // Checking liveness, it rejoins the group: a new generation.
+                if self.bounds.fair.is_some() {
+                    w.group.generation += 1;
+                }
             }
             Action::Arrive(i, s) => {
                 let server = w.server_ms(s);
@@ -263,51 +350,16 @@ impl Model for Sluice {
         w.normalize();
         Some(w)
     }
+}
 
-    fn properties(&self) -> Vec<Property<Self>> {
-        vec![
-            Property::always("no offset is stored twice", |_, w: &World| {
-                w.table.iter().all(|&n| n <= 1)
-            }),
-            // A record that shares its key with another may be dropped as a
-            // duplicate: the next property says when that is right.
-            Property::always(
-                "the commit passes only offsets in the table or the DLQ",
-                |m: &Sluice, w: &World| {
-                    (0..committed(w))
-                        .all(|o| w.table[o] > 0 || w.dlq[o] > 0 || shares_key(&m.bounds, o))
-                },
-            ),
-            Property::always(
-                "a key-dedup drop the commit passes has its key in the table",
-                |m: &Sluice, w: &World| {
-                    (0..committed(w)).all(|o| {
-                        let dropped = w.table[o] == 0 && w.dlq[o] == 0;
-                        !(dropped && shares_key(&m.bounds, o)) || key_stored(&m.bounds, w, o)
-                    })
-                },
-            ),
-            Property::always("no key is stored twice", |m: &Sluice, w: &World| {
-                let keys = m.bounds.keys;
-                (0..keys.len()).all(|o| {
-                    let copies = (0..keys.len()).filter(|&i| keys[i] == keys[o]);
-                    copies.map(|i| u32::from(w.table[i])).sum::<u32>() <= 1
-                })
-            }),
-            Property::sometimes(
-                "every record is stored, in the DLQ or a duplicate of a stored key, and committed",
-                |m: &Sluice, w: &World| {
-                    let all = w.table.len();
-                    let landed = (0..all).all(|o| {
-                        w.table[o] == 1
-                            || w.dlq[o] > 0
-                            || (shares_key(&m.bounds, o) && key_stored(&m.bounds, w, o))
-                    });
-                    landed && committed(w) == all
-                },
-            ),
-        ]
-    }
+/// Every record is stored once, in the DLQ or a duplicate of a stored key,
+/// and the group's commit passes it.
+fn done(m: &Sluice, w: &World) -> bool {
+    let all = w.table.len();
+    let landed = (0..all).all(|o| {
+        w.table[o] == 1 || w.dlq[o] > 0 || (shares_key(&m.bounds, o) && key_stored(&m.bounds, w, o))
+    });
+    landed && committed(w) == all
 }
 
 /// The offsets the group's commit passes (of the records in the log).

@@ -108,6 +108,18 @@ pub enum RejectedKey {
     Keep,
 }
 
+/// What a claim that lost the partition to another process does next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ClaimYield {
+    /// The product: it yields a fence (then two), or until the register
+    /// shows the partition left cleanly.
+    Yield,
+    /// Unsafe for liveness: it claims again at once (the sink before
+    /// 37a07cc): two members given one partition overwrite each other's
+    /// claim within each other's fence.
+    AtOnce,
+}
+
 /// The rules the processes follow.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Rules {
@@ -118,6 +130,7 @@ pub struct Rules {
     pub dlq: DlqConfirm,
     pub key_drop: KeyDrop,
     pub rejected_key: RejectedKey,
+    pub claim_yield: ClaimYield,
 }
 
 impl Rules {
@@ -130,6 +143,7 @@ impl Rules {
         dlq: DlqConfirm::Acknowledged,
         key_drop: KeyDrop::SettledCopy,
         rejected_key: RejectedKey::Forget,
+        claim_yield: ClaimYield::Yield,
     };
 }
 
@@ -173,6 +187,25 @@ pub struct Bounds {
     /// (`[clickhouse] cluster`).
     pub servers: u8,
     pub start: Start,
+    /// Check liveness too: see [`Fair`]. `None`: safety only, and time may
+    /// pass at any moment (any process may freeze, any message wait).
+    pub fair: Option<Fair>,
+}
+
+/// Liveness under fair scheduling once faults stop. Time passes only when
+/// no process and no message can move (a process that can take a step
+/// takes it within the second, a server answers within it), except for
+/// `stalls` seconds in all; each of those, and each other fault, restarts
+/// the count. Within `recovery` of the last fault, every record is in the
+/// table once (or in the DLQ, or dropped as a duplicate of a stored key)
+/// and the group's commit passes it. A crashed process rejoins the group
+/// (a new generation). Waits that the sink times (a fence, a yield, a
+/// settle, a lease) take their time; a backoff after a failed claim takes
+/// none (the sink's take 0.5 s to 5 s).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Fair {
+    pub stalls: u8,
+    pub recovery: Duration,
 }
 
 /// Where the search starts.
@@ -181,8 +214,12 @@ pub enum Start {
     /// Process 0 has just claimed the partition; nothing is stored.
     Owned,
     /// The last owner left cleanly, and the coordinator assigned the
-    /// partition to both processes (a faulty coordinator can).
+    /// partition to both processes (a faulty coordinator can); the first
+    /// is the member the next generation keeps.
     CleanToBoth,
+    /// As `CleanToBoth`, but the coordinator keeps assigning it to both
+    /// until a rebalance (tansu did, for minutes).
+    SharedByBoth,
 }
 
 impl Bounds {
@@ -202,6 +239,7 @@ impl Bounds {
         forgets: 0,
         servers: 1,
         start: Start::Owned,
+        fair: None,
     };
 }
 

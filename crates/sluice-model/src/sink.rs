@@ -13,11 +13,11 @@
 
 use crate::world::{Claim, Insert, Job, Keys, Letter, Part, Phase, Rewrite, Wait, World};
 use crate::{
-    ClaimConfirm, DlqConfirm, KeyDrop, LateGuard, RejectedKey, RewriteCheck, Rules, Settings,
-    Sluice, UnbackedRows,
+    ClaimConfirm, ClaimYield, DlqConfirm, KeyDrop, LateGuard, RejectedKey, RewriteCheck, Rules,
+    Settings, Sluice, UnbackedRows,
 };
 use sluice_core::attempt::{rows_left, Answer, Attempts};
-use sluice_core::claim::{Do, Start};
+use sluice_core::claim::{counts_afresh, taken_wait, Do, Start, Why};
 use sluice_core::deadline::{attempt_deadline, Fence, FenceStep, Millis, Moment};
 use sluice_core::dedup::{conditional_excluded, KeyHash, KeyWindow, Seen, Verdict};
 use sluice_core::lease::{on_register, Leases, Owner, Renewal};
@@ -74,7 +74,7 @@ pub fn take(m: &Sluice, w: &World, p: usize, step: Step) -> Option<World> {
     match step {
         Step::Hear => {
             let g = &w.group;
-            let fresh = g.member == Some(p) && w.procs[p].heard < g.generation;
+            let fresh = g.assigned(p) && w.procs[p].heard < g.generation;
             if !fresh || !matches!(w.procs[p].phase, Phase::Idle) {
                 return None;
             }
@@ -83,10 +83,12 @@ pub fn take(m: &Sluice, w: &World, p: usize, step: Step) -> Option<World> {
             w.procs[p].phase = Phase::Claiming(claim);
         }
         Step::Revoke => {
-            let current = w.group.member == Some(p) && w.group.generation == generation(&w, p)?;
+            let current = w.group.assigned(p) && w.group.generation == generation(&w, p)?;
             if current {
                 return None;
             }
+            // A new assignment counts its takings afresh.
+            w.procs[p].taken = 0;
             match &mut w.procs[p].phase {
                 Phase::Claiming(_) => w.procs[p].phase = Phase::Idle,
                 Phase::Active(part) if !part.leaving => {
@@ -132,6 +134,10 @@ pub fn take(m: &Sluice, w: &World, p: usize, step: Step) -> Option<World> {
                 // time.
                 Do::Backoff => c.claim.woke(now),
                 Do::Wait { until, .. } if now >= until => c.claim.woke(now),
+                Do::Wait {
+                    until,
+                    why: Why::Yield,
+                } if rules.claim_yield == ClaimYield::AtOnce => c.claim.woke(until),
                 Do::Wait { .. } => {
                     if !c.claim.watched(now, entry) {
                         return None;
@@ -620,6 +626,7 @@ pub fn activate(
     };
     proc.phase = Phase::Active(Box::new(Part {
         generation,
+        since: w.now,
         leases,
         leaving: false,
         next: plan.start,
@@ -635,12 +642,20 @@ pub fn activate(
 }
 
 /// The partition was taken from process `p`: it gives it up (its insert is
-/// abandoned) and claims it back after `wait`, or (`watch`) once the
-/// register shows a clean hand-off.
+/// abandoned) and claims it back after `claim::taken_wait`, or (`watch`)
+/// once the register shows a clean hand-off.
 fn taken(w: &mut World, p: usize, generation: u64, watch: bool, s: &Settings) {
     let committed = w.group.committed();
+    let now = w.now;
+    let proc = &mut w.procs[p];
+    if let Phase::Active(part) = &proc.phase {
+        if counts_afresh(now.since(part.since), s.fence_wait) {
+            proc.taken = 0;
+        }
+    }
+    proc.taken += 1;
     let start = Start::After {
-        until: w.now.after(s.fence_wait),
+        until: now.after(taken_wait(s.fence_wait, proc.taken)),
         watch,
     };
     let id = w.procs[p].id;

@@ -41,6 +41,9 @@ pub struct World {
     pub left: Faults,
     /// Process ids handed out so far.
     pub ids: u64,
+    /// When the last fault happened (only tracked when the search checks
+    /// liveness).
+    pub last_fault: Millis,
 }
 
 /// The group coordinator's view of the partition.
@@ -48,10 +51,18 @@ pub struct World {
 pub struct Group {
     pub generation: u64,
     pub member: Option<usize>,
+    /// A faulty coordinator (tansu's) also assigns it to every other
+    /// process, until the next rebalance.
+    pub shared: bool,
     pub committed: Option<NextOffset>,
 }
 
 impl Group {
+    /// Whether process `p` is assigned the partition.
+    pub fn assigned(&self, p: usize) -> bool {
+        self.shared || self.member == Some(p)
+    }
+
     pub fn committed(&self) -> Committed {
         self.committed.map_or(Committed::Nothing, Committed::At)
     }
@@ -64,6 +75,10 @@ pub struct Faults {
     pub lost_commits: u8,
     pub resets: u8,
     pub forgets: u8,
+    /// Seconds that pass while a process or a message could have moved
+    /// (a freeze, a slow server, a message held); only counted when the
+    /// search checks liveness ([`crate::Bounds::fair`]).
+    pub stalls: u8,
 }
 
 /// An INSERT on its way to ClickHouse or running there.
@@ -100,6 +115,9 @@ pub struct Proc {
     pub id: u64,
     /// The last generation it heard of.
     pub heard: u64,
+    /// Times the partition was taken from it since the group assigned it
+    /// (`claim::taken_wait`).
+    pub taken: u32,
     pub phase: Phase,
     pub clock: ServerClock<Millis>,
 }
@@ -144,6 +162,8 @@ impl Claim {
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Part {
     pub generation: u64,
+    /// When it went active.
+    pub since: Millis,
     pub leases: Leases<(), Millis>,
     /// Revoked; its insert finishes, then it hands off.
     pub leaving: bool,
@@ -265,12 +285,17 @@ pub fn server_clock() -> ServerClock<Millis> {
 }
 
 impl World {
-    /// Forgets what no longer matters (when an expired lease expired), so
-    /// that states that differ only in it compare equal.
+    /// Forgets what no longer matters (when an expired lease expired, when
+    /// a partition never taken went active), so that states that differ
+    /// only in it compare equal.
     pub fn normalize(&mut self) {
         for p in &mut self.procs {
             if let Phase::Active(part) = &mut p.phase {
                 part.leases.normalize(self.now);
+                // Never taken: when it went active decides nothing.
+                if p.taken == 0 {
+                    part.since = Millis(0);
+                }
             }
         }
     }
@@ -280,6 +305,7 @@ impl World {
             .map(|i| Proc {
                 id: i as u64 + 1,
                 heard: 0,
+                taken: 0,
                 phase: Phase::Idle,
                 clock: server_clock(),
             })
@@ -289,6 +315,7 @@ impl World {
             group: Group {
                 generation: 1,
                 member: Some(0),
+                shared: false,
                 committed: None,
             },
             register: Owner::Nobody,
@@ -305,8 +332,10 @@ impl World {
                 lost_commits: b.lost_commits,
                 resets: b.resets,
                 forgets: b.forgets,
+                stalls: b.fair.map_or(0, |f| f.stalls),
             },
             ids: b.processes as u64,
+            last_fault: Millis(0),
         }
     }
 

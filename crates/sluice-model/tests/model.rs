@@ -3,8 +3,8 @@
 //! with the trace printed. `make model` runs deeper bounds.
 
 use sluice_model::{
-    trace, Bounds, ClaimConfirm, DlqConfirm, KeyDrop, LateGuard, RejectedKey, RewriteCheck, Rules,
-    Settings, Sluice, Start, UnbackedRows,
+    trace, Bounds, ClaimConfirm, ClaimYield, DlqConfirm, Fair, KeyDrop, LateGuard, RejectedKey,
+    RewriteCheck, Rules, Settings, Sluice, Start, UnbackedRows,
 };
 use stateright::{Checker, HasDiscoveries, Model};
 use std::time::{Duration, Instant};
@@ -43,7 +43,7 @@ fn holds(what: &str, b: Bounds) {
         c.max_depth(),
         t0.elapsed()
     );
-    for p in [TWICE, COMMIT, KEY_DROP, KEY_TWICE] {
+    for p in [TWICE, COMMIT, KEY_DROP, KEY_TWICE, RECOVERS] {
         if let Some(path) = c.discovery(p) {
             panic!("{what}: {p} fails:\n{}", trace(&m, &path));
         }
@@ -267,4 +267,50 @@ fn drops_a_key_with_no_copy_stored(rules: Rules) {
     let m = Sluice::new(rules, one_key_first_rejected(2, 4, [0, 0, 0, 0]));
     let t = breaks(m, KEY_DROP);
     assert!(t.contains("rejected at offset 0"), "{t}");
+}
+
+const RECOVERS: &str =
+    "once faults stop, every record lands and is committed within the recovery time";
+
+/// Liveness: `stalls` unfair seconds, and every record landed and committed
+/// within `recovery` of the last fault.
+fn fair(b: Bounds, stalls: u8, recovery: u64) -> Bounds {
+    Bounds {
+        fair: Some(Fair {
+            stalls,
+            recovery: Duration::from_secs(recovery),
+        }),
+        ..b
+    }
+}
+
+#[test]
+fn once_faults_stop_every_record_lands_within_four_fences() {
+    // The fence is 5 s: a claim that loses to a claimer the group then
+    // revoked yields two fences after a settle, then fences.
+    let b = fair(bounds(2, 40, [1, 1, 0, 1]), 1, 20);
+    holds("liveness: a rebalance, a crash, a reset, a stall, 40 s", b);
+}
+
+#[test]
+fn two_members_given_one_partition_take_turns() {
+    let b = Bounds {
+        start: Start::SharedByBoth,
+        ..fair(bounds(2, 45, [0, 0, 0, 0]), 1, 30)
+    };
+    holds("liveness: a partition assigned to both, a stall, 45 s", b);
+}
+
+#[test]
+fn claiming_back_at_once_lets_two_members_given_one_partition_stall() {
+    let rules = Rules {
+        claim_yield: ClaimYield::AtOnce,
+        ..Rules::SAFE
+    };
+    let b = Bounds {
+        start: Start::SharedByBoth,
+        ..fair(bounds(2, 45, [0, 0, 0, 0]), 1, 30)
+    };
+    let t = breaks(Sluice::new(rules, b), RECOVERS);
+    assert!(t.contains("Claim"), "{t}");
 }

@@ -139,9 +139,16 @@ impl Preparation {
                     let entry =
                         |(k, _): &(Key, u64)| found.get(k).copied().unwrap_or(Owner::Nobody);
                     let ours = claim.read(sent, Instant::now(), entry);
+                    if !claim.contested().is_empty() {
+                        tracing::warn!(
+                            partitions = claim.contested().len(),
+                            "another owner claimed partitions this process is assigned, at the same time or during the fence"
+                        );
+                    }
                     if !self.plan(lookup, &ours, &commits).await {
                         return;
                     }
+                    claim.planned(Instant::now());
                 }
                 Do::Write => {
                     let (owners, me) = (self.owners.clone(), self.me);

@@ -35,6 +35,7 @@ use crate::sink::SinkContext;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::error::KafkaResult;
 use rdkafka::{Offset as KOffset, TopicPartitionList};
+use sluice_core::claim;
 use sluice_core::AckTracker;
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
@@ -155,8 +156,11 @@ impl Sink {
         };
         part.abandon.cancel();
         self.ctx.lease.give_up(key, generation);
-        let settled = self.cfg.sink.fence_wait * 2;
-        if part.active_since.is_some_and(|t| t.elapsed() > settled) {
+        let fence_wait = self.cfg.sink.fence_wait;
+        if part
+            .active_since
+            .is_some_and(|t| claim::counts_afresh(t.elapsed(), fence_wait))
+        {
             self.taken.remove(&key);
         }
         let mut tpl = TopicPartitionList::new();
@@ -166,7 +170,7 @@ impl Sink {
         }
         let n = self.taken.entry(key).or_default();
         *n += 1;
-        let wait = self.cfg.sink.fence_wait * 2u32.pow((*n - 1).min(2));
+        let wait = claim::taken_wait(fence_wait, *n);
         self.prepare(&[key], wait, matches!(by, Owner::Process(_)));
     }
 
