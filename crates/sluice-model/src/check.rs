@@ -198,14 +198,14 @@ impl Sluice {
         let mut actions = Vec::new();
         self.actions(w, &mut actions);
         actions.into_iter().any(|a| {
-            let fault = match a {
+            let fault = matches!(
+                a,
                 Action::Tick
-                | Action::Rebalance(_)
-                | Action::Crash(_)
-                | Action::LoseCommit
-                | Action::Forget => true,
-                _ => false,
-            };
+                    | Action::Rebalance(_)
+                    | Action::Crash(_)
+                    | Action::LoseCommit
+                    | Action::Forget
+            );
             // A step that spends a fault (a reset) is one too.
             !fault && self.step(w, a).is_some_and(|n| n != *w && n.left == w.left)
         })
