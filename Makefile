@@ -1,6 +1,6 @@
 # sluice — quick start: `make demo` runs the main job on the local stack,
 # `make test` runs every test against it. Both install and start the stack
-# (tansu 0.6.0 + the ClickHouse 26.9 engine) on 127.0.0.1 if needed.
+# (tansu 0.6.0 + the ClickHouse 26.9 engine + a schema registry) on 127.0.0.1 if needed.
 
 STACK := scripts/stack.sh
 ENV := set -a; eval "$$($(STACK) env)"; set +a
@@ -24,6 +24,7 @@ test:
 	@scripts/install-deps.sh
 	@$(STACK) up >/dev/null
 	@$(ENV); "$$SLUICE_CHDB_PYTHON" stack/test_chdb_server.py
+	@$(ENV); "$$SLUICE_CLIENTS_PYTHON" -W ignore::ResourceWarning stack/test_schema_registry.py
 	@$(ENV); cargo test --release --workspace --lib --bins --tests -- --test-threads=4
 
 # The checked model, deeper than `make test` checks it: each entry is
@@ -38,9 +39,15 @@ MODEL_BOUNDS := "10 1 1 0 0 0 0" "9 1 1 1 0 0 0" "8 2 1 0 0 1 0" "8 1 2 0 0 0 0"
 	"6 3 1 0 0 0 0 0 1 1 777" "5 3 1 0 0 0 0 0 1 2 787" "6 2 1 1 0 0 0 0 1 1 77" \
 	"6 2 1 0 0 1 0 0 1 1 77"
 
+# Liveness (FAIR=STALLS,RECOVERY_SECS): every record lands within the
+# recovery time of the last fault, under fair scheduling.
+MODEL_FAIR := "40 2 1 1 0 1 0" "40 2 2 0 0 0 0" "40 2 1 0 0 0 1" "40 2 1 1 0 0 0 1"
+
 model:
 	cargo build --release -p sluice-model --example check
 	@for b in $(MODEL_BOUNDS); do target/release/examples/check $$b || exit 1; done
+	@for b in $(MODEL_FAIR); do FAIR=1,20 target/release/examples/check $$b || exit 1; done
+	START=shared FAIR=2,40 target/release/examples/check 60 2 0 0 0 0 0
 
 lint:
 	cargo fmt --all -- --check

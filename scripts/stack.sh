@@ -1,35 +1,46 @@
 #!/usr/bin/env bash
 # stack.sh up|down|env|status — the local test stack: Kafka (tansu 0.6.0, sqlite) + ClickHouse
-# (chDB 26.9 behind stack/chdb_server.py), both on 127.0.0.1.
+# (chDB 26.9 behind stack/chdb_server.py) + a schema registry (stack/schema_registry.py), all on
+# 127.0.0.1.
 #
-#   up      install both (scripts/install-*.sh), start what is not running, wait until ready
-#           (Kafka: a Metadata request answers; ClickHouse: /ping), then print what `env` prints
-#   down    SIGTERM both, SIGKILL after 10 s, remove pid files
-#   env     print KAFKA_BROKERS, CLICKHOUSE_URL, SLUICE_TANSU_BIN, SLUICE_CHDB_PYTHON, SLUICE_CHDB_SERVER,
-#           SLUICE_TANSU_INDEX
+#   up      install them (scripts/install-*.sh, the official Confluent clients too), start what is
+#           not running, wait until ready (Kafka: a Metadata request answers; ClickHouse: /ping;
+#           the registry: GET /), then print what `env` prints
+#   down    SIGTERM each, SIGKILL after 10 s, remove pid files
+#   env     print KAFKA_BROKERS, CLICKHOUSE_URL, SCHEMA_REGISTRY_URL, SLUICE_TANSU_BIN,
+#           SLUICE_CHDB_PYTHON, SLUICE_CHDB_SERVER, SLUICE_TANSU_INDEX, SLUICE_REGISTRY_SERVER,
+#           SLUICE_CLIENTS_PYTHON
 #           (export them: `set -a; eval "$(scripts/stack.sh env)"; set +a`)
 #   status  say what runs
 #
-# State: ${SLUICE_STACK_DIR:-<repo>/.stack}/{data/tansu.db, chdb/, tansu.{pid,log}, chdb.{pid,log}}
+# State: ${SLUICE_STACK_DIR:-<repo>/.stack}/{data/tansu.db, chdb/, registry.db, tansu.{pid,log},
+# chdb.{pid,log}, registry.{pid,log}}
 # (tansu runs with cwd = the state dir so `--storage-engine sqlite://data/tansu.db` lands there).
-# Ports: SLUICE_STACK_KAFKA_PORT (19092), SLUICE_STACK_CH_PORT (18123). Cache: SLUICE_CACHE (~/.cache/sluice).
+# Ports: SLUICE_STACK_KAFKA_PORT (19092), SLUICE_STACK_CH_PORT (18123), SLUICE_STACK_SR_PORT (18081).
+# Cache: SLUICE_CACHE (~/.cache/sluice).
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 CACHE="${SLUICE_CACHE:-$HOME/.cache/sluice}"
 STACK="${SLUICE_STACK_DIR:-$REPO/.stack}"
 KPORT="${SLUICE_STACK_KAFKA_PORT:-19092}"
 CPORT="${SLUICE_STACK_CH_PORT:-18123}"
+SPORT="${SLUICE_STACK_SR_PORT:-18081}"
 TANSU_BIN="$CACHE/tansu-0.6.0/bin/tansu"
 CHDB_PY="$CACHE/venv-chdb-26.9.0/bin/python"
 CHDB_SERVER="$REPO/stack/chdb_server.py"
+REGISTRY_SERVER="$REPO/stack/schema_registry.py"
+CLIENTS_PY="$CACHE/venv-clients-2.16.1/bin/python"
 
 lines() { # every variable the tests, the lab and the tools read
   echo "KAFKA_BROKERS=127.0.0.1:$KPORT"
   echo "CLICKHOUSE_URL=http://127.0.0.1:$CPORT"
+  echo "SCHEMA_REGISTRY_URL=http://127.0.0.1:$SPORT"
   echo "SLUICE_TANSU_BIN=$TANSU_BIN"
   echo "SLUICE_CHDB_PYTHON=$CHDB_PY"
   echo "SLUICE_CHDB_SERVER=$CHDB_SERVER"
   echo "SLUICE_TANSU_INDEX=$REPO/stack/tansu_index.py"
+  echo "SLUICE_REGISTRY_SERVER=$REGISTRY_SERVER"
+  echo "SLUICE_CLIENTS_PYTHON=$CLIENTS_PY"
 }
 
 alive() { # alive NAME -> pid file names a live process
@@ -55,6 +66,10 @@ ch_ready() {
   "$CHDB_PY" -c "import sys,urllib.request as u; sys.exit(u.urlopen('http://127.0.0.1:$CPORT/ping', timeout=2).read() != b'Ok.\n')" 2>/dev/null
 }
 
+registry_ready() {
+  "$CHDB_PY" -c "import sys,urllib.request as u; sys.exit(u.urlopen('http://127.0.0.1:$SPORT/', timeout=2).read() != b'{}')" 2>/dev/null
+}
+
 wait_ready() { # wait_ready NAME CHECK
   for _ in $(seq 1 300); do
     if "$2"; then return 0; fi
@@ -68,6 +83,7 @@ wait_ready() { # wait_ready NAME CHECK
 up() {
   "$REPO/scripts/install-chdb.sh" >/dev/null
   "$REPO/scripts/install-tansu.sh" >/dev/null
+  "$REPO/scripts/install-clients.sh" >/dev/null
   mkdir -p "$STACK/data" "$STACK/chdb"
   if ! alive tansu; then
     (cd "$STACK" && exec setsid "$TANSU_BIN" broker \
@@ -80,9 +96,14 @@ up() {
     setsid "$CHDB_PY" "$CHDB_SERVER" --path "$STACK/chdb" --port "$CPORT" </dev/null >>"$STACK/chdb.log" 2>&1 &
     echo $! >"$STACK/chdb.pid"
   fi
+  if ! alive registry; then
+    setsid "$CHDB_PY" "$REGISTRY_SERVER" --db "$STACK/registry.db" --port "$SPORT" </dev/null >>"$STACK/registry.log" 2>&1 &
+    echo $! >"$STACK/registry.pid"
+  fi
   wait_ready tansu kafka_ready
   "$REPO/stack/tansu_index.py" "$STACK/data/tansu.db"
   wait_ready chdb ch_ready
+  wait_ready registry registry_ready
   lines
 }
 
@@ -99,10 +120,10 @@ stop() { # stop NAME: SIGTERM, then SIGKILL after 10 s
 
 case "${1:-}" in
   up) up ;;
-  down) stop tansu & stop chdb & wait ;;
+  down) stop tansu & stop chdb & stop registry & wait ;;
   env) lines ;;
   status)
-    for n in tansu chdb; do
+    for n in tansu chdb registry; do
       if alive "$n"; then echo "$n: running (pid $(cat "$STACK/$n.pid"))"; else echo "$n: stopped"; fi
     done
     ;;

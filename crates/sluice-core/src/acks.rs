@@ -56,6 +56,14 @@ impl AckTracker {
         self.frontier
     }
 
+    /// The position to commit, given the last one committed: the frontier,
+    /// if it moved and the partition may still write (in exactly-once mode,
+    /// under a live lease: one whose lease ran out may have a new owner,
+    /// and a commit from it could pass that owner's records).
+    pub fn to_commit(&self, committed: Option<NextOffset>, may_write: bool) -> Option<NextOffset> {
+        (may_write && committed != Some(self.frontier)).then_some(self.frontier)
+    }
+
     /// Batches registered and not yet folded into the frontier.
     pub fn in_flight(&self) -> usize {
         self.pending.len()

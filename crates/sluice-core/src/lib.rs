@@ -29,6 +29,7 @@
 //!   whose first copy is durable, write on condition those whose copy is in
 //!   flight.
 //! - [`window`]: ClickHouse's block dedup window in seconds, and its size.
+//! - [`wire`]: a registry-framed record value → its schema id and payload.
 
 pub mod acks;
 pub mod attempt;
@@ -43,6 +44,7 @@ pub mod row;
 pub mod timing;
 pub mod token;
 pub mod window;
+pub mod wire;
 
 pub use acks::AckTracker;
 pub use batch::{Batch, BatchBuilder, BatchLimits, PartitionId};

@@ -283,10 +283,8 @@ pub fn take(m: &Sluice, w: &World, p: usize, step: Step) -> Option<World> {
         }
         Step::Commit => {
             let part = active(&mut w, p)?;
-            let frontier = part.acks.frontier();
-            if part.committed == Some(frontier) || !part.leases.live(KEY, part.generation, now) {
-                return None;
-            }
+            let live = part.leases.live(KEY, part.generation, now);
+            let frontier = part.acks.to_commit(part.committed, live)?;
             part.committed = Some(frontier);
             // Taken whatever the generation: a coordinator that fences
             // stale commits only helps.
@@ -297,11 +295,11 @@ pub fn take(m: &Sluice, w: &World, p: usize, step: Step) -> Option<World> {
             if !part.leaving || part.job.is_some() {
                 return None;
             }
-            if part.leases.live(KEY, part.generation, now) {
-                let frontier = part.acks.frontier();
-                if part.committed != Some(frontier) {
-                    w.group.committed = Some(frontier);
-                }
+            let live = part.leases.live(KEY, part.generation, now);
+            if let Some(frontier) = part.acks.to_commit(part.committed, live) {
+                w.group.committed = Some(frontier);
+            }
+            if live {
                 w.mark_in_flight = true;
             }
             w.procs[p].phase = Phase::Idle;

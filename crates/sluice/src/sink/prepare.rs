@@ -178,11 +178,17 @@ impl Preparation {
                     let Some(clean) = self.wait_watching(&mut claim, until, why).await else {
                         return;
                     };
-                    if clean {
-                        tracing::info!(
-                            ?why,
-                            "the register shows the partitions handed off cleanly"
-                        );
+                    match (clean, why) {
+                        (false, _) => {}
+                        (true, Why::Fence) => tracing::info!(
+                            "the previous owner marked the partitions clean during the fence; claiming them again"
+                        ),
+                        (true, Why::Taken { .. }) => tracing::info!(
+                            "the owner that took the partition handed it off cleanly; claiming it now"
+                        ),
+                        (true, _) => tracing::info!(
+                            "the owner that claimed the partitions handed them off cleanly; claiming them now"
+                        ),
                     }
                 }
                 Do::Backoff => {

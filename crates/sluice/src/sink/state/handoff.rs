@@ -267,14 +267,17 @@ impl Sink {
         let Some(part) = drained.then(|| self.leaving.remove(&key)).flatten() else {
             return;
         };
-        if let Some(frontier) = part.acks.as_ref().map(|a| a.frontier()) {
-            if part.committed != Some(frontier) && self.ctx.lease.live(key, part.generation) {
-                let mut tpl = TopicPartitionList::new();
-                let mut e = tpl.add_partition(&self.routes[key.0].topic, key.1);
-                let _ = e.set_offset(KOffset::Offset(frontier.0));
-                if let Err(e) = consumer.commit(&tpl, CommitMode::Async) {
-                    tracing::warn!(error = %e, "commit failed");
-                }
+        let live = self.ctx.lease.live(key, part.generation);
+        if let Some(frontier) = part
+            .acks
+            .as_ref()
+            .and_then(|a| a.to_commit(part.committed, live))
+        {
+            let mut tpl = TopicPartitionList::new();
+            let mut e = tpl.add_partition(&self.routes[key.0].topic, key.1);
+            let _ = e.set_offset(KOffset::Offset(frontier.0));
+            if let Err(e) = consumer.commit(&tpl, CommitMode::Async) {
+                tracing::warn!(error = %e, "commit failed");
             }
         }
         let clean = self.leases_ended(&[(key, part.generation)]);

@@ -509,12 +509,14 @@ impl Sink {
             if keys.is_some_and(|ks| !ks.contains(key)) || part.phase != Phase::Active {
                 continue;
             }
-            let Some(frontier) = part.acks.as_ref().map(|a| a.frontier()) else {
+            let may_write = self.may_write(*key, part.generation);
+            let to_commit = part
+                .acks
+                .as_ref()
+                .and_then(|a| a.to_commit(part.committed, may_write));
+            let Some(frontier) = to_commit else {
                 continue;
             };
-            if part.committed == Some(frontier) || !self.may_write(*key, part.generation) {
-                continue;
-            }
             let mut e = tpl.add_partition(&self.routes[key.0].topic, key.1);
             let _ = e.set_offset(KOffset::Offset(frontier.0));
             moved.push((*key, frontier));
