@@ -28,11 +28,14 @@
 //! - [`dedup`]: business keys written within a window → drop the repeats
 //!   whose first copy is durable, write on condition those whose copy is in
 //!   flight.
+//! - [`avro`]: an Avro record and its registry schema → one JSON row, typed
+//!   for ClickHouse.
 //! - [`window`]: ClickHouse's block dedup window in seconds, and its size.
 //! - [`wire`]: a registry-framed record value → its schema id and payload.
 
 pub mod acks;
 pub mod attempt;
+pub mod avro;
 pub mod batch;
 pub mod claim;
 pub mod deadline;

@@ -1,0 +1,280 @@
+use super::*;
+use apache_avro::types::Value as V;
+use apache_avro::writer::datum::GenericDatumWriter;
+use proptest::prelude::*;
+
+/// A record of every type the module maps.
+const EVERY_TYPE: &str = r#"{
+  "type": "record", "name": "Order", "namespace": "shop",
+  "fields": [
+    {"name": "id", "type": "long"},
+    {"name": "qty", "type": "int"},
+    {"name": "paid", "type": "boolean"},
+    {"name": "ratio", "type": "float"},
+    {"name": "score", "type": "double"},
+    {"name": "name", "type": "string"},
+    {"name": "blob", "type": "bytes"},
+    {"name": "code", "type": {"type": "fixed", "name": "Code", "size": 2}},
+    {"name": "price", "type": {"type": "bytes", "logicalType": "decimal", "precision": 12, "scale": 2}},
+    {"name": "big", "type": {"type": "fixed", "name": "Big", "size": 16, "logicalType": "decimal", "precision": 38, "scale": 10}},
+    {"name": "uid", "type": {"type": "string", "logicalType": "uuid"}},
+    {"name": "day", "type": {"type": "int", "logicalType": "date"}},
+    {"name": "at", "type": {"type": "long", "logicalType": "timestamp-millis"}},
+    {"name": "at_us", "type": {"type": "long", "logicalType": "timestamp-micros"}},
+    {"name": "at_ns", "type": {"type": "long", "logicalType": "timestamp-nanos"}},
+    {"name": "wall", "type": {"type": "long", "logicalType": "local-timestamp-millis"}},
+    {"name": "tod", "type": {"type": "int", "logicalType": "time-millis"}},
+    {"name": "tod_us", "type": {"type": "long", "logicalType": "time-micros"}},
+    {"name": "status", "type": {"type": "enum", "name": "Status", "symbols": ["NEW", "PAID"]}},
+    {"name": "note", "type": ["null", "string"], "default": null},
+    {"name": "tags", "type": {"type": "array", "items": "string"}},
+    {"name": "attrs", "type": {"type": "map", "values": "long"}},
+    {"name": "ship", "type": {"type": "record", "name": "Ship", "fields": [{"name": "city", "type": "string"}]}},
+    {"name": "again", "type": ["null", "Ship"]}
+  ]
+}"#;
+
+fn encode(schema: &str, value: V) -> Vec<u8> {
+    let s = Schema::parse_str(schema).unwrap();
+    let w = GenericDatumWriter::builder(&s).build().unwrap();
+    w.write_value_to_vec(value).unwrap()
+}
+
+fn json(schema: &AvroSchema, payload: &[u8]) -> String {
+    let mut out = b"prefix ".to_vec();
+    schema.to_json(payload, &mut out).unwrap();
+    String::from_utf8(out)
+        .unwrap()
+        .strip_prefix("prefix ")
+        .unwrap()
+        .to_string()
+}
+
+fn record(fields: Vec<(&str, V)>) -> V {
+    V::Record(
+        fields
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect(),
+    )
+}
+
+fn every_type(note: Option<&str>) -> V {
+    let big = BigInt::parse_bytes(b"-123456789012345678901234567890", 10).unwrap();
+    let mut big_bytes = big.to_signed_bytes_be();
+    while big_bytes.len() < 16 {
+        big_bytes.insert(0, 0xff);
+    }
+    record(vec![
+        ("id", V::Long(-9_223_372_036_854_775_808)),
+        ("qty", V::Int(7)),
+        ("paid", V::Boolean(true)),
+        ("ratio", V::Float(0.1)),
+        ("score", V::Double(f64::NAN)),
+        ("name", V::String("a \"quoted\" \\ line\nbreak é".into())),
+        ("blob", V::Bytes(vec![0xff, b'"', 0x01, b'x'])),
+        ("code", V::Fixed(2, b"AB".to_vec())),
+        (
+            "price",
+            V::Decimal(apache_avro::Decimal::from(
+                BigInt::from(-1250).to_signed_bytes_be(),
+            )),
+        ),
+        ("big", V::Decimal(apache_avro::Decimal::from(big_bytes))),
+        (
+            "uid",
+            V::Uuid("123e4567-e89b-12d3-a456-426614174000".parse().unwrap()),
+        ),
+        ("day", V::Date(-1)),
+        ("at", V::TimestampMillis(-1_500)),
+        ("at_us", V::TimestampMicros(1_700_000_000_123_456)),
+        ("at_ns", V::TimestampNanos(1)),
+        ("wall", V::LocalTimestampMillis(1_700_000_000_123)),
+        ("tod", V::TimeMillis(45_296_789)),
+        ("tod_us", V::TimeMicros(1)),
+        ("status", V::Enum(1, "PAID".into())),
+        (
+            "note",
+            match note {
+                Some(n) => V::Union(1, Box::new(V::String(n.into()))),
+                None => V::Union(0, Box::new(V::Null)),
+            },
+        ),
+        (
+            "tags",
+            V::Array(vec![V::String("a".into()), V::String("b".into())]),
+        ),
+        (
+            "attrs",
+            V::Map([("z".to_string(), V::Long(1)), ("a".to_string(), V::Long(2))].into()),
+        ),
+        ("ship", record(vec![("city", V::String("Oslo".into()))])),
+        (
+            "again",
+            V::Union(
+                1,
+                Box::new(record(vec![("city", V::String("Rome".into()))])),
+            ),
+        ),
+    ])
+}
+
+#[test]
+fn every_type_is_written_as_clickhouse_reads_it() {
+    let schema = AvroSchema::parse(EVERY_TYPE, &[]).unwrap();
+    let mut out = Vec::new();
+    schema
+        .to_json(&encode(EVERY_TYPE, every_type(None)), &mut out)
+        .unwrap();
+    let mut expected = concat!(
+        r#"{"id":-9223372036854775808,"qty":7,"paid":true,"ratio":0.1,"score":"nan","#,
+        r#""name":"a \"quoted\" \\ line\u000abreak é","blob":""#
+    )
+    .as_bytes()
+    .to_vec();
+    // Bytes as they are, but `"` and control characters escaped.
+    expected.extend_from_slice(b"\xff\\\"\\u0001x");
+    expected.extend_from_slice(
+        concat!(
+            r#"","code":"AB","price":"-12.50","big":"-12345678901234567890.1234567890","#,
+            r#""uid":"123e4567-e89b-12d3-a456-426614174000","day":"1969-12-31","#,
+            r#""at":"1969-12-31T23:59:58.500Z","at_us":"2023-11-14T22:13:20.123456Z","#,
+            r#""at_ns":"1970-01-01T00:00:00.000000001Z","wall":"2023-11-14 22:13:20.123","#,
+            r#""tod":"12:34:56.789","tod_us":"00:00:00.000001","status":"PAID","note":null,"#,
+            r#""tags":["a","b"],"attrs":{"a":2,"z":1},"ship":{"city":"Oslo"},"again":{"city":"Rome"}}"#
+        )
+        .as_bytes(),
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out),
+        String::from_utf8_lossy(&expected)
+    );
+    assert_eq!(out, expected);
+}
+
+#[test]
+fn what_is_valid_utf_8_parses_back_as_the_same_json() {
+    let schema = AvroSchema::parse(EVERY_TYPE, &[]).unwrap();
+    let mut v = every_type(Some("ok"));
+    if let V::Record(fields) = &mut v {
+        fields[6].1 = V::Bytes(b"plain".to_vec());
+    }
+    let text = json(&schema, &encode(EVERY_TYPE, v));
+    let parsed: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(parsed["note"], "ok");
+    assert_eq!(parsed["name"], "a \"quoted\" \\ line\nbreak é");
+    assert_eq!(parsed["blob"], "plain");
+}
+
+#[test]
+fn references_to_named_types_of_other_schemas_resolve() {
+    let money = r#"{"type": "record", "name": "Money", "namespace": "common",
+        "fields": [{"name": "units", "type": {"type": "bytes", "logicalType": "decimal", "precision": 9, "scale": 3}}]}"#;
+    let order = r#"{"type": "record", "name": "Order", "namespace": "shop",
+        "fields": [{"name": "total", "type": "common.Money"}]}"#;
+    let schema = AvroSchema::parse(order, &[money]).unwrap();
+    let (s, refs) = Schema::parse_str_with_list(order, [money]).unwrap();
+    let w = GenericDatumWriter::builder(&s)
+        .schemata(refs.iter().collect())
+        .unwrap()
+        .build()
+        .unwrap();
+    let total = V::Decimal(apache_avro::Decimal::from(
+        BigInt::from(5).to_signed_bytes_be(),
+    ));
+    let payload = w
+        .write_value_to_vec(record(vec![("total", record(vec![("units", total)]))]))
+        .unwrap();
+    assert_eq!(json(&schema, &payload), r#"{"total":{"units":"0.005"}}"#);
+}
+
+#[test]
+fn bad_schemas_and_bad_payloads_are_named() {
+    let e = AvroSchema::parse("{not json", &[]).unwrap_err();
+    assert!(matches!(e, AvroError::Schema(_)), "{e}");
+    let e = AvroSchema::parse(r#""string""#, &[]).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "the writer's schema is a string, not a record: a row needs named fields"
+    );
+    let e = AvroSchema::parse(
+        r#"{"type":"record","name":"A","fields":[{"name":"x","type":"Nope"}]}"#,
+        &[],
+    );
+    assert!(matches!(e, Err(AvroError::Schema(_))));
+
+    let schema = AvroSchema::parse(EVERY_TYPE, &[]).unwrap();
+    let payload = encode(EVERY_TYPE, every_type(None));
+    let mut out = b"kept".to_vec();
+    let e = schema
+        .to_json(&payload[..payload.len() - 3], &mut out)
+        .unwrap_err();
+    assert!(matches!(e, AvroError::Undecodable(_)), "{e}");
+    assert_eq!(out, b"kept", "nothing is left half written");
+    let mut longer = payload.clone();
+    longer.push(0);
+    let e = schema.to_json(&longer, &mut out).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "the payload does not decode under its schema: 1 bytes are left after the record"
+    );
+}
+
+#[test]
+fn decimals_are_exact() {
+    assert_eq!(decimal(&BigInt::from(0), 2), "0.00");
+    assert_eq!(decimal(&BigInt::from(-5), 3), "-0.005");
+    assert_eq!(decimal(&BigInt::from(12345), 0), "12345");
+    assert_eq!(decimal(&BigInt::from(-12345), 2), "-123.45");
+}
+
+#[test]
+fn dates_and_times_keep_their_calendar() {
+    assert_eq!(date(0).unwrap(), "1970-01-01");
+    assert_eq!(date(-25_567).unwrap(), "1900-01-01");
+    assert_eq!(date(120_529).unwrap(), "2299-12-31");
+    assert!(time_of_day(86_400_000, 1_000, 3).is_err());
+    assert!(time_of_day(-1, 1_000, 3).is_err());
+}
+
+proptest! {
+    #[test]
+    fn a_decimal_reads_back_as_its_value(unscaled in any::<i128>(), scale in 0usize..30) {
+        let text = decimal(&BigInt::from(unscaled), scale);
+        // Read back without floating point: drop the point, compare digits.
+        let negative = text.starts_with('-');
+        let digits: String = text.chars().filter(|c| c.is_ascii_digit()).collect();
+        let back: i128 = digits.parse::<u128>().map(|m| m as i128).unwrap_or(i128::MIN);
+        let back = if negative && back != i128::MIN { -back } else { back };
+        prop_assert_eq!(back, unscaled);
+        let frac = text.split_once('.').map_or(0, |(_, f)| f.len());
+        prop_assert_eq!(frac, scale);
+    }
+
+    #[test]
+    fn timestamps_read_back_as_their_instant(ms in -2_208_988_800_000i64..10_413_792_000_000) {
+        let schema = AvroSchema::parse(r#"{"type":"record","name":"T","fields":[{"name":"at","type":{"type":"long","logicalType":"timestamp-millis"}}]}"#, &[]).unwrap();
+        let payload = encode(r#"{"type":"record","name":"T","fields":[{"name":"at","type":{"type":"long","logicalType":"timestamp-millis"}}]}"#, record(vec![("at", V::TimestampMillis(ms))]));
+        let text = json(&schema, &payload);
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let at = chrono::DateTime::parse_from_rfc3339(v["at"].as_str().unwrap()).unwrap();
+        prop_assert_eq!(at.timestamp_millis(), ms);
+    }
+
+    #[test]
+    fn a_payload_cut_short_never_decodes(cut in 1usize..200, note in proptest::option::of(".{0,8}")) {
+        let schema = AvroSchema::parse(EVERY_TYPE, &[]).unwrap();
+        let payload = encode(EVERY_TYPE, every_type(note.as_deref()));
+        let keep = payload.len().saturating_sub(cut);
+        let mut out = Vec::new();
+        prop_assert!(schema.to_json(&payload[..keep], &mut out).is_err(), "{} of {} bytes", keep, payload.len());
+        prop_assert!(out.is_empty());
+    }
+
+    #[test]
+    fn no_payload_panics(bytes in prop::collection::vec(any::<u8>(), 0..64)) {
+        let schema = AvroSchema::parse(EVERY_TYPE, &[]).unwrap();
+        let mut out = Vec::new();
+        let _ = schema.to_json(&bytes, &mut out);
+    }
+}
