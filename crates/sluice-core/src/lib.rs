@@ -30,6 +30,8 @@
 //!   flight.
 //! - [`avro`]: an Avro record and its registry schema → one JSON row, typed
 //!   for ClickHouse.
+//! - [`protobuf`]: a Protobuf message and its registry schema → one JSON
+//!   row, typed as [`avro`] types it.
 //! - [`window`]: ClickHouse's block dedup window in seconds, and its size.
 //! - [`wire`]: a registry-framed record value → its schema id and payload.
 
@@ -42,6 +44,7 @@ pub mod deadline;
 pub mod dedup;
 pub mod lease;
 pub mod offset;
+pub mod protobuf;
 pub mod resume;
 pub mod row;
 pub mod timing;

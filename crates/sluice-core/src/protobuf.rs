@@ -1,0 +1,349 @@
+//! A Protobuf message, written under a registry schema → one JSON object
+//! whose values ClickHouse reads into typed columns.
+//!
+//! In: the writer's schema (the registry's text of a `.proto` file, or the
+//! base64 of a `FileDescriptorProto` as some clients register it, with the
+//! files it imports: [`ProtoSchema::parse`]) and a payload after the schema
+//! id ([`ProtoSchema::to_json`]: message indexes, then the message). Out: a
+//! JSON object for `JSONEachRow` with `date_time_input_format =
+//! 'best_effort'`, mapped as [`crate::avro`] maps Avro:
+//!
+//! | Protobuf | JSON | ClickHouse column |
+//! | --- | --- | --- |
+//! | integers, `bool` | as is | `Int*`, `UInt*`, `Bool` |
+//! | `float`, `double` | a number; NaN and ±∞ as strings | `Float*` |
+//! | `string`, `bytes` | a string (bytes as they are, escaped) | `String` |
+//! | enum | the value's name (its number if the schema has none) | `Enum8`, `LowCardinality(String)` |
+//! | `google.protobuf.Timestamp` | RFC 3339 in UTC, 9 digits | `DateTime64(3/6/9)` |
+//! | `google.protobuf.Duration` | seconds, exactly (`"-1.500000000"`) | `Decimal(18, 9)` |
+//! | wrappers (`Int64Value`, …) | the value | `Nullable(T)` |
+//! | `repeated`, `map` | an array, an object (keys sorted) | `Array`, `Map` |
+//! | a message | an object | `Tuple`, `JSON` |
+//!
+//! A field with no presence (proto3's plain fields) is always written, its
+//! default when unset; a field with presence (`optional`, a message, a
+//! `oneof` member, proto2) only when set, so that an unset one takes the
+//! column's default (`NULL` for a `Nullable` column).
+
+use crate::wire::{message_indexes, FrameError};
+use base64::Engine;
+use prost_reflect::{
+    DescriptorPool, DynamicMessage, FileDescriptor, Kind, MapKey, MessageDescriptor,
+    ReflectMessage, Value,
+};
+use protox::file::{File, FileResolver, GoogleFileResolver};
+use std::collections::HashMap;
+use std::io::Write;
+use thiserror::Error;
+
+/// Why a Protobuf value cannot become a row.
+#[derive(Debug, Error)]
+pub enum ProtoError {
+    /// The registry's schema (or a file it imports) does not compile.
+    #[error("the writer's schema is not a valid Protobuf file: {0}")]
+    Schema(String),
+    /// The message indexes name no message of the schema.
+    #[error("the message indexes {0:?} name no message of the writer's schema")]
+    NoMessage(Vec<i32>),
+    /// The bytes do not decode under the schema.
+    #[error("the payload does not decode under its schema: {0}")]
+    Undecodable(String),
+}
+
+impl From<FrameError> for ProtoError {
+    fn from(e: FrameError) -> Self {
+        ProtoError::Undecodable(e.to_string())
+    }
+}
+
+/// A writer's schema, compiled.
+#[derive(Debug, Clone)]
+pub struct ProtoSchema {
+    file: FileDescriptor,
+}
+
+/// The name the schema's own file compiles under when its text does not
+/// name one.
+const MAIN: &str = "sluice/registry-schema.proto";
+
+/// Files by import name: the schema's own and the ones it references; the
+/// well-known types (`google/protobuf/…`) come with the compiler.
+struct Files(HashMap<String, File>);
+
+impl FileResolver for Files {
+    fn open_file(&self, name: &str) -> Result<File, protox::Error> {
+        match self.0.get(name) {
+            Some(f) => Ok(f.clone()),
+            None => GoogleFileResolver::new().open_file(name),
+        }
+    }
+}
+
+/// One file from the registry's text: `.proto` source, or the base64 of a
+/// `FileDescriptorProto`. Returns its name and the file.
+fn file(name: &str, text: &str) -> Result<(String, File), ProtoError> {
+    let bad = |e: protox::Error| ProtoError::Schema(format!("{name}: {e}"));
+    let engine = base64::engine::general_purpose::STANDARD;
+    if let Ok(bytes) = engine.decode(text.trim()) {
+        if let Ok(f) = File::decode_file_descriptor_proto(bytes.as_slice()) {
+            let named = f.name().to_string();
+            let named = if named.is_empty() {
+                name.to_string()
+            } else {
+                named
+            };
+            return Ok((named, f));
+        }
+    }
+    Ok((
+        name.to_string(),
+        File::from_source(name, text).map_err(bad)?,
+    ))
+}
+
+impl ProtoSchema {
+    /// Compiles the registry's text of a schema with the files it imports
+    /// (`(import name, text)`, as the registry's references name them).
+    pub fn parse(text: &str, references: &[(&str, &str)]) -> Result<Self, ProtoError> {
+        let mut files = HashMap::new();
+        for (name, text) in references {
+            let (named, f) = file(name, text)?;
+            files.insert(named, f);
+        }
+        let (main, f) = file(MAIN, text)?;
+        files.insert(main.clone(), f);
+        let mut compiler = protox::Compiler::with_file_resolver(Files(files));
+        compiler.include_imports(true);
+        compiler
+            .open_file(&main)
+            .map_err(|e| ProtoError::Schema(e.to_string()))?;
+        let pool: DescriptorPool = compiler.descriptor_pool();
+        let file = pool
+            .get_file_by_name(&main)
+            .ok_or_else(|| ProtoError::Schema(format!("{main} is not in the compiled set")))?;
+        if file.messages().len() == 0 {
+            return Err(ProtoError::Schema("the file defines no message".into()));
+        }
+        Ok(ProtoSchema { file })
+    }
+
+    /// The message type the `path` of message indexes names.
+    fn message(&self, path: &[i32]) -> Result<MessageDescriptor, ProtoError> {
+        let missing = || ProtoError::NoMessage(path.to_vec());
+        let index = |i: i32| usize::try_from(i).map_err(|_| missing());
+        let (first, rest) = path.split_first().ok_or_else(missing)?;
+        let mut m = self
+            .file
+            .messages()
+            .nth(index(*first)?)
+            .ok_or_else(missing)?;
+        for &i in rest {
+            let child = m.child_messages().nth(index(i)?);
+            m = child.ok_or_else(missing)?;
+        }
+        Ok(m)
+    }
+
+    /// Decodes `payload` (the message indexes, then the message) and
+    /// appends it to `out` as one JSON object.
+    pub fn to_json(&self, payload: &[u8], out: &mut Vec<u8>) -> Result<(), ProtoError> {
+        let (path, bytes) = message_indexes(payload)?;
+        let desc = self.message(&path)?;
+        let msg = DynamicMessage::decode(desc, bytes)
+            .map_err(|e| ProtoError::Undecodable(e.to_string()))?;
+        let start = out.len();
+        let written = Json { out }.message(&msg);
+        if written.is_err() {
+            out.truncate(start);
+        }
+        written
+    }
+}
+
+/// Writes messages as JSON.
+struct Json<'a> {
+    out: &'a mut Vec<u8>,
+}
+
+impl Json<'_> {
+    fn message(&mut self, msg: &DynamicMessage) -> Result<(), ProtoError> {
+        let desc = msg.descriptor();
+        match desc.full_name() {
+            "google.protobuf.Timestamp" => return self.timestamp(msg),
+            "google.protobuf.Duration" => return self.duration(msg),
+            name if wrapper(name) => {
+                let field = desc.get_field(1).expect("a wrapper has field 1");
+                return self.value(&msg.get_field(&field), &field.kind());
+            }
+            _ => {}
+        }
+        self.out.push(b'{');
+        let mut first = true;
+        for field in desc.fields() {
+            if field.supports_presence() && !msg.has_field(&field) {
+                continue;
+            }
+            if !std::mem::take(&mut first) {
+                self.out.push(b',');
+            }
+            self.string(field.name().as_bytes());
+            self.out.push(b':');
+            self.value(&msg.get_field(&field), &field.kind())?;
+        }
+        self.out.push(b'}');
+        Ok(())
+    }
+
+    fn value(&mut self, v: &Value, kind: &Kind) -> Result<(), ProtoError> {
+        match v {
+            Value::Bool(b) => self
+                .out
+                .extend_from_slice(if *b { b"true" } else { b"false" }),
+            Value::I32(n) => self.display(n),
+            Value::I64(n) => self.display(n),
+            Value::U32(n) => self.display(n),
+            Value::U64(n) => self.display(n),
+            Value::F32(x) => self.float(f64::from(*x), x.is_finite().then(|| x.to_string())),
+            Value::F64(x) => self.float(*x, x.is_finite().then(|| format!("{x:?}"))),
+            Value::String(s) => self.string(s.as_bytes()),
+            Value::Bytes(b) => self.string(b),
+            Value::EnumNumber(n) => match kind {
+                Kind::Enum(e) => match e.get_value(*n) {
+                    Some(v) => self.string(v.name().as_bytes()),
+                    None => self.display(n),
+                },
+                _ => self.display(n),
+            },
+            Value::Message(m) => self.message(m)?,
+            Value::List(items) => {
+                self.out.push(b'[');
+                for (i, item) in items.iter().enumerate() {
+                    if i > 0 {
+                        self.out.push(b',');
+                    }
+                    self.value(item, kind)?;
+                }
+                self.out.push(b']');
+            }
+            Value::Map(entries) => {
+                let value_kind = match kind {
+                    Kind::Message(entry) => entry.map_entry_value_field().kind(),
+                    other => other.clone(),
+                };
+                let mut entries: Vec<_> = entries.iter().collect();
+                entries.sort_by(|a, b| a.0.cmp(b.0));
+                self.out.push(b'{');
+                for (i, (k, v)) in entries.into_iter().enumerate() {
+                    if i > 0 {
+                        self.out.push(b',');
+                    }
+                    match k {
+                        MapKey::String(s) => self.string(s.as_bytes()),
+                        MapKey::Bool(b) => self.quoted(b),
+                        MapKey::I32(n) => self.quoted(n),
+                        MapKey::I64(n) => self.quoted(n),
+                        MapKey::U32(n) => self.quoted(n),
+                        MapKey::U64(n) => self.quoted(n),
+                    }
+                    self.out.push(b':');
+                    self.value(v, &value_kind)?;
+                }
+                self.out.push(b'}');
+            }
+        }
+        Ok(())
+    }
+
+    /// `google.protobuf.Timestamp` as RFC 3339 in UTC with 9 digits.
+    fn timestamp(&mut self, msg: &DynamicMessage) -> Result<(), ProtoError> {
+        let (secs, nanos) = seconds_and_nanos(msg)?;
+        if nanos < 0 {
+            return Err(ProtoError::Undecodable(format!(
+                "a Timestamp with nanos {nanos}"
+            )));
+        }
+        let at = chrono::DateTime::from_timestamp(secs, 0).ok_or_else(|| {
+            ProtoError::Undecodable(format!("timestamp {secs} s is out of any calendar's range"))
+        })?;
+        let date = at.format("%Y-%m-%dT%H:%M:%S");
+        self.quoted(format!("{date}.{nanos:09}Z"));
+        Ok(())
+    }
+
+    /// `google.protobuf.Duration` as exact seconds.
+    fn duration(&mut self, msg: &DynamicMessage) -> Result<(), ProtoError> {
+        let (secs, nanos) = seconds_and_nanos(msg)?;
+        // Seconds and nanos share a sign; -0.5 s is (0, -500000000).
+        let negative = secs < 0 || nanos < 0;
+        let sign = if negative { "-" } else { "" };
+        self.quoted(format!(
+            "{sign}{}.{:09}",
+            secs.unsigned_abs(),
+            nanos.unsigned_abs()
+        ));
+        Ok(())
+    }
+
+    fn display(&mut self, v: impl std::fmt::Display) {
+        write!(self.out, "{v}").expect("writing to a Vec");
+    }
+
+    fn quoted(&mut self, v: impl std::fmt::Display) {
+        write!(self.out, "\"{v}\"").expect("writing to a Vec");
+    }
+
+    fn float(&mut self, x: f64, finite: Option<String>) {
+        match finite {
+            Some(text) => self.out.extend_from_slice(text.as_bytes()),
+            None if x.is_nan() => self.out.extend_from_slice(b"\"nan\""),
+            None if x > 0.0 => self.out.extend_from_slice(b"\"inf\""),
+            None => self.out.extend_from_slice(b"\"-inf\""),
+        }
+    }
+
+    /// A JSON string of `bytes`, as [`crate::avro`] writes one.
+    fn string(&mut self, bytes: &[u8]) {
+        self.out.push(b'"');
+        for &b in bytes {
+            match b {
+                b'"' => self.out.extend_from_slice(b"\\\""),
+                b'\\' => self.out.extend_from_slice(b"\\\\"),
+                0..0x20 => write!(self.out, "\\u{b:04x}").expect("writing to a Vec"),
+                _ => self.out.push(b),
+            }
+        }
+        self.out.push(b'"');
+    }
+}
+
+/// Whether `name` is one of the wrapper types, whose value is field 1.
+fn wrapper(name: &str) -> bool {
+    matches!(
+        name,
+        "google.protobuf.DoubleValue"
+            | "google.protobuf.FloatValue"
+            | "google.protobuf.Int64Value"
+            | "google.protobuf.UInt64Value"
+            | "google.protobuf.Int32Value"
+            | "google.protobuf.UInt32Value"
+            | "google.protobuf.BoolValue"
+            | "google.protobuf.StringValue"
+            | "google.protobuf.BytesValue"
+    )
+}
+
+/// A Timestamp's or a Duration's `seconds` and `nanos`, checked.
+fn seconds_and_nanos(msg: &DynamicMessage) -> Result<(i64, i32), ProtoError> {
+    let secs = msg.get_field_by_name("seconds").and_then(|v| v.as_i64());
+    let nanos = msg.get_field_by_name("nanos").and_then(|v| v.as_i32());
+    match (secs, nanos) {
+        (Some(s), Some(n)) if (-999_999_999..=999_999_999).contains(&n) => Ok((s, n)),
+        _ => Err(ProtoError::Undecodable(format!(
+            "{} has nanos out of range",
+            msg.descriptor().full_name()
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests;
