@@ -31,6 +31,12 @@ impl Sluice {
             bounds.keys.is_empty() || bounds.keys.len() == bounds.records as usize,
             "one key per record, or none"
         );
+        if let Some(f) = bounds.fair {
+            assert!(
+                f.recovery < bounds.horizon,
+                "a recovery time within the horizon, or liveness is never checked"
+            );
+        }
         Sluice {
             rules,
             bounds,
@@ -139,8 +145,15 @@ impl Model for Sluice {
 
     fn next_state(&self, w: &World, action: Action) -> Option<World> {
         let mut next = self.step(w, action)?;
-        if self.bounds.fair.is_some() && next.left != w.left {
-            next.last_fault = next.now;
+        if let Some(f) = self.bounds.fair {
+            if next.left != w.left {
+                // Faults stop in time for the recovery to be checked.
+                let horizon = Millis(self.bounds.horizon.as_millis() as u64);
+                if next.now.after(f.recovery) > horizon {
+                    return None;
+                }
+                next.last_fault = next.now;
+            }
         }
         Some(next)
     }
@@ -180,6 +193,13 @@ impl Model for Sluice {
                 done,
             ),
             // Liveness, checked as a bounded response: see `Fair`.
+            Property::sometimes(
+                "the recovery time after the last fault is reached",
+                |m: &Sluice, w: &World| match m.bounds.fair {
+                    Some(f) => w.now >= w.last_fault.after(f.recovery),
+                    None => true,
+                },
+            ),
             Property::always(
                 "once faults stop, every record lands and is committed within the recovery time",
                 |m: &Sluice, w: &World| match m.bounds.fair {

@@ -101,6 +101,8 @@ async fn main() -> anyhow::Result<()> {
         table: table.clone(),
         dedup: None,
         required: Vec::new(),
+        format: sluice::config::Format::Json,
+        subject: None,
     };
     let mut with = Vec::new();
     for _ in 0..20 {

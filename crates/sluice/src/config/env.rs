@@ -69,10 +69,25 @@ pub const FIELDS: &[(&str, Kind)] = &[
     ("sink.columns.offset", Str),
     ("metrics.listen", Str),
     ("dlq.topic", Str),
+    ("schema_registry.url", Str),
+    ("schema_registry.username", Str),
+    ("schema_registry.password", Str),
+    ("schema_registry.password_file", Str),
+    ("schema_registry.ca_file", Str),
+    ("schema_registry.cert_file", Str),
+    ("schema_registry.key_file", Str),
+    ("schema_registry.timeout", Str),
 ];
 
 /// Prefixes whose variables must name a setting.
-const SECTIONS: &[&str] = &["KAFKA_", "CLICKHOUSE_", "SINK_", "METRICS_", "DLQ_"];
+const SECTIONS: &[&str] = &[
+    "KAFKA_",
+    "CLICKHOUSE_",
+    "SINK_",
+    "METRICS_",
+    "DLQ_",
+    "SCHEMA_REGISTRY_",
+];
 
 const PREFIX: &str = "SLUICE_";
 
@@ -81,6 +96,7 @@ const PREFIX: &str = "SLUICE_";
 pub const GENERIC: &[(&str, &str)] = &[
     ("kafka.brokers", "KAFKA_BROKERS"),
     ("clickhouse.url", "CLICKHOUSE_URL"),
+    ("schema_registry.url", "SCHEMA_REGISTRY_URL"),
 ];
 
 /// Where an endpoint's effective value came from.
@@ -113,6 +129,7 @@ impl std::fmt::Display for Origin {
 pub struct Origins {
     pub brokers: Origin,
     pub clickhouse_url: Origin,
+    pub schema_registry_url: Origin,
     /// `(endpoint, sentence)` for each generic variable set but not used.
     pub ignored: Vec<(&'static str, String)>,
 }
@@ -135,6 +152,7 @@ impl Origins {
         match path {
             "kafka.brokers" => Some(&mut self.brokers),
             "clickhouse.url" => Some(&mut self.clickhouse_url),
+            "schema_registry.url" => Some(&mut self.schema_registry_url),
             _ => None,
         }
     }
@@ -376,7 +394,7 @@ mod tests {
             "sasl",
             "columns",
         ];
-        let sections: [(&str, &[&str]); 8] = [
+        let sections: [(&str, &[&str]); 9] = [
             ("kafka", serde_introspect::<RawKafka>()),
             ("kafka.tls", serde_introspect::<security::RawTls>()),
             ("kafka.sasl", serde_introspect::<security::RawSasl>()),
@@ -388,6 +406,10 @@ mod tests {
             ),
             ("metrics", serde_introspect::<crate::config::RawMetrics>()),
             ("dlq", serde_introspect::<crate::config::RawDlq>()),
+            (
+                "schema_registry",
+                serde_introspect::<crate::config::RawSchemaRegistry>(),
+            ),
         ];
         let mut from_types: Vec<String> = sections
             .iter()

@@ -17,6 +17,7 @@
 mod clickhouse;
 pub mod env;
 mod kafka;
+mod registry;
 mod route;
 pub mod secret;
 pub mod security;
@@ -29,7 +30,8 @@ pub use clickhouse::{
     ClickHouseConfig, RawClickHouse, DEFAULT_DATABASE, DEFAULT_INSERT_TIMEOUT, DEFAULT_USER,
 };
 pub use kafka::{KafkaConfig, RawKafka};
-pub use route::{KeyDedup, RawRoute, Route, DEFAULT_DEDUP_MAX_KEYS, DEFAULT_DEDUP_WINDOW};
+pub use registry::{RawSchemaRegistry, SchemaRegistryConfig, DEFAULT_REGISTRY_TIMEOUT};
+pub use route::{Format, KeyDedup, RawRoute, Route, DEFAULT_DEDUP_MAX_KEYS, DEFAULT_DEDUP_WINDOW};
 pub use secret::Secret;
 pub use security::KafkaSecurity;
 pub use sink::{
@@ -65,6 +67,9 @@ pub struct RawConfig {
     /// Where records that cannot become rows go.
     #[serde(default)]
     pub dlq: RawDlq,
+    /// Where Avro and Protobuf routes find their schemas.
+    #[serde(default)]
+    pub schema_registry: RawSchemaRegistry,
     /// Where the endpoints came from (filled by the loader, not the file).
     #[serde(skip)]
     pub origins: env::Origins,
@@ -97,6 +102,9 @@ pub struct Config {
     pub metrics_listen: Option<std::net::SocketAddr>,
     /// The dead-letter topic, if any.
     pub dlq: Option<String>,
+    /// The schema registry, if the file (or `SCHEMA_REGISTRY_URL`) names
+    /// one; every Avro or Protobuf route needs it.
+    pub schema_registry: Option<SchemaRegistryConfig>,
     /// Where the endpoints came from.
     pub origins: env::Origins,
 }
@@ -348,9 +356,20 @@ impl RawConfig {
             }
             other => other,
         };
+        let schema_registry = self.schema_registry.validate()?;
+        if schema_registry.is_none() {
+            if let Some(i) = routes.iter().position(|r| r.format != Format::Json) {
+                return Err(ConfigError::Invalid {
+                    field: format!("route[{i}].format"),
+                    expected: "json, or a [schema_registry] url (or SCHEMA_REGISTRY_URL) for avro and protobuf",
+                    found: routes[i].format.to_string(),
+                });
+            }
+        }
         Ok(Config {
             metrics_listen,
             dlq,
+            schema_registry,
             kafka,
             clickhouse,
             sink,
@@ -465,6 +484,49 @@ mod tests {
         assert!(err("dedup_key = ['a']\ndedup_window = '0s'").contains("route[0].dedup_window"));
         assert!(err("dedup_key = ['a']\ndedup_max_keys = 0").contains("route[0].dedup_max_keys"));
         assert!(err("dedup_key = ['a','b','c','d','e','f','g','h','i']").contains("at most 8"));
+    }
+
+    #[test]
+    fn binary_routes_need_a_registry_and_read_a_subject() {
+        let route = |extra: &str| format!("{MIN}\n{extra}");
+        let e = load(&route("format = 'avro'")).unwrap_err().to_string();
+        assert!(
+            e.starts_with("route[0].format: expected json, or a [schema_registry] url"),
+            "{e}"
+        );
+        let with_registry = |extra: &str| {
+            format!(
+                "{}\n[schema_registry]\nurl = 'http://127.0.0.1:8081'\n",
+                route(extra)
+            )
+        };
+        let c = load(&with_registry("format = 'protobuf'")).unwrap();
+        assert_eq!(c.routes[0].format, Format::Protobuf);
+        assert_eq!(c.routes[0].subject.as_deref(), Some("orders-value"));
+        assert_eq!(c.schema_registry.unwrap().url, "http://127.0.0.1:8081");
+        let c = load(&with_registry("format = 'avro'\nsubject = 'shop.Order'")).unwrap();
+        assert_eq!(c.routes[0].subject.as_deref(), Some("shop.Order"));
+        assert_eq!(load(MIN).unwrap().routes[0].format, Format::Json);
+        let e = load(&route("subject = 'x'")).unwrap_err().to_string();
+        assert!(
+            e.starts_with("route[0].subject: expected nothing for a json route"),
+            "{e}"
+        );
+        let e = load(&route("format = 'csv'")).unwrap_err().to_string();
+        assert!(
+            e.starts_with("route[0].format: expected json, avro or protobuf"),
+            "{e}"
+        );
+        let c = with_env(
+            &route("format = 'avro'"),
+            &[("SCHEMA_REGISTRY_URL", "http://r:1")],
+        )
+        .unwrap();
+        assert_eq!(c.schema_registry.unwrap().url, "http://r:1");
+        assert_eq!(
+            c.origins.schema_registry_url,
+            env::Origin::Var("SCHEMA_REGISTRY_URL".into())
+        );
     }
 
     #[test]

@@ -38,6 +38,32 @@ pub struct RawRoute {
     /// them cannot become a row (it goes to the DLQ). Default: none.
     #[serde(default)]
     pub required: Vec<String>,
+    /// How record values are written: `json` (default), `avro` or
+    /// `protobuf` (the schema registry's wire format).
+    pub format: Option<String>,
+    /// The registry subject whose schemas `check-config` and `schema` read.
+    /// Default `<topic>-value`. Only for `avro` and `protobuf`.
+    pub subject: Option<String>,
+}
+
+/// How a route's record values are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    Json,
+    /// Avro in the schema registry's wire format.
+    Avro,
+    /// Protobuf in the schema registry's wire format.
+    Protobuf,
+}
+
+impl std::fmt::Display for Format {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Format::Json => "json",
+            Format::Avro => "avro",
+            Format::Protobuf => "protobuf",
+        })
+    }
 }
 
 /// A topic and the table its rows go to.
@@ -49,6 +75,9 @@ pub struct Route {
     pub dedup: Option<KeyDedup>,
     /// Fields every record must have.
     pub required: Vec<String>,
+    pub format: Format,
+    /// The registry subject of the route's schemas (`avro`, `protobuf`).
+    pub subject: Option<String>,
 }
 
 /// Key-level dedup settings of a route.
@@ -102,12 +131,44 @@ impl RawRoute {
                 &r.required.len().to_string(),
             ));
         }
+        let format = match r.format.as_deref() {
+            None | Some("json") => Format::Json,
+            Some("avro") => Format::Avro,
+            Some("protobuf") => Format::Protobuf,
+            Some(other) => {
+                return Err(invalid(
+                    &format!("route[{i}].format"),
+                    "json, avro or protobuf",
+                    other,
+                ))
+            }
+        };
+        let subject = match (format, r.subject) {
+            (Format::Json, None) => None,
+            (Format::Json, Some(s)) => {
+                return Err(invalid(
+                    &format!("route[{i}].subject"),
+                    "nothing for a json route (a subject is for avro and protobuf)",
+                    &s,
+                ))
+            }
+            (_, Some(s)) if s.is_empty() => {
+                return Err(invalid(
+                    &format!("route[{i}].subject"),
+                    "a subject name",
+                    "",
+                ))
+            }
+            (_, s) => Some(s.unwrap_or_else(|| format!("{}-value", r.topic))),
+        };
         Ok(Route {
             topic: r.topic,
             database: db,
             table,
             dedup,
             required: r.required,
+            format,
+            subject,
         })
     }
 }

@@ -87,6 +87,20 @@ pub async fn run(
     for ignored in cfg.origins.warnings() {
         tracing::warn!("{ignored}");
     }
+    // The decoders exist (sluice-core's avro and protobuf) but the sink does
+    // not read through the registry yet: refuse rather than send every
+    // record to the DLQ as "not JSON".
+    if let Some((i, r)) = cfg
+        .routes
+        .iter()
+        .enumerate()
+        .find(|(_, r)| r.format != crate::config::Format::Json)
+    {
+        anyhow::bail!(
+            "route[{i}].format = {}: `sluice run` reads json only in this version",
+            r.format
+        );
+    }
     let mut ch = connect_clickhouse(&cfg).await?;
     for route in &cfg.routes {
         ch.check_table(route).await?;
