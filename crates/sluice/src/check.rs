@@ -3,13 +3,15 @@
 //!
 //! In: a validated [`Config`]. Out: one verdict per check — Kafka reachable,
 //! each routed topic present, ClickHouse reachable, each target table
-//! present with the metadata columns (and the dedup key columns) — printed
+//! present with the metadata columns (and the dedup key columns), and for
+//! each Avro or Protobuf route its subject's latest schema — printed
 //! as a table. Secrets (the ClickHouse password, librdkafka properties
 //! whose names say password, secret or key) never appear in the output.
 
 use crate::ch::ClickHouse;
-use crate::config::Config;
+use crate::config::{secret, Config, Format};
 use crate::ops::{grid, Outcome};
+use crate::registry::Registry;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use std::time::Duration;
 
@@ -52,6 +54,62 @@ pub async fn check(cfg: &Config) -> Vec<Check> {
         });
     out.extend(kafka);
     out.extend(clickhouse_checks(cfg).await);
+    out.extend(registry_checks(cfg).await);
+    out
+}
+
+/// For each Avro or Protobuf route: its subject's latest schema, fetched
+/// with every schema it references, is of the route's format and compiles.
+async fn registry_checks(cfg: &Config) -> Vec<Check> {
+    let binary: Vec<_> = cfg
+        .routes
+        .iter()
+        .filter(|r| r.format != Format::Json)
+        .collect();
+    let Some(rc) = cfg.schema_registry.as_ref().filter(|_| !binary.is_empty()) else {
+        return Vec::new();
+    };
+    let registry = match Registry::new(rc) {
+        Ok(r) => r,
+        Err(e) => {
+            return vec![Check {
+                what: format!("schema registry {}", secret::redact_url(&rc.url)),
+                ok: false,
+                detail: e.to_string(),
+            }]
+        }
+    };
+    let mut out = Vec::new();
+    for r in binary {
+        let subject = r.subject.clone().unwrap_or_default();
+        let expected = if r.format == Format::Avro {
+            "avro"
+        } else {
+            "protobuf"
+        };
+        let verdict = async {
+            let latest = registry.version(&subject, "latest").await?;
+            let (id, version) = (latest.id.unwrap_or(0), latest.version.unwrap_or(0));
+            let resolved = registry.resolve(latest).await?;
+            crate::registry::build(id, &resolved, expected)?;
+            Ok::<_, crate::registry::RegistryError>(format!(
+                "version {version} (id {id}, {} reference(s)) compiles as {expected}",
+                resolved.references.len()
+            ))
+        };
+        out.push(match verdict.await {
+            Ok(detail) => Check {
+                what: format!("subject {subject} (topic {})", r.topic),
+                ok: true,
+                detail,
+            },
+            Err(e) => Check {
+                what: format!("subject {subject} (topic {})", r.topic),
+                ok: false,
+                detail: e.to_string(),
+            },
+        });
+    }
     out
 }
 

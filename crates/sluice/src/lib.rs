@@ -6,6 +6,7 @@
 //! - [`sink`]: `sluice run`, the consumer thread, batches and insert tasks.
 //! - [`ops`]: `sluice window`, `audit`, `repair` and `schema`, the operator tools.
 //! - [`send`]: `sluice send` and `resend`, producing without losing a record.
+//! - [`registry`]: the schema registry client, schema ids → decoders.
 //! - [`retry`]: the one retry policy, for every loop that waits and tries again.
 //! - [`telemetry`], [`http`]: Prometheus series, `/metrics`, `/health`, `/ready`.
 //! - [`lab`]: `sluice lab`, the fault matrix against the real stack.
@@ -18,6 +19,7 @@ pub mod config;
 pub mod http;
 pub mod lab;
 pub mod ops;
+pub mod registry;
 pub mod retry;
 pub mod send;
 pub mod sink;

@@ -2,8 +2,8 @@
 //!
 //! One test binary, as in clickhouse-rs: every test makes its own topic,
 //! table and processes, so they can run side by side. The stack comes from
-//! `KAFKA_BROKERS` and `CLICKHOUSE_URL` (`make test` starts it); a test
-//! fails, never skips, when it is missing.
+//! `KAFKA_BROKERS`, `CLICKHOUSE_URL` and `SCHEMA_REGISTRY_URL` (`make test`
+//! starts it); a test fails, never skips, when it is missing.
 
 mod harness;
 
@@ -22,6 +22,7 @@ mod handoff;
 mod metrics;
 mod ops;
 mod reads;
+mod registry;
 mod reject;
 mod resume;
 mod send;

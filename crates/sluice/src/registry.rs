@@ -1,0 +1,339 @@
+//! The schema registry client: schema ids → the decoders of their records.
+//!
+//! In: a [`SchemaRegistryConfig`] and schema ids (from a record's wire
+//! format, [`sluice_core::wire`]) or subjects. Out: the schema's text with
+//! every schema it references fetched too ([`Registry::resolve`]), and a
+//! [`Decoder`] built from it, cached per id for the life of the process (a
+//! registered id never changes). Requests carry basic auth and TLS as
+//! configured and give up after `timeout`; an error says whether trying
+//! again can help ([`RegistryError::is_retriable`]).
+
+use crate::config::SchemaRegistryConfig;
+use bytes::Bytes;
+use http_body_util::{BodyExt, Empty};
+use hyper_util::client::legacy::{connect::HttpConnector, Client};
+use hyper_util::rt::TokioExecutor;
+use serde::Deserialize;
+use sluice_core::avro::{AvroError, AvroSchema};
+use sluice_core::protobuf::{ProtoError, ProtoSchema};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+/// References deeper than this are refused (a cycle, or a hostile registry).
+const MAX_REFERENCE_DEPTH: usize = 32;
+
+#[derive(Debug, thiserror::Error)]
+pub enum RegistryError {
+    /// The registry cannot be reached, timed out or failed (5xx): the
+    /// partition waits and the request is tried again.
+    #[error("the schema registry at {url} does not answer: {reason}")]
+    Unavailable { url: String, reason: String },
+    /// The registry has no schema with this id (404, error 40403).
+    #[error("the schema registry has no schema with id {0}")]
+    UnknownSchema(u32),
+    /// No such subject or version (404, 40401 or 40402).
+    #[error("the schema registry has no {0}")]
+    NotFound(String),
+    #[error("the schema registry refused the credentials ({0})")]
+    Unauthorized(u16),
+    /// An answer that is not what the registry's API promises.
+    #[error("the schema registry answered {what} with {answer}")]
+    BadAnswer { what: String, answer: String },
+    #[error("schema id {id}: {source}")]
+    Avro { id: u32, source: AvroError },
+    #[error("schema id {id}: {source}")]
+    Protobuf { id: u32, source: ProtoError },
+    #[error("schema id {id} is a {kind} schema; this route reads {expected}")]
+    WrongType {
+        id: u32,
+        kind: String,
+        expected: &'static str,
+    },
+    #[error("{0}")]
+    Config(String),
+}
+
+impl RegistryError {
+    /// Whether trying again later can give another answer.
+    pub fn is_retriable(&self) -> bool {
+        matches!(self, RegistryError::Unavailable { .. })
+    }
+}
+
+/// A schema as the registry keeps it.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Registered {
+    pub schema: String,
+    /// `AVRO` when the registry leaves it out.
+    #[serde(default)]
+    pub schema_type: Option<String>,
+    #[serde(default)]
+    pub references: Vec<Reference>,
+    /// Set when looked up by subject and version.
+    #[serde(default)]
+    pub id: Option<u32>,
+    #[serde(default)]
+    pub version: Option<i64>,
+}
+
+impl Registered {
+    pub fn kind(&self) -> &str {
+        self.schema_type.as_deref().unwrap_or("AVRO")
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct Reference {
+    pub name: String,
+    pub subject: String,
+    pub version: i64,
+}
+
+/// A schema with the text of everything it references, by reference name.
+#[derive(Debug, Clone)]
+pub struct Resolved {
+    pub schema: Registered,
+    pub references: Vec<(String, String)>,
+}
+
+/// What turns a record's payload into a JSON row.
+#[derive(Debug, Clone)]
+pub enum Decoder {
+    Avro(Arc<AvroSchema>),
+    Protobuf(Arc<ProtoSchema>),
+}
+
+type Https = hyper_tls::HttpsConnector<HttpConnector>;
+
+/// A client of one registry, with its cache of decoders.
+#[derive(Clone)]
+pub struct Registry {
+    cfg: SchemaRegistryConfig,
+    http: Client<Https, Empty<Bytes>>,
+    decoders: Arc<Mutex<HashMap<u32, Decoder>>>,
+}
+
+impl Registry {
+    pub fn new(cfg: &SchemaRegistryConfig) -> Result<Self, RegistryError> {
+        let mut tls = native_tls::TlsConnector::builder();
+        if let Some(ca) = &cfg.ca_file {
+            let certs = native_tls::Certificate::stack_from_pem(&read(ca)?)
+                .map_err(|e| RegistryError::Config(format!("schema_registry.ca_file: {e}")))?;
+            for c in certs {
+                tls.add_root_certificate(c);
+            }
+        }
+        if let Some((cert, key)) = &cfg.identity {
+            let id = native_tls::Identity::from_pkcs8(&read(cert)?, &read(key)?)
+                .map_err(|e| RegistryError::Config(format!("schema_registry.cert_file: {e}")))?;
+            tls.identity(id);
+        }
+        let tls = tls
+            .build()
+            .map_err(|e| RegistryError::Config(format!("schema_registry TLS: {e}")))?;
+        let mut http = HttpConnector::new();
+        http.set_connect_timeout(Some(cfg.timeout));
+        http.enforce_http(false);
+        let https =
+            hyper_tls::HttpsConnector::from((http, tokio_native_tls::TlsConnector::from(tls)));
+        Ok(Registry {
+            cfg: cfg.clone(),
+            http: Client::builder(TokioExecutor::new()).build(https),
+            decoders: Arc::default(),
+        })
+    }
+
+    /// GETs `path` and parses the JSON answer.
+    async fn get<T: serde::de::DeserializeOwned>(&self, path: &str) -> Result<T, RegistryError> {
+        let url = format!("{}{path}", self.cfg.url);
+        let unavailable = |reason: String| RegistryError::Unavailable {
+            url: crate::config::secret::redact_url(&self.cfg.url),
+            reason,
+        };
+        let mut req =
+            hyper::Request::get(&url).header("Accept", "application/vnd.schemaregistry.v1+json");
+        if let Some((user, password)) = &self.cfg.auth {
+            use base64::Engine;
+            let token = base64::engine::general_purpose::STANDARD
+                .encode(format!("{user}:{}", password.expose()));
+            req = req.header("Authorization", format!("Basic {token}"));
+        }
+        let req = req
+            .body(Empty::new())
+            .map_err(|e| RegistryError::Config(format!("schema_registry.url: {e}")))?;
+        let answer = async {
+            let resp = self
+                .http
+                .request(req)
+                .await
+                .map_err(|e| unavailable(format!("{e:#}")))?;
+            let status = resp.status();
+            let body = resp
+                .into_body()
+                .collect()
+                .await
+                .map_err(|e| unavailable(e.to_string()))?
+                .to_bytes();
+            Ok::<_, RegistryError>((status, body))
+        };
+        let (status, body) = tokio::time::timeout(self.cfg.timeout, answer)
+            .await
+            .map_err(|_| unavailable(format!("no answer within {:?}", self.cfg.timeout)))??;
+        let text = || String::from_utf8_lossy(&body[..body.len().min(300)]).to_string();
+        match status.as_u16() {
+            200 => serde_json::from_slice(&body).map_err(|e| RegistryError::BadAnswer {
+                what: path.to_string(),
+                answer: format!("{e}: {}", text()),
+            }),
+            401 | 403 => Err(RegistryError::Unauthorized(status.as_u16())),
+            404 => Err(RegistryError::NotFound(format!("{path} ({})", text()))),
+            s if s >= 500 || s == 408 || s == 429 => {
+                Err(unavailable(format!("HTTP {s}: {}", text())))
+            }
+            s => Err(RegistryError::BadAnswer {
+                what: path.to_string(),
+                answer: format!("HTTP {s}: {}", text()),
+            }),
+        }
+    }
+
+    /// The schema registered under `id`.
+    pub async fn schema(&self, id: u32) -> Result<Registered, RegistryError> {
+        self.get(&format!("/schemas/ids/{id}"))
+            .await
+            .map_err(|e| match e {
+                RegistryError::NotFound(_) => RegistryError::UnknownSchema(id),
+                e => e,
+            })
+    }
+
+    /// Version `version` (or `latest`) of `subject`.
+    pub async fn version(&self, subject: &str, version: &str) -> Result<Registered, RegistryError> {
+        let path = format!("/subjects/{}/versions/{version}", url_segment(subject));
+        self.get(&path).await.map_err(|e| match e {
+            RegistryError::NotFound(_) => {
+                RegistryError::NotFound(format!("subject {subject:?} version {version}"))
+            }
+            e => e,
+        })
+    }
+
+    /// `schema` with the text of every schema it references, depth first
+    /// (what is referenced comes before what references it).
+    pub async fn resolve(&self, schema: Registered) -> Result<Resolved, RegistryError> {
+        let mut references = Vec::new();
+        let mut stack: Vec<(Reference, usize)> = schema
+            .references
+            .iter()
+            .rev()
+            .map(|r| (r.clone(), 1))
+            .collect();
+        while let Some((r, depth)) = stack.pop() {
+            if depth > MAX_REFERENCE_DEPTH {
+                return Err(RegistryError::BadAnswer {
+                    what: format!("reference {}", r.name),
+                    answer: format!("references nested deeper than {MAX_REFERENCE_DEPTH}"),
+                });
+            }
+            if references.iter().any(|(n, _)| *n == r.name) {
+                continue;
+            }
+            let s = self.version(&r.subject, &r.version.to_string()).await?;
+            stack.extend(s.references.iter().rev().map(|x| (x.clone(), depth + 1)));
+            references.push((r.name.clone(), s.schema));
+        }
+        references.reverse();
+        Ok(Resolved { schema, references })
+    }
+
+    /// The decoder of records written with schema `id`, fetched and built
+    /// once. `expected` is the route's format (`avro` or `protobuf`).
+    pub async fn decoder(&self, id: u32, expected: &'static str) -> Result<Decoder, RegistryError> {
+        if let Some(d) = self.decoders.lock().expect("not poisoned").get(&id) {
+            return Ok(d.clone());
+        }
+        let resolved = self.resolve(self.schema(id).await?).await?;
+        let d = build(id, &resolved, expected)?;
+        self.decoders
+            .lock()
+            .expect("not poisoned")
+            .insert(id, d.clone());
+        Ok(d)
+    }
+}
+
+/// Builds the decoder of `resolved` (schema `id`) for a route reading
+/// `expected`.
+pub fn build(
+    id: u32,
+    resolved: &Resolved,
+    expected: &'static str,
+) -> Result<Decoder, RegistryError> {
+    let kind = resolved.schema.kind().to_ascii_uppercase();
+    match (kind.as_str(), expected) {
+        ("AVRO", "avro") => {
+            let refs: Vec<&str> = resolved
+                .references
+                .iter()
+                .map(|(_, t)| t.as_str())
+                .collect();
+            let s = AvroSchema::parse(&resolved.schema.schema, &refs)
+                .map_err(|source| RegistryError::Avro { id, source })?;
+            Ok(Decoder::Avro(Arc::new(s)))
+        }
+        ("PROTOBUF", "protobuf") => {
+            let refs: Vec<(&str, &str)> = resolved
+                .references
+                .iter()
+                .map(|(n, t)| (n.as_str(), t.as_str()))
+                .collect();
+            let s = ProtoSchema::parse(&resolved.schema.schema, &refs)
+                .map_err(|source| RegistryError::Protobuf { id, source })?;
+            Ok(Decoder::Protobuf(Arc::new(s)))
+        }
+        _ => Err(RegistryError::WrongType { id, kind, expected }),
+    }
+}
+
+/// A subject as one path segment: `/` and everything else outside the
+/// unreserved set percent-encoded (subjects such as `common/money.proto`).
+fn url_segment(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+fn read(path: &std::path::Path) -> Result<Vec<u8>, RegistryError> {
+    std::fs::read(path)
+        .map_err(|e| RegistryError::Config(format!("cannot read {}: {e}", path.display())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn subjects_are_one_path_segment() {
+        assert_eq!(url_segment("orders-value"), "orders-value");
+        assert_eq!(url_segment("common/money.proto"), "common%2Fmoney.proto");
+        assert_eq!(url_segment("a b?"), "a%20b%3F");
+    }
+
+    #[test]
+    fn only_an_unanswered_request_is_tried_again() {
+        let u = RegistryError::Unavailable {
+            url: "http://r".into(),
+            reason: "refused".into(),
+        };
+        assert!(u.is_retriable());
+        assert!(!RegistryError::UnknownSchema(7).is_retriable());
+        assert!(!RegistryError::Unauthorized(401).is_retriable());
+    }
+}

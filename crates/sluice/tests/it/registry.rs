@@ -1,0 +1,184 @@
+//! The schema registry end to end: `sluice check-config` reads each Avro or
+//! Protobuf route's subject from the stack's registry (a real HTTP server,
+//! `stack/schema_registry.py`), with references, basic auth, and a registry
+//! that is down or answers 404, each named.
+
+use crate::harness::*;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+
+/// The stack's registry.
+fn registry_url() -> String {
+    std::env::var("SCHEMA_REGISTRY_URL")
+        .expect("SCHEMA_REGISTRY_URL is not set: the stack is missing (run `make test`, or `make stack` and export its lines)")
+}
+
+/// Registers `schema` (a JSON request body) under `subject`; returns the id.
+async fn register(url: &str, auth: Option<&str>, subject: &str, body: serde_json::Value) -> u64 {
+    let client = Client::builder(TokioExecutor::new()).build_http::<Full<bytes::Bytes>>();
+    let mut req = hyper::Request::post(format!(
+        "{url}/subjects/{}/versions",
+        subject.replace('/', "%2F")
+    ))
+    .header("Content-Type", "application/vnd.schemaregistry.v1+json");
+    if let Some(a) = auth {
+        use base64::Engine;
+        let token = base64::engine::general_purpose::STANDARD.encode(a);
+        req = req.header("Authorization", format!("Basic {token}"));
+    }
+    let req = req.body(Full::from(body.to_string())).unwrap();
+    let resp = client.request(req).await.unwrap();
+    let status = resp.status();
+    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&bytes));
+    serde_json::from_slice::<serde_json::Value>(&bytes).unwrap()["id"]
+        .as_u64()
+        .unwrap()
+}
+
+/// A registry of this test's own, with basic auth; killed on drop.
+struct PrivateRegistry {
+    child: std::process::Child,
+    url: String,
+    _dir: std::path::PathBuf,
+}
+
+impl PrivateRegistry {
+    async fn start(auth: &str) -> Self {
+        let dir = std::env::temp_dir().join(unique("registry"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let port = free_port();
+        let python = std::env::var("SLUICE_CHDB_PYTHON").expect("SLUICE_CHDB_PYTHON (make stack)");
+        let server =
+            std::env::var("SLUICE_REGISTRY_SERVER").expect("SLUICE_REGISTRY_SERVER (make stack)");
+        let child = std::process::Command::new(python)
+            .arg(server)
+            .arg("--db")
+            .arg(dir.join("r.db"))
+            .args(["--port", &port.to_string(), "--basic-auth", auth])
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let url = format!("http://127.0.0.1:{port}");
+        for _ in 0..100 {
+            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        PrivateRegistry {
+            child,
+            url,
+            _dir: dir,
+        }
+    }
+}
+
+impl Drop for PrivateRegistry {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self._dir);
+    }
+}
+
+fn config(topic: &str, table: &str, registry: &str, extra: &str) -> String {
+    format!(
+        r#"
+[kafka]
+brokers = "{}"
+[clickhouse]
+url = "{}"
+[schema_registry]
+url = "{registry}"
+{extra}
+[[route]]
+topic = "{topic}"
+table = "{table}"
+format = "avro"
+"#,
+        brokers(),
+        clickhouse_url()
+    )
+}
+
+/// `sluice check-config` on `toml`: (exit code, output).
+fn check(toml: &str) -> (i32, String) {
+    let path = std::env::temp_dir().join(format!("{}.toml", unique("regcheck")));
+    std::fs::write(&path, toml).unwrap();
+    let out = run(sluice(["check-config", "--config"])
+        .arg(&path)
+        .env_remove("SCHEMA_REGISTRY_URL"));
+    let _ = std::fs::remove_file(&path);
+    (out.code, format!("{}{}", out.stdout, out.stderr))
+}
+
+const MONEY: &str = r#"{"type":"record","name":"Money","namespace":"common","fields":[{"name":"units","type":"long"}]}"#;
+const ORDER: &str = r#"{"type":"record","name":"Order","namespace":"shop","fields":[{"name":"id","type":"long"},{"name":"total","type":"common.Money"}]}"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_config_reads_each_routes_subject_with_its_references() {
+    let (topic, table, _ch) = setup("registry", 1, 0).await;
+    let url = registry_url();
+    let money = format!("{topic}-money");
+    register(&url, None, &money, serde_json::json!({ "schema": MONEY })).await;
+    let refs = [serde_json::json!({"name": "common.Money", "subject": money, "version": 1})];
+    let body = serde_json::json!({ "schema": ORDER, "references": refs });
+    let id = register(&url, None, &format!("{topic}-value"), body).await;
+
+    let (code, out) = check(&config(&topic, &table, &url, ""));
+    assert_eq!(code, 0, "{out}");
+    let line = format!("version 1 (id {id}, 1 reference(s)) compiles as avro");
+    assert!(
+        out.contains(&format!("subject {topic}-value")) && out.contains(&line),
+        "{out}"
+    );
+
+    // A subject nobody registered, and a registry that is not there.
+    let (code, out) = check(&config(&format!("{topic}-nothing"), &table, &url, ""));
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains(&format!(
+            "has no subject \"{topic}-nothing-value\" version latest"
+        )),
+        "{out}"
+    );
+    let down = format!("http://127.0.0.1:{}", free_port());
+    let (code, out) = check(&config(&topic, &table, &down, ""));
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains(&format!("the schema registry at {down} does not answer")),
+        "{out}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_config_signs_in_to_the_registry_and_never_prints_the_password() {
+    let (topic, table, _ch) = setup("regauth", 1, 0).await;
+    let registry = PrivateRegistry::start("sluice:s3cret-pw").await;
+    let body = serde_json::json!({ "schema": MONEY });
+    register(
+        &registry.url,
+        Some("sluice:s3cret-pw"),
+        &format!("{topic}-value"),
+        body,
+    )
+    .await;
+
+    let wrong = "username = \"sluice\"\npassword = \"wrong-pw\"";
+    let (code, out) = check(&config(&topic, &table, &registry.url, wrong));
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains("the schema registry refused the credentials (401)"),
+        "{out}"
+    );
+    let right = "username = \"sluice\"\npassword = \"s3cret-pw\"";
+    let (code, out) = check(&config(&topic, &table, &registry.url, right));
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("compiles as avro"), "{out}");
+    assert!(
+        !out.contains("s3cret-pw") && !out.contains("wrong-pw"),
+        "{out}"
+    );
+}
