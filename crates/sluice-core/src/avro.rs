@@ -111,6 +111,20 @@ impl AvroSchema {
         Ok(AvroSchema(parsed))
     }
 
+    /// The ClickHouse columns that hold this record's fields as
+    /// [`Self::to_json`] writes them: `(name, type)` in field order.
+    pub fn columns(&self) -> Vec<(String, String)> {
+        let (schemas, reader) = (self.0.borrow_owner(), self.0.borrow_dependent());
+        let names = reader.names.get_names();
+        let Schema::Record(r) = &schemas.root else {
+            return Vec::new();
+        };
+        r.fields
+            .iter()
+            .map(|f| (f.name.clone(), column_type(&f.schema, names, 0)))
+            .collect()
+    }
+
     /// Decodes `payload` and appends it to `out` as one JSON object. Bytes
     /// left over after the record mean it was not written with this schema.
     pub fn to_json(&self, payload: &[u8], out: &mut Vec<u8>) -> Result<(), AvroError> {
@@ -303,6 +317,93 @@ impl<'s> Json<'_, 's> {
         });
         self.quoted(format!("{date}.{frac:0digits$}{zone}"))
     }
+}
+
+/// The ClickHouse type of a value of `schema`, as the module writes it.
+/// Named types nested deeper than a few levels (a recursive schema) become
+/// `String`: ClickHouse has no recursive type.
+fn column_type(schema: &Schema, names: &NamesRef<'_>, depth: usize) -> String {
+    if depth > 16 {
+        return "String".into();
+    }
+    let inner = |s: &Schema| column_type(s, names, depth + 1);
+    match schema {
+        Schema::Null => "Nullable(Nothing)".into(),
+        Schema::Boolean => "Bool".into(),
+        Schema::Int => "Int32".into(),
+        Schema::Long => "Int64".into(),
+        Schema::Float => "Float32".into(),
+        Schema::Double => "Float64".into(),
+        Schema::Bytes | Schema::String => "String".into(),
+        Schema::Fixed(f) => format!("FixedString({})", f.size),
+        Schema::Decimal(d) if d.precision <= 76 => format!("Decimal({}, {})", d.precision, d.scale),
+        Schema::Decimal(_) | Schema::BigDecimal => "String".into(),
+        Schema::Uuid(_) => "UUID".into(),
+        Schema::Date => "Date32".into(),
+        Schema::TimeMillis => "Time64(3)".into(),
+        Schema::TimeMicros => "Time64(6)".into(),
+        Schema::TimestampMillis => "DateTime64(3, 'UTC')".into(),
+        Schema::TimestampMicros => "DateTime64(6, 'UTC')".into(),
+        Schema::TimestampNanos => "DateTime64(9, 'UTC')".into(),
+        Schema::LocalTimestampMillis => "DateTime64(3)".into(),
+        Schema::LocalTimestampMicros => "DateTime64(6)".into(),
+        Schema::LocalTimestampNanos => "DateTime64(9)".into(),
+        Schema::Duration(_) => "Tuple(months UInt32, days UInt32, millis UInt32)".into(),
+        Schema::Enum(e) if e.symbols.len() <= 127 => {
+            let values: Vec<String> = e
+                .symbols
+                .iter()
+                .enumerate()
+                .map(|(i, s)| format!("'{}' = {i}", s.replace('\\', "\\\\").replace('\'', "\\'")))
+                .collect();
+            format!("Enum8({})", values.join(", "))
+        }
+        Schema::Enum(_) => "LowCardinality(String)".into(),
+        Schema::Array(a) => format!("Array({})", inner(&a.items)),
+        Schema::Map(m) => format!("Map(String, {})", inner(&m.types)),
+        Schema::Record(r) => {
+            let fields: Vec<String> = r
+                .fields
+                .iter()
+                .map(|f| format!("{} {}", quote_ident(&f.name), inner(&f.schema)))
+                .collect();
+            format!("Tuple({})", fields.join(", "))
+        }
+        Schema::Union(u) => {
+            let non_null: Vec<&Schema> = u
+                .variants()
+                .iter()
+                .filter(|v| !matches!(v, Schema::Null))
+                .collect();
+            let nullable = non_null.len() < u.variants().len();
+            match non_null.as_slice() {
+                [one] => {
+                    let t = inner(one);
+                    // Only scalars can be Nullable in ClickHouse: a null
+                    // array, map or tuple takes the column's default.
+                    let composite = ["Array(", "Map(", "Tuple(", "Nullable("]
+                        .iter()
+                        .any(|p| t.starts_with(p));
+                    if nullable && !composite {
+                        format!("Nullable({t})")
+                    } else {
+                        t
+                    }
+                }
+                // A union of several types: its JSON differs by branch.
+                _ => "String".into(),
+            }
+        }
+        Schema::Ref { name } => match names.get(name) {
+            Some(s) => column_type(s, names, depth + 1),
+            None => "String".into(),
+        },
+    }
+}
+
+/// A name as a ClickHouse identifier, back-quoted.
+fn quote_ident(name: &str) -> String {
+    format!("`{}`", name.replace('\\', "\\\\").replace('`', "\\`"))
 }
 
 /// The decimal `unscaled × 10^-scale`, exactly.

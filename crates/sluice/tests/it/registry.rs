@@ -182,3 +182,139 @@ async fn check_config_signs_in_to_the_registry_and_never_prints_the_password() {
         "{out}"
     );
 }
+
+/// POSTs `body` to ClickHouse's HTTP interface with `query`; returns the
+/// answer, failing on an error status.
+async fn ch_post(query: &str, body: Vec<u8>) -> String {
+    let client = Client::builder(TokioExecutor::new()).build_http::<Full<bytes::Bytes>>();
+    let url = format!(
+        "{}/?query={}",
+        clickhouse_url(),
+        query
+            .bytes()
+            .map(|b| format!("%{b:02X}"))
+            .collect::<String>()
+    );
+    let req = hyper::Request::post(url).body(Full::from(body)).unwrap();
+    let resp = client.request(req).await.unwrap();
+    let status = resp.status();
+    let text =
+        String::from_utf8_lossy(&resp.into_body().collect().await.unwrap().to_bytes()).to_string();
+    assert_eq!(status, 200, "{query}: {text}");
+    text
+}
+
+const TYPED: &str = r#"{"type":"record","name":"Typed","namespace":"shop","fields":[
+  {"name":"id","type":"long"},
+  {"name":"price","type":{"type":"bytes","logicalType":"decimal","precision":20,"scale":4}},
+  {"name":"at","type":{"type":"long","logicalType":"timestamp-millis"}},
+  {"name":"at_us","type":{"type":"long","logicalType":"timestamp-micros"}},
+  {"name":"day","type":{"type":"int","logicalType":"date"}},
+  {"name":"uid","type":{"type":"string","logicalType":"uuid"}},
+  {"name":"status","type":{"type":"enum","name":"Status","symbols":["NEW","PAID"]}},
+  {"name":"note","type":["null","string"],"default":null},
+  {"name":"score","type":"double"},
+  {"name":"blob","type":"bytes"},
+  {"name":"tags","type":{"type":"array","items":"string"}},
+  {"name":"attrs","type":{"type":"map","values":"long"}},
+  {"name":"ship","type":{"type":"record","name":"Ship","fields":[{"name":"city","type":"string"},{"name":"zip","type":["null","int"]}]}}
+]}"#;
+
+/// Every Avro type round-trips through ClickHouse: the table is the one
+/// `AvroSchema::columns` recommends, the row what `to_json` writes, and
+/// what ClickHouse reads back is the value that went in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn avro_values_come_back_from_clickhouse_as_they_went_in() {
+    use apache_avro::types::Value as V;
+    let schema = sluice_core::avro::AvroSchema::parse(TYPED, &[]).unwrap();
+    let table = format!("default.{}", unique("avro_typed"));
+    let cols: Vec<String> = schema
+        .columns()
+        .iter()
+        .map(|(n, t)| format!("`{n}` {t}"))
+        .collect();
+    ch_post(
+        &format!(
+            "CREATE TABLE {table} ({}) ENGINE = MergeTree ORDER BY id",
+            cols.join(", ")
+        ),
+        Vec::new(),
+    )
+    .await;
+
+    let price = num_bigint::BigInt::from(-123_456_789_012_345i64).to_signed_bytes_be();
+    let ship = |zip: V| {
+        V::Record(vec![
+            ("city".into(), V::String("Oslo".into())),
+            ("zip".into(), zip),
+        ])
+    };
+    let rows = [
+        vec![
+            ("id", V::Long(1)),
+            ("price", V::Decimal(apache_avro::Decimal::from(price))),
+            ("at", V::TimestampMillis(-1_500)),
+            ("at_us", V::TimestampMicros(1_700_000_000_123_456)),
+            ("day", V::Date(-25_567)),
+            (
+                "uid",
+                V::Uuid("123e4567-e89b-12d3-a456-426614174000".parse().unwrap()),
+            ),
+            ("status", V::Enum(1, "PAID".into())),
+            ("note", V::Union(1, Box::new(V::String("a \"b\"\n".into())))),
+            ("score", V::Double(f64::NAN)),
+            ("blob", V::Bytes(vec![0xff, 0x00, b'"'])),
+            ("tags", V::Array(vec![V::String("x".into())])),
+            ("attrs", V::Map([("k".to_string(), V::Long(-1))].into())),
+            ("ship", ship(V::Union(1, Box::new(V::Int(1234))))),
+        ],
+        vec![
+            ("id", V::Long(2)),
+            ("price", V::Decimal(apache_avro::Decimal::from(vec![0u8]))),
+            ("at", V::TimestampMillis(4_102_444_800_000)),
+            ("at_us", V::TimestampMicros(0)),
+            ("day", V::Date(0)),
+            (
+                "uid",
+                V::Uuid("00000000-0000-0000-0000-000000000000".parse().unwrap()),
+            ),
+            ("status", V::Enum(0, "NEW".into())),
+            ("note", V::Union(0, Box::new(V::Null))),
+            ("score", V::Double(-0.1)),
+            ("blob", V::Bytes(Vec::new())),
+            ("tags", V::Array(Vec::new())),
+            ("attrs", V::Map(Default::default())),
+            ("ship", ship(V::Union(0, Box::new(V::Null)))),
+        ],
+    ];
+    let avro = apache_avro::Schema::parse_str(TYPED).unwrap();
+    let writer = apache_avro::writer::datum::GenericDatumWriter::builder(&avro)
+        .build()
+        .unwrap();
+    let mut body = Vec::new();
+    for r in rows {
+        let record = V::Record(r.into_iter().map(|(k, v)| (k.to_string(), v)).collect());
+        let payload = writer.write_value_to_vec(record).unwrap();
+        schema.to_json(&payload, &mut body).unwrap();
+        body.push(b'\n');
+    }
+    ch_post(
+        &format!("INSERT INTO {table} SETTINGS date_time_input_format = 'best_effort' FORMAT JSONEachRow"),
+        body,
+    )
+    .await;
+    let got = ch_post(
+        &format!(
+            "SELECT id, toString(price), toUnixTimestamp64Milli(at), toUnixTimestamp64Micro(at_us), toString(day), \
+             toString(uid), toString(status), note, score, hex(blob), tags, attrs, ship FROM {table} ORDER BY id FORMAT TSV"
+        ),
+        Vec::new(),
+    )
+    .await;
+    assert_eq!(
+        got,
+        "1\t-12345678901.2345\t-1500\t1700000000123456\t1900-01-01\t123e4567-e89b-12d3-a456-426614174000\tPAID\ta \"b\"\\n\tnan\tFF0022\t['x']\t{'k':-1}\t('Oslo',1234)\n\
+         2\t0\t4102444800000\t0\t1970-01-01\t00000000-0000-0000-0000-000000000000\tNEW\t\\N\t-0.1\t\t[]\t{}\t('Oslo',NULL)\n"
+    );
+    ch_post(&format!("DROP TABLE {table}"), Vec::new()).await;
+}
