@@ -127,8 +127,17 @@ impl ProtoSchema {
         Ok(ProtoSchema { file })
     }
 
+    /// The ClickHouse columns that hold the fields of the message type at
+    /// `path` (`[0]`: the file's first) as [`Self::to_json`] writes them.
+    pub fn columns(&self, path: &[i32]) -> Result<Vec<(String, String)>, ProtoError> {
+        let m = self.message(path)?;
+        Ok(m.fields()
+            .map(|f| (f.name().to_string(), field_type(&f, 0)))
+            .collect())
+    }
+
     /// The message type the `path` of message indexes names.
-    fn message(&self, path: &[i32]) -> Result<MessageDescriptor, ProtoError> {
+    pub fn message(&self, path: &[i32]) -> Result<MessageDescriptor, ProtoError> {
         let missing = || ProtoError::NoMessage(path.to_vec());
         let index = |i: i32| usize::try_from(i).map_err(|_| missing());
         let (first, rest) = path.split_first().ok_or_else(missing)?;
@@ -313,6 +322,86 @@ impl Json<'_> {
             }
         }
         self.out.push(b'"');
+    }
+}
+
+/// The ClickHouse type of `field` as the module writes it: `Nullable` where
+/// the field has presence (unset is left out, so the column's default,
+/// `NULL`, applies) and ClickHouse allows it.
+fn field_type(field: &prost_reflect::FieldDescriptor, depth: usize) -> String {
+    if field.is_map() {
+        let Kind::Message(entry) = field.kind() else {
+            return "String".into();
+        };
+        let key = kind_type(&entry.map_entry_key_field().kind(), depth + 1);
+        let value = kind_type(&entry.map_entry_value_field().kind(), depth + 1);
+        return format!("Map({key}, {value})");
+    }
+    let t = kind_type(&field.kind(), depth);
+    if field.is_list() {
+        return format!("Array({t})");
+    }
+    let composite = ["Array(", "Map(", "Tuple(", "Nullable("]
+        .iter()
+        .any(|p| t.starts_with(p));
+    if field.supports_presence() && !composite {
+        format!("Nullable({t})")
+    } else {
+        t
+    }
+}
+
+fn kind_type(kind: &Kind, depth: usize) -> String {
+    match kind {
+        Kind::Double => "Float64".into(),
+        Kind::Float => "Float32".into(),
+        Kind::Int32 | Kind::Sint32 | Kind::Sfixed32 => "Int32".into(),
+        Kind::Int64 | Kind::Sint64 | Kind::Sfixed64 => "Int64".into(),
+        Kind::Uint32 | Kind::Fixed32 => "UInt32".into(),
+        Kind::Uint64 | Kind::Fixed64 => "UInt64".into(),
+        Kind::Bool => "Bool".into(),
+        Kind::String | Kind::Bytes => "String".into(),
+        Kind::Enum(e) => {
+            let values: Vec<(String, i32)> = e
+                .values()
+                .map(|v| (v.name().to_string(), v.number()))
+                .collect();
+            let fits = |lo: i32, hi: i32| values.iter().all(|(_, n)| (lo..=hi).contains(n));
+            let list = || {
+                values
+                    .iter()
+                    .map(|(name, n)| format!("'{name}' = {n}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            };
+            if fits(-128, 127) {
+                format!("Enum8({})", list())
+            } else if fits(-32768, 32767) {
+                format!("Enum16({})", list())
+            } else {
+                "LowCardinality(String)".into()
+            }
+        }
+        Kind::Message(m) => match m.full_name() {
+            "google.protobuf.Timestamp" => "DateTime64(9, 'UTC')".into(),
+            "google.protobuf.Duration" => "Decimal(38, 9)".into(),
+            name if wrapper(name) => {
+                let inner = kind_type(
+                    &m.get_field(1).expect("a wrapper has field 1").kind(),
+                    depth,
+                );
+                format!("Nullable({inner})")
+            }
+            // ClickHouse has no recursive type.
+            _ if depth > 16 => "String".into(),
+            _ => {
+                let fields: Vec<String> = m
+                    .fields()
+                    .map(|f| format!("`{}` {}", f.name(), field_type(&f, depth + 1)))
+                    .collect();
+                format!("Tuple({})", fields.join(", "))
+            }
+        },
     }
 }
 

@@ -318,3 +318,126 @@ async fn avro_values_come_back_from_clickhouse_as_they_went_in() {
     );
     ch_post(&format!("DROP TABLE {table}"), Vec::new()).await;
 }
+
+const TYPED_PROTO: &str = r#"
+syntax = "proto3";
+package shop;
+import "google/protobuf/timestamp.proto";
+import "google/protobuf/wrappers.proto";
+import "google/protobuf/duration.proto";
+enum Status { NEW = 0; PAID = 1; }
+message Order {
+  int64 id = 1;
+  uint64 big = 2;
+  double score = 3;
+  string name = 4;
+  bytes blob = 5;
+  Status status = 6;
+  google.protobuf.Timestamp at = 7;
+  google.protobuf.Int64Value maybe = 8;
+  google.protobuf.Duration took = 9;
+  repeated string tags = 10;
+  map<string, int64> attrs = 11;
+  map<int32, string> byno = 12;
+  optional int32 opt = 13;
+  oneof pay { string card = 14; string cash = 15; }
+  message Line { string sku = 1; int32 qty = 2; }
+  Line line = 16;
+  repeated Line lines = 17;
+}
+"#;
+
+/// The same for Protobuf: `ProtoSchema::columns` makes the table, every
+/// field type and an unset one of each kind (presence or not) come back as
+/// they went in, or as the column's default.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn protobuf_values_come_back_from_clickhouse_as_they_went_in() {
+    use prost_reflect::prost::Message;
+    use prost_reflect::{DynamicMessage, MapKey, ReflectMessage, Value as P};
+    let schema = sluice_core::protobuf::ProtoSchema::parse(TYPED_PROTO, &[]).unwrap();
+    let table = format!("default.{}", unique("proto_typed"));
+    let cols: Vec<String> = schema
+        .columns(&[0])
+        .unwrap()
+        .iter()
+        .map(|(n, t)| format!("`{n}` {t}"))
+        .collect();
+    ch_post(
+        &format!(
+            "CREATE TABLE {table} ({}) ENGINE = MergeTree ORDER BY id",
+            cols.join(", ")
+        ),
+        Vec::new(),
+    )
+    .await;
+
+    let order = schema.message(&[0]).unwrap();
+    let sub =
+        |m: &DynamicMessage, f: &str| match m.descriptor().get_field_by_name(f).unwrap().kind() {
+            prost_reflect::Kind::Message(d) => DynamicMessage::new(d),
+            k => panic!("{k:?}"),
+        };
+    let mut full = DynamicMessage::new(order.clone());
+    full.set_field_by_name("id", P::I64(1));
+    full.set_field_by_name("big", P::U64(u64::MAX));
+    full.set_field_by_name("score", P::F64(-0.1));
+    full.set_field_by_name("name", P::String("a\tb".into()));
+    full.set_field_by_name("blob", P::Bytes(vec![0xff, 0].into()));
+    full.set_field_by_name("status", P::EnumNumber(1));
+    let mut at = sub(&full, "at");
+    at.set_field_by_name("seconds", P::I64(1_700_000_000));
+    at.set_field_by_name("nanos", P::I32(123_456_789));
+    full.set_field_by_name("at", P::Message(at));
+    let mut maybe = sub(&full, "maybe");
+    maybe.set_field_by_name("value", P::I64(0));
+    full.set_field_by_name("maybe", P::Message(maybe));
+    let mut took = sub(&full, "took");
+    took.set_field_by_name("seconds", P::I64(-3));
+    took.set_field_by_name("nanos", P::I32(-250_000_000));
+    full.set_field_by_name("took", P::Message(took));
+    full.set_field_by_name("tags", P::List(vec![P::String("x".into())]));
+    full.set_field_by_name(
+        "attrs",
+        P::Map([(MapKey::String("k".into()), P::I64(-1))].into()),
+    );
+    full.set_field_by_name(
+        "byno",
+        P::Map([(MapKey::I32(7), P::String("seven".into()))].into()),
+    );
+    full.set_field_by_name("opt", P::I32(0));
+    full.set_field_by_name("cash", P::String("yes".into()));
+    let mut line = sub(&full, "line");
+    line.set_field_by_name("sku", P::String("S1".into()));
+    line.set_field_by_name("qty", P::I32(2));
+    full.set_field_by_name("line", P::Message(line.clone()));
+    full.set_field_by_name("lines", P::List(vec![P::Message(line)]));
+    let mut empty = DynamicMessage::new(order);
+    empty.set_field_by_name("id", P::I64(2));
+
+    let mut body = Vec::new();
+    for m in [full, empty] {
+        let mut payload = vec![0u8]; // message indexes: [0]
+        payload.extend(m.encode_to_vec());
+        schema.to_json(&payload, &mut body).unwrap();
+        body.push(b'\n');
+    }
+    ch_post(
+        &format!("INSERT INTO {table} SETTINGS date_time_input_format = 'best_effort' FORMAT JSONEachRow"),
+        body,
+    )
+    .await;
+    let got = ch_post(
+        &format!(
+            "SELECT id, big, score, name, hex(blob), toString(status), toUnixTimestamp64Nano(at), maybe, toString(took), \
+             tags, attrs, byno, opt, card, cash, line, lines FROM {table} ORDER BY id FORMAT TSV"
+        ),
+        Vec::new(),
+    )
+    .await;
+    assert_eq!(
+        got,
+        "1\t18446744073709551615\t-0.1\ta\\tb\tFF00\tPAID\t1700000000123456789\t0\t-3.25\t['x']\t{'k':-1}\t{7:'seven'}\t0\t\\N\tyes\t('S1',2)\t[('S1',2)]\n\
+         2\t0\t0\t\t\tNEW\t\\N\t\\N\t\\N\t[]\t{}\t{}\t\\N\t\\N\t\\N\t('',0)\t[]\n"
+    );
+    ch_post(&format!("DROP TABLE {table}"), Vec::new()).await;
+}
