@@ -1,7 +1,8 @@
 //! `sluice schema`: the recommended DDL for a sluice target table.
 //!
 //! In: a table name, its business key and its columns (given on the command
-//! line, or read from the table if it exists). Out: a `CREATE TABLE` on
+//! line, read from the table if it exists, or from an Avro or Protobuf
+//! schema in a schema registry). Out: a `CREATE TABLE` on
 //! stdout with
 //! - the metadata columns sluice writes (`_topic`, `_partition`, `_offset`);
 //! - the `watermark` projection that answers the resume lookup (highest
@@ -25,8 +26,15 @@ pub struct SchemaArgs {
     pub key: Columns,
     /// The data columns, e.g. "order_id UInt64, amount Decimal(12, 2)".
     /// Default: read them from the existing table.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "registry")]
     pub columns: Option<String>,
+    /// Take the data columns from a schema registry: the latest Avro or
+    /// Protobuf schema of --subject (its first message, for Protobuf).
+    #[arg(long, requires = "subject")]
+    pub registry: Option<String>,
+    /// The registry subject, e.g. orders-value.
+    #[arg(long, requires = "registry")]
+    pub subject: Option<String>,
     /// A PARTITION BY expression, e.g. "toYYYYMM(created_at)".
     #[arg(long)]
     pub partition_by: Option<String>,
@@ -156,12 +164,40 @@ pub fn ddl(s: &Spec) -> Result<String, String> {
     Ok(out)
 }
 
+/// The columns of `subject`'s latest schema in the registry at `url`.
+async fn registry_columns(url: &str, subject: &str) -> Result<Vec<(String, String)>, OpsError> {
+    use crate::registry::{build, Decoder, Registry};
+    let cfg = crate::config::SchemaRegistryConfig {
+        url: url.trim_end_matches('/').to_string(),
+        auth: None,
+        ca_file: None,
+        identity: None,
+        timeout: crate::config::DEFAULT_REGISTRY_TIMEOUT,
+    };
+    let invalid = |e: crate::registry::RegistryError| OpsError::Invalid(format!("--registry: {e}"));
+    let registry = Registry::new(&cfg).map_err(invalid)?;
+    let latest = registry.version(subject, "latest").await.map_err(invalid)?;
+    let id = latest.id.unwrap_or(0);
+    let expected = match latest.kind().to_ascii_uppercase().as_str() {
+        "PROTOBUF" => "protobuf",
+        _ => "avro",
+    };
+    let resolved = registry.resolve(latest).await.map_err(invalid)?;
+    match build(id, &resolved, expected).map_err(invalid)? {
+        Decoder::Avro(a) => Ok(a.columns()),
+        Decoder::Protobuf(p) => p
+            .columns(&[0])
+            .map_err(|e| OpsError::Invalid(format!("--subject: {e}"))),
+    }
+}
+
 pub async fn run(args: SchemaArgs, conn: Conn) -> Result<Outcome, OpsError> {
-    let columns = match &args.columns {
-        Some(c) => {
+    let columns = match (&args.columns, &args.registry, &args.subject) {
+        (Some(c), _, _) => {
             parse_column_defs(c).map_err(|e| OpsError::Invalid(format!("--columns: {e}")))?
         }
-        None => {
+        (None, Some(url), Some(subject)) => registry_columns(url, subject).await?,
+        _ => {
             let client = &conn.client;
             if !Table::exists(client, &args.table).await? {
                 return Err(OpsError::Invalid(format!(

@@ -441,3 +441,61 @@ async fn protobuf_values_come_back_from_clickhouse_as_they_went_in() {
     );
     ch_post(&format!("DROP TABLE {table}"), Vec::new()).await;
 }
+
+/// `sluice schema --registry --subject`: the DDL's columns come from the
+/// subject's latest schema, and ClickHouse accepts the DDL as printed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn schema_prints_a_table_for_a_registry_subject() {
+    let url = registry_url();
+    let subject = format!("{}-value", unique("ddl"));
+    register(&url, None, &subject, serde_json::json!({ "schema": TYPED })).await;
+    let table = format!("default.{}", unique("ddl"));
+    let out = run(&mut sluice([
+        "schema",
+        "--table",
+        &table,
+        "--key",
+        "id",
+        "--registry",
+        &url,
+        "--subject",
+        &subject,
+    ]));
+    assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
+    for col in [
+        "`price` Decimal(20, 4)",
+        "`at` DateTime64(3, 'UTC')",
+        "`status` Enum8('NEW' = 0, 'PAID' = 1)",
+        "`note` Nullable(String)",
+        "`ship` Tuple(`city` String, `zip` Nullable(Int32))",
+    ] {
+        assert!(out.stdout.contains(col), "{col}: {}", out.stdout);
+    }
+    let ddl: String = out
+        .stdout
+        .lines()
+        .filter(|l| !l.trim_start().starts_with("--"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let create = ddl.split(';').next().unwrap();
+    ch_post(create, Vec::new()).await;
+    ch_post(&format!("DROP TABLE {table}"), Vec::new()).await;
+
+    let out = run(&mut sluice([
+        "schema",
+        "--table",
+        &table,
+        "--key",
+        "id",
+        "--registry",
+        &url,
+        "--subject",
+        "no-such-subject",
+    ]));
+    assert_ne!(out.code, 0);
+    assert!(
+        out.stderr.contains("has no subject \"no-such-subject\""),
+        "{}",
+        out.stderr
+    );
+}
