@@ -173,6 +173,9 @@ pub struct Claim<K, T> {
     contested: Vec<K>,
     /// Rounds lost to another process so far.
     yields: u32,
+    /// The yield the last read began, until the driver says when planning
+    /// what it claimed ended ([`Self::planned`]).
+    unplanned: bool,
 }
 
 impl<K: Copy + Eq, T: Moment> Claim<K, T> {
@@ -192,6 +195,7 @@ impl<K: Copy + Eq, T: Moment> Claim<K, T> {
             step,
             contested: Vec::new(),
             yields: 0,
+            unplanned: false,
         }
     }
 
@@ -232,6 +236,18 @@ impl<K: Copy + Eq, T: Moment> Claim<K, T> {
         self.contested.retain(keep);
         if self.fencing.is_empty() && self.fencing_step() {
             self.end_round(now);
+        }
+        // Every partition that made this round yield was given up: what is
+        // left was never contested and need not wait.
+        let yielding = matches!(
+            self.step,
+            Step::Wait {
+                why: Why::Yield,
+                ..
+            }
+        );
+        if yielding && self.contested.is_empty() {
+            self.step = Step::Backoff;
         }
     }
 
@@ -323,10 +339,14 @@ impl<K: Copy + Eq, T: Moment> Claim<K, T> {
     /// Planning what the round claimed took until `now`: a yield starts
     /// from here, so that the other claimer's fence can end within it.
     pub fn planned(&mut self, now: T) {
-        if let Step::Wait {
-            why: Why::Yield, ..
-        } = self.step
-        {
+        let yielding = matches!(
+            self.step,
+            Step::Wait {
+                why: Why::Yield,
+                ..
+            }
+        );
+        if yielding && std::mem::take(&mut self.unplanned) {
             self.step = Step::Wait {
                 until: now.after(self.times.yield_after(self.yields)),
                 why: Why::Yield,
@@ -338,6 +358,7 @@ impl<K: Copy + Eq, T: Moment> Claim<K, T> {
     fn take(&mut self, ours: Vec<K>, sent: T, now: T) -> Vec<(K, T)> {
         self.pending.retain(|k| !ours.contains(k));
         self.end_round(now);
+        self.unplanned = !self.contested.is_empty();
         ours.into_iter().map(|k| (k, sent)).collect()
     }
 
@@ -628,6 +649,46 @@ mod tests {
                 why: Why::Yield
             }
         );
+    }
+
+    #[test]
+    fn a_yield_ends_once_its_contested_partitions_are_given_up() {
+        let mut c = Claim::new(
+            vec![1, 2, 3],
+            ME,
+            ClaimTimes::new(Duration::from_secs(10)),
+            Start::Now,
+        );
+        c.commits_read();
+        c.read(s(0), s(0), |_| Owner::Nobody);
+        c.written(s(0));
+        let found = |k: &u8| match k {
+            1 => Owner::Process(ME),
+            2 => Owner::Process(3),
+            _ => Owner::Nobody,
+        };
+        c.read(s(0), s(0), found);
+        c.woke(s(10));
+        assert_eq!(c.read(s(10), s(10), found), vec![(1, s(10))]);
+        assert!(matches!(
+            c.next(),
+            Do::Wait {
+                why: Why::Yield,
+                ..
+            }
+        ));
+        c.planned(s(12));
+        c.planned(s(30));
+        assert_eq!(
+            c.next(),
+            Do::Wait {
+                until: s(22),
+                why: Why::Yield
+            },
+            "only the first call after the read moves the yield"
+        );
+        c.retain(s(13), |&k| k != 2);
+        assert_eq!(c.next(), Do::Backoff, "3 was never contested");
     }
 
     #[test]
