@@ -129,13 +129,23 @@ impl AvroSchema {
     /// left over after the record mean it was not written with this schema.
     pub fn to_json(&self, payload: &[u8], out: &mut Vec<u8>) -> Result<(), AvroError> {
         let undecodable = |e: apache_avro::Error| AvroError::Undecodable(e.to_string());
-        let mut rest = payload;
+        let mut input = Tracked {
+            rest: payload,
+            past_end: false,
+        };
         let (schemas, reader) = (self.0.borrow_owner(), self.0.borrow_dependent());
-        let value = reader.datum.read_value(&mut rest).map_err(undecodable)?;
-        if !rest.is_empty() {
+        let value = reader.datum.read_value(&mut input).map_err(undecodable)?;
+        // apache-avro answers some fields cut short by the end of the
+        // payload (a string, a boolean, a union's branch) with a null.
+        if input.past_end {
+            return Err(AvroError::Undecodable(
+                "the payload ends inside the record".into(),
+            ));
+        }
+        if !input.rest.is_empty() {
             return Err(AvroError::Undecodable(format!(
                 "{} bytes are left after the record",
-                rest.len()
+                input.rest.len()
             )));
         }
         let start = out.len();
@@ -145,6 +155,22 @@ impl AvroSchema {
             out.truncate(start);
         }
         written
+    }
+}
+
+/// The payload as the decoder reads it, noting any read past its end: a
+/// whole record never needs one.
+struct Tracked<'a> {
+    rest: &'a [u8],
+    past_end: bool,
+}
+
+impl std::io::Read for Tracked<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if buf.len() > self.rest.len() {
+            self.past_end = true;
+        }
+        self.rest.read(buf)
     }
 }
 

@@ -221,6 +221,23 @@ fn bad_schemas_and_bad_payloads_are_named() {
 }
 
 #[test]
+fn every_cut_of_a_payload_is_refused() {
+    let schema = AvroSchema::parse(EVERY_TYPE, &[]).unwrap();
+    for note in [None, Some("n")] {
+        let payload = encode(EVERY_TYPE, every_type(note));
+        for keep in 0..payload.len() {
+            let mut out = Vec::new();
+            let r = schema.to_json(&payload[..keep], &mut out);
+            assert!(
+                r.is_err(),
+                "{keep} of {} bytes decoded (note {note:?})",
+                payload.len()
+            );
+        }
+    }
+}
+
+#[test]
 fn decimals_are_exact() {
     assert_eq!(decimal(&BigInt::from(0), 2), "0.00");
     assert_eq!(decimal(&BigInt::from(-5), 3), "-0.005");
