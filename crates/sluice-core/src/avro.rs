@@ -300,31 +300,13 @@ impl<'s> Json<'_, 's> {
         write!(self.out, "\"{v}\"").map_err(|e| AvroError::Undecodable(e.to_string()))
     }
 
-    /// A finite float as its shortest exact text; NaN and ±∞ as ClickHouse
-    /// reads them from a string.
     fn float(&mut self, x: f64, finite: Option<String>) -> Result<(), AvroError> {
-        match finite {
-            Some(text) => self.raw(text.as_bytes()),
-            None if x.is_nan() => self.raw(b"\"nan\""),
-            None if x > 0.0 => self.raw(b"\"inf\""),
-            None => self.raw(b"\"-inf\""),
-        }
+        crate::json_text::float(self.out, x, finite);
+        Ok(())
     }
 
-    /// A JSON string of `bytes`: `"`, `\` and control characters escaped,
-    /// every other byte as it is (ClickHouse keeps bytes that are not UTF-8
-    /// as they are).
     fn string(&mut self, bytes: &[u8]) -> Result<(), AvroError> {
-        self.out.push(b'"');
-        for &b in bytes {
-            match b {
-                b'"' => self.out.extend_from_slice(b"\\\""),
-                b'\\' => self.out.extend_from_slice(b"\\\\"),
-                0..0x20 => write!(self.out, "\\u{b:04x}").expect("writing to a Vec"),
-                _ => self.out.push(b),
-            }
-        }
-        self.out.push(b'"');
+        crate::json_text::string(self.out, bytes);
         Ok(())
     }
 

@@ -42,6 +42,7 @@ pub mod batch;
 pub mod claim;
 pub mod deadline;
 pub mod dedup;
+mod json_text;
 pub mod lease;
 pub mod offset;
 pub mod protobuf;

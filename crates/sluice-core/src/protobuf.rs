@@ -302,26 +302,12 @@ impl Json<'_> {
     }
 
     fn float(&mut self, x: f64, finite: Option<String>) {
-        match finite {
-            Some(text) => self.out.extend_from_slice(text.as_bytes()),
-            None if x.is_nan() => self.out.extend_from_slice(b"\"nan\""),
-            None if x > 0.0 => self.out.extend_from_slice(b"\"inf\""),
-            None => self.out.extend_from_slice(b"\"-inf\""),
-        }
+        crate::json_text::float(self.out, x, finite);
     }
 
     /// A JSON string of `bytes`, as [`crate::avro`] writes one.
     fn string(&mut self, bytes: &[u8]) {
-        self.out.push(b'"');
-        for &b in bytes {
-            match b {
-                b'"' => self.out.extend_from_slice(b"\\\""),
-                b'\\' => self.out.extend_from_slice(b"\\\\"),
-                0..0x20 => write!(self.out, "\\u{b:04x}").expect("writing to a Vec"),
-                _ => self.out.push(b),
-            }
-        }
-        self.out.push(b'"');
+        crate::json_text::string(self.out, bytes);
     }
 }
 

@@ -8,9 +8,10 @@
 //! [`ConfigError`] naming the field.
 
 use super::secret::{self, Secret};
+use super::security::readable;
 use super::{bounded, invalid, ConfigError};
 use serde::Deserialize;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 /// How long one request to the registry may take when the file does not
@@ -156,16 +157,6 @@ impl RawSchemaRegistry {
             timeout,
         }))
     }
-}
-
-fn readable(field: &str, path: &Path) -> Result<(), ConfigError> {
-    std::fs::File::open(path)
-        .map(drop)
-        .map_err(|e| ConfigError::File {
-            field: field.to_string(),
-            path: path.display().to_string(),
-            reason: e.to_string(),
-        })
 }
 
 #[cfg(test)]

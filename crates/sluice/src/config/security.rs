@@ -222,7 +222,8 @@ pub fn validate(
     })
 }
 
-fn readable(field: &str, path: &Path) -> Result<(), ConfigError> {
+/// Checks that the file a setting names can be read.
+pub(super) fn readable(field: &str, path: &Path) -> Result<(), ConfigError> {
     std::fs::File::open(path)
         .map(|_| ())
         .map_err(|e| ConfigError::File {
