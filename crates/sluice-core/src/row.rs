@@ -52,6 +52,16 @@ pub enum RowError {
     MissingField(String),
     #[error("the value is {bytes} bytes, over the limit of {max}")]
     TooLarge { bytes: usize, max: usize },
+    /// A route reading the registry's wire format got a value without it.
+    #[error("the value is not in the schema registry's wire format: {0}")]
+    NotFramed(String),
+    /// The value's schema id names no schema this route can read: the
+    /// registry does not know it, or it is of another format, or invalid.
+    #[error("{0}")]
+    UnknownSchema(String),
+    /// The bytes do not decode under the schema their id names.
+    #[error("{0}")]
+    Undecodable(String),
 }
 
 impl RowError {
@@ -64,6 +74,9 @@ impl RowError {
             RowError::ReservedField(_) => "reserved-field",
             RowError::MissingField(_) => "missing-field",
             RowError::TooLarge { .. } => "too-large",
+            RowError::NotFramed(_) => "not-registry-framed",
+            RowError::UnknownSchema(_) => "unknown-schema",
+            RowError::Undecodable(_) => "undecodable",
         }
     }
 }
@@ -85,6 +98,8 @@ pub struct RowEncoder {
     /// The metadata column names as they would appear, quoted, in a value
     /// without escapes: a value holding none of them cannot name one.
     quoted: [memmem::Finder<'static>; 3],
+    /// Values are rows a registry decoder wrote ([`Self::for_decoded`]).
+    decoded: bool,
 }
 
 impl RowEncoder {
@@ -111,7 +126,18 @@ impl RowEncoder {
             head: head.into_bytes(),
             mid: mid.into_bytes(),
             quoted,
+            decoded: false,
         }
+    }
+
+    /// Takes values that a registry decoder ([`crate::avro`],
+    /// [`crate::protobuf`]) wrote: JSON objects whose strings hold a
+    /// `bytes` field's bytes as they are, UTF-8 or not (ClickHouse stores
+    /// them unchanged). A key field holding bytes that are not UTF-8 gives
+    /// no key: the row is kept, as a keyless one.
+    pub fn for_decoded(mut self) -> Self {
+        self.decoded = true;
+        self
     }
 
     /// Also reads these top-level fields (at most [`MAX_KEY_FIELDS`]; the
@@ -217,6 +243,21 @@ impl RowEncoder {
         // serde_json checks UTF-8 only in the strings it reads, not in the
         // values it skips: without this, `{"a":"\xff"}` became a row that
         // is not JSON (RFC 8259 §8.1).
+        if self.decoded {
+            // A decoder wrote it: valid JSON, one object.
+            if parts.is_empty() && self.required.is_empty() && !self.may_name_a_column(value) {
+                let empty = value[start + 1..end].iter().all(u8::is_ascii_whitespace);
+                return Ok((&value[..end], empty));
+            }
+            return match self.walk_keys(value, end, parts) {
+                // Only a key field's bytes can fail to read here.
+                Err(RowError::NotJson(_)) if !parts.is_empty() => {
+                    parts.iter_mut().for_each(|p| *p = None);
+                    self.walk_keys(value, end, &mut [])
+                }
+                walked => walked,
+            };
+        }
         if let Err(e) = std::str::from_utf8(value) {
             return Err(RowError::NotJson(format!(
                 "invalid UTF-8 at byte {}",
@@ -261,7 +302,8 @@ impl RowEncoder {
         let (fields, seen) = de
             .deserialize_map(KeyCheck {
                 columns: &self.columns,
-                key_fields: &self.key_fields,
+                // Without room for the key (`parts` empty), none is read.
+                key_fields: &self.key_fields[..parts.len()],
                 required: &self.required,
                 parts,
             })
@@ -549,6 +591,36 @@ mod tests {
         let mut out = vec![];
         assert_eq!(e.encode(None, 0, 0, &mut out), Err(RowError::Tombstone));
         assert!(out.is_empty());
+    }
+
+    #[test]
+    fn decoded_rows_keep_their_bytes_and_their_keys() {
+        let e = RowEncoder::new("t", MetadataColumns::default()).for_decoded();
+        let mut out = Vec::new();
+        e.encode(Some(b"{\"b\":\"\xff\x00\"}"), 1, 2, &mut out)
+            .unwrap();
+        assert_eq!(
+            out,
+            b"{\"b\":\"\xff\x00\",\"_topic\":\"t\",\"_partition\":1,\"_offset\":2}\n"
+        );
+        assert_eq!(
+            e.encode(Some(br#"{"_offset":1}"#), 0, 0, &mut Vec::new()),
+            Err(RowError::ReservedField("_offset".into()))
+        );
+        // A key is read as from JSON; a key holding bytes that are not
+        // UTF-8 gives none, and the row is kept.
+        let keyed = e.clone().with_key(vec!["id".into()]);
+        let json = RowEncoder::new("t", MetadataColumns::default()).with_key(vec!["id".into()]);
+        let v = br#"{"id":"k1","b":"x"}"#;
+        let key = |e: &RowEncoder, v: &[u8]| e.encode_keyed(Some(v), 0, 0, &mut Vec::new());
+        assert_eq!(key(&keyed, v), key(&json, v));
+        assert!(key(&keyed, v).unwrap().is_some());
+        assert_eq!(key(&keyed, b"{\"id\":\"\xff\",\"b\":\"\xfe\"}"), Ok(None));
+        let required = e.with_required(vec!["id".into()]);
+        assert_eq!(
+            required.encode(Some(b"{\"b\":\"\xfe\"}"), 0, 0, &mut Vec::new()),
+            Err(RowError::MissingField("id".into()))
+        );
     }
 
     #[test]

@@ -80,6 +80,7 @@ async fn main() -> anyhow::Result<()> {
                     token,
                     query_id: qid,
                     deadline_ms: None,
+                    format_settings: &[],
                 })
                 .await?;
                 done.fetch_add(rows, Ordering::Relaxed);

@@ -82,11 +82,7 @@ async fn registry_checks(cfg: &Config) -> Vec<Check> {
     let mut out = Vec::new();
     for r in binary {
         let subject = r.subject.clone().unwrap_or_default();
-        let expected = if r.format == Format::Avro {
-            "avro"
-        } else {
-            "protobuf"
-        };
+        let expected = r.format.name();
         let verdict = async {
             let latest = registry.version(&subject, "latest").await?;
             let (id, version) = (latest.id.unwrap_or(0), latest.version.unwrap_or(0));

@@ -3,10 +3,10 @@
 //! In: a [`SchemaRegistryConfig`] and schema ids (from a record's wire
 //! format, [`sluice_core::wire`]) or subjects. Out: the schema's text with
 //! every schema it references fetched too ([`Registry::resolve`]), and a
-//! [`Decoder`] built from it, cached per id for the life of the process (a
-//! registered id never changes). Requests carry basic auth and TLS as
-//! configured and give up after `timeout`; an error says whether trying
-//! again can help ([`RegistryError::is_retriable`]).
+//! [`Decoder`] built from it (the sink caches it per id: a registered id
+//! never changes). Requests carry basic auth and TLS as configured and give
+//! up after `timeout`; an error says whether it is about the records
+//! ([`RegistryError::refuses_records`]) or about reaching the registry.
 
 use crate::config::SchemaRegistryConfig;
 use bytes::Bytes;
@@ -16,8 +16,7 @@ use hyper_util::rt::TokioExecutor;
 use serde::Deserialize;
 use sluice_core::avro::{AvroError, AvroSchema};
 use sluice_core::protobuf::{ProtoError, ProtoSchema};
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 /// References deeper than this are refused (a cycle, or a hostile registry).
 const MAX_REFERENCE_DEPTH: usize = 32;
@@ -57,6 +56,36 @@ impl RegistryError {
     /// Whether trying again later can give another answer.
     pub fn is_retriable(&self) -> bool {
         matches!(self, RegistryError::Unavailable { .. })
+    }
+
+    /// A short stable name for the kind of error (metrics).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            RegistryError::Unavailable { .. } => "unavailable",
+            RegistryError::UnknownSchema(_) => "unknown-schema",
+            RegistryError::NotFound(_) => "not-found",
+            RegistryError::Unauthorized(_) => "unauthorized",
+            RegistryError::BadAnswer { .. } => "bad-answer",
+            RegistryError::Avro { .. } | RegistryError::Protobuf { .. } => "invalid",
+            RegistryError::WrongType { .. } => "wrong-type",
+            RegistryError::Config(_) => "config",
+        }
+    }
+
+    /// Whether the answer is about the schema id itself, so that no record
+    /// written with it can ever be read: the registry does not know it, it
+    /// is of another format, or it does not parse. Anything else (the
+    /// registry down, the credentials refused, a referenced subject
+    /// missing, a strange answer) is about reaching the registry, and the
+    /// records wait.
+    pub fn refuses_records(&self) -> bool {
+        matches!(
+            self,
+            RegistryError::UnknownSchema(_)
+                | RegistryError::WrongType { .. }
+                | RegistryError::Avro { .. }
+                | RegistryError::Protobuf { .. }
+        )
     }
 }
 
@@ -106,12 +135,11 @@ pub enum Decoder {
 
 type Https = hyper_tls::HttpsConnector<HttpConnector>;
 
-/// A client of one registry, with its cache of decoders.
+/// A client of one registry.
 #[derive(Clone)]
 pub struct Registry {
     cfg: SchemaRegistryConfig,
     http: Client<Https, Empty<Bytes>>,
-    decoders: Arc<Mutex<HashMap<u32, Decoder>>>,
 }
 
 impl Registry {
@@ -140,7 +168,6 @@ impl Registry {
         Ok(Registry {
             cfg: cfg.clone(),
             http: Client::builder(TokioExecutor::new()).build(https),
-            decoders: Arc::default(),
         })
     }
 
@@ -247,19 +274,12 @@ impl Registry {
         Ok(Resolved { schema, references })
     }
 
-    /// The decoder of records written with schema `id`, fetched and built
-    /// once. `expected` is the route's format (`avro` or `protobuf`).
+    /// The decoder of records written with schema `id`, fetched with what
+    /// it references. `expected` is the route's format (`avro` or
+    /// `protobuf`).
     pub async fn decoder(&self, id: u32, expected: &'static str) -> Result<Decoder, RegistryError> {
-        if let Some(d) = self.decoders.lock().expect("not poisoned").get(&id) {
-            return Ok(d.clone());
-        }
         let resolved = self.resolve(self.schema(id).await?).await?;
-        let d = build(id, &resolved, expected)?;
-        self.decoders
-            .lock()
-            .expect("not poisoned")
-            .insert(id, d.clone());
-        Ok(d)
+        build(id, &resolved, expected)
     }
 }
 
@@ -335,5 +355,10 @@ mod tests {
         assert!(u.is_retriable());
         assert!(!RegistryError::UnknownSchema(7).is_retriable());
         assert!(!RegistryError::Unauthorized(401).is_retriable());
+        // Only answers about the id itself refuse its records.
+        assert!(RegistryError::UnknownSchema(7).refuses_records());
+        assert!(!u.refuses_records());
+        assert!(!RegistryError::Unauthorized(401).refuses_records());
+        assert!(!RegistryError::NotFound("subject x version 1".into()).refuses_records());
     }
 }

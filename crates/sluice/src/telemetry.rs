@@ -88,6 +88,10 @@ fn describe() {
         "Records written to the dead-letter topic (acknowledged), by source topic and reason."
     );
     describe_gauge!("sluice_in_flight_bytes", "Bytes in batches being inserted.");
+    describe_counter!(
+        "sluice_schema_fetch_errors_total",
+        "Failed schema registry requests for a schema id, by kind: `unavailable`, `unauthorized` and the like keep a partition waiting; `unknown-schema`, `wrong-type`, `invalid` send its records to the DLQ."
+    );
     describe_gauge!(
         "sluice_consumer_lag_records",
         "Records between the high watermark and the consumer's position, by topic and partition."
@@ -163,4 +167,8 @@ pub fn consumer_lag(topic: &str, partition: i32, lag: i64) {
 pub fn dlq_written(topic: &str, reason: &'static str) {
     counter!("sluice_dlq_records_total", "topic" => topic.to_string(), "reason" => reason)
         .increment(1);
+}
+
+pub fn schema_fetch_failed(kind: &'static str) {
+    counter!("sluice_schema_fetch_errors_total", "kind" => kind).increment(1);
 }

@@ -53,6 +53,9 @@ pub struct InsertRequest {
     /// The server-clock instant (Unix ms) after which the attempt must not
     /// start ([`ClickHouse::deadline`]); `None`: a plain insert.
     pub deadline_ms: Option<i64>,
+    /// Settings the rows' format relies on, over every other
+    /// ([`crate::config::Format::insert_settings`]).
+    pub format_settings: &'static [(&'static str, &'static str)],
 }
 
 #[derive(Clone)]
@@ -95,6 +98,10 @@ impl ClickHouse {
             ("timeout_overflow_mode", "throw".into()),
             ("http_receive_timeout", secs.clone()),
             ("http_send_timeout", secs),
+            // A field the table lacks is ignored, one the record lacks takes
+            // the column's default: the same on every version.
+            ("input_format_skip_unknown_fields", "1".into()),
+            ("input_format_defaults_for_omitted_fields", "1".into()),
         ];
         if delivery.sends_tokens() {
             // 26.x: `insert_deduplicate=0` no longer turns dedup off; this does.
@@ -308,6 +315,9 @@ impl ClickHouse {
             .with_setting("query_id", &req.query_id);
         for (k, v) in &self.insert_settings {
             ins = ins.with_setting(k, v);
+        }
+        for (k, v) in req.format_settings {
+            ins = ins.with_setting(*k, *v);
         }
         if let Some(token) = &req.token {
             ins = ins.with_setting("insert_deduplication_token", token);

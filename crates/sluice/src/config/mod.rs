@@ -133,6 +133,12 @@ impl Config {
         let e = RowEncoder::new(&route.topic, self.sink.columns.clone())
             .with_required(route.required.clone())
             .with_max_bytes(self.sink.max_record_bytes);
+        // A registry route's rows are its decoder's JSON; the record's own
+        // size is checked before decoding.
+        let e = match route.format.is_registry() {
+            true => e.for_decoded().with_max_bytes(usize::MAX),
+            false => e,
+        };
         match &route.dedup {
             Some(d) => e.with_key(d.fields.clone()),
             None => e,

@@ -56,13 +56,36 @@ pub enum Format {
     Protobuf,
 }
 
-impl std::fmt::Display for Format {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
+impl Format {
+    pub fn name(self) -> &'static str {
+        match self {
             Format::Json => "json",
             Format::Avro => "avro",
             Format::Protobuf => "protobuf",
-        })
+        }
+    }
+
+    /// Whether records are in the schema registry's wire format.
+    pub fn is_registry(self) -> bool {
+        self != Format::Json
+    }
+
+    /// The insert settings this format's rows rely on, over the user's:
+    /// the registry decoders write timestamps as RFC 3339 in UTC
+    /// (`sluice_core::avro`), which only `best_effort` reads exactly. JSON
+    /// routes keep the server's default, so that a user's strings mean what
+    /// they meant before.
+    pub fn insert_settings(self) -> &'static [(&'static str, &'static str)] {
+        match self {
+            Format::Json => &[],
+            Format::Avro | Format::Protobuf => &[("date_time_input_format", "best_effort")],
+        }
+    }
+}
+
+impl std::fmt::Display for Format {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
     }
 }
 

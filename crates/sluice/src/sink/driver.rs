@@ -19,6 +19,7 @@ use super::dlq::Dlq;
 use super::lease::renew;
 use super::lease::Lease;
 use super::owners::{new_owner, register_group, Owners};
+use super::schemas::Schemas;
 use super::state::{Sink, Stats};
 use super::writer::WriterCtx;
 use super::SinkContext;
@@ -26,6 +27,7 @@ use crate::ch::ClickHouse;
 use crate::config::secret::redact_url;
 use crate::config::{Config, Route};
 use crate::http;
+use crate::registry::Registry;
 use crate::retry::Delays;
 use crate::telemetry::Metrics;
 use anyhow::{anyhow, Context as _};
@@ -87,20 +89,6 @@ pub async fn run(
     for ignored in cfg.origins.warnings() {
         tracing::warn!("{ignored}");
     }
-    // The decoders exist (sluice-core's avro and protobuf) but the sink does
-    // not read through the registry yet: refuse rather than send every
-    // record to the DLQ as "not JSON".
-    if let Some((i, r)) = cfg
-        .routes
-        .iter()
-        .enumerate()
-        .find(|(_, r)| r.format != crate::config::Format::Json)
-    {
-        anyhow::bail!(
-            "route[{i}].format = {}: `sluice run` reads json only in this version",
-            r.format
-        );
-    }
     let mut ch = connect_clickhouse(&cfg).await?;
     for route in &cfg.routes {
         ch.check_table(route).await?;
@@ -146,6 +134,14 @@ pub async fn run(
     let renewing = CancellationToken::new();
     let _stop_renewing = renewing.clone().drop_guard();
     let routes: Vec<Arc<Route>> = cfg.routes.iter().cloned().map(Arc::new).collect();
+    let registry = match &cfg.schema_registry {
+        Some(r) if cfg.routes.iter().any(|r| r.format.is_registry()) => Some(
+            Registry::new(r)
+                .with_context(|| format!("the schema registry at {}", redact_url(&r.url)))?,
+        ),
+        _ => None,
+    };
+    let schemas = Schemas::new(registry, &routes, cfg.sink.max_record_bytes);
     let owners = Owners::new(&cfg.kafka, routes.clone())
         .context("creating the client of the register of owners")?;
     // Before the sink: it looks its counters up in the installed recorder.
@@ -166,6 +162,7 @@ pub async fn run(
         owners.clone(),
         me,
         stopping.clone(),
+        schemas,
     );
     if cfg.sink.delivery.is_exactly_once() {
         tracing::info!(

@@ -1,12 +1,15 @@
 //! What tasks report back to the consumer thread, over one channel: an
-//! insert task's [`Completion`], a partition's [`Prepared`] start, and a
+//! insert task's [`Completion`], a partition's [`Prepared`] start, a
 //! partition [`Event::Taken`] by another owner (found by the lease's
-//! renewal). The consumer thread's [`super::state::Sink`] acts on each.
+//! renewal), and the registry's answer for a schema id
+//! ([`Event::Schema`]). The consumer thread's [`super::state::Sink`] acts
+//! on each.
 
 use super::dedup::Seeds;
 use super::dlq::DlqError;
 use super::owners::{Key, Owner};
 use crate::ch::ChError;
+use crate::registry::Decoder;
 use crate::retry::Delays;
 use sluice_core::acks::Ticket;
 use sluice_core::dedup::KeyHash;
@@ -23,6 +26,13 @@ pub(super) enum Event {
         key: Key,
         generation: u64,
         by: Owner,
+    },
+    /// The decoder of schema `id` of a route, or why its records cannot be
+    /// read ([`super::schemas`]).
+    Schema {
+        route: usize,
+        id: u32,
+        answer: Result<Decoder, String>,
     },
 }
 

@@ -7,8 +7,9 @@
 //! hand-off, with [`prepare`] off the consumer thread), through a register
 //! of [`owners`] kept by the broker; [`lease`] decides whether this process
 //! may still write a partition, on its own clock; [`dedup`] rebuilds a
-//! partition's key dedup window when it changes hands; [`dlq`] sends
-//! records that cannot become rows to the dead-letter topic.
+//! partition's key dedup window when it changes hands; [`schemas`] decodes
+//! the records of Avro and Protobuf routes with the registry's schemas;
+//! [`dlq`] sends records that cannot become rows to the dead-letter topic.
 
 mod dedup;
 mod dlq;
@@ -18,6 +19,7 @@ mod fates;
 mod lease;
 mod owners;
 mod prepare;
+mod schemas;
 mod state;
 mod writer;
 

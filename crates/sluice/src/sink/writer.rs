@@ -31,6 +31,7 @@ use super::dlq::{self, Dlq, DlqError, Letter, Pending};
 use super::event::{Completion, Outcome};
 use super::fates::Fates;
 use super::lease::Lease;
+use super::schemas::Originals;
 use crate::ch::{deadline_passed, ChError, ChErrorKind, ClickHouse, InsertRequest};
 use crate::config::{Delivery, Route};
 use crate::retry::Delays;
@@ -76,6 +77,8 @@ pub struct Job {
     pub conditional: Vec<(Offset, Offset)>,
     /// What became of the partition's earlier rows.
     pub fates: Arc<Fates>,
+    /// On a registry route, the records' own values, for the DLQ.
+    pub originals: Originals,
 }
 
 /// Delivers one batch; always returns a completion.
@@ -224,6 +227,7 @@ async fn attempt_until_done(job: &Job, ctx: &WriterCtx, letters: &mut Vec<Pendin
             token,
             query_id: qid.clone(),
             deadline_ms,
+            format_settings: job.route.format.insert_settings(),
         };
         let result = ctx.ch.insert(req).await;
         let answered = answer(&result);
@@ -255,7 +259,10 @@ async fn attempt_until_done(job: &Job, ctx: &WriterCtx, letters: &mut Vec<Pendin
                     return Outcome::Failed(e);
                 };
                 let encoder = &ctx.encoders[job.route_idx];
-                let value = encoder.original(row).unwrap_or_else(|| row.to_vec());
+                let value = match job.originals.get(offset) {
+                    Some(v) => v.to_vec(),
+                    None => encoder.original(row).unwrap_or_else(|| row.to_vec()),
+                };
                 let letter = Letter {
                     topic: p.topic.clone(),
                     partition: p.partition,

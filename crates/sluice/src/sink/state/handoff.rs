@@ -27,7 +27,7 @@
 //! Stop ([`Sink::stop`]): flush, drain, commit, and mark the partitions
 //! clean, so the next owner need not fence.
 
-use super::{Key, Phase, Sink};
+use super::{Key, Phase, Sink, SEEK_WAIT};
 use crate::sink::event::{Event, Prepared};
 use crate::sink::owners::{Owner, Owners};
 use crate::sink::prepare::Preparation;
@@ -39,10 +39,6 @@ use sluice_core::claim;
 use sluice_core::AckTracker;
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
-
-/// How long a seek may hold the consumer thread (a heartbeat interval);
-/// one that takes longer is tried again.
-const SEEK_WAIT: Duration = Duration::from_secs(1);
 
 impl Sink {
     fn keys_of(&self, tpl: &TopicPartitionList) -> Vec<Key> {
@@ -210,6 +206,7 @@ impl Sink {
                 // Their records are read again by the next owner.
                 p.letters.clear();
                 p.letter_bytes = 0;
+                p.originals.clear();
             }
             self.taken.remove(k);
         }

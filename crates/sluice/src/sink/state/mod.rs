@@ -21,6 +21,7 @@ use super::dlq::Letter;
 use super::event::{Completion, Event, Outcome};
 use super::fates::Fates;
 use super::owners::{Key, Owners};
+use super::schemas::{Decoded, Originals, Schemas, Stall};
 use super::writer::{deliver, Job, WriterCtx};
 use super::SinkContext;
 use crate::config::{Config, Route};
@@ -29,7 +30,7 @@ use anyhow::anyhow;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::message::Message;
 use rdkafka::{Offset as KOffset, TopicPartitionList};
-use record::{Fate, Record};
+use record::{Fate, Record, Value};
 use sluice_core::dedup::KeyWindow;
 use sluice_core::{AckTracker, BatchBuilder, BatchLimits, NextOffset, Offset, PartitionId};
 use std::collections::{BTreeMap, HashMap};
@@ -38,6 +39,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::runtime::Handle;
 use tokio_util::sync::CancellationToken;
+
+/// How long a seek may hold the consumer thread (a heartbeat interval);
+/// one that takes longer is tried again.
+const SEEK_WAIT: Duration = Duration::from_secs(1);
 
 /// A batch is cut once it accounts for this many DLQ writes.
 const MAX_LETTERS_PER_BATCH: usize = 10_000;
@@ -82,6 +87,10 @@ struct Part {
     fates: Arc<Fates>,
     /// When it went active.
     active_since: Option<Instant>,
+    /// Waiting (paused) for the schema of a record ([`Sink::on_record`]).
+    stalled: Option<Stall>,
+    /// The values of the batch being built, on a registry route.
+    originals: Originals,
 }
 
 impl Part {
@@ -104,6 +113,8 @@ impl Part {
             waiting: BTreeMap::new(),
             fates: Arc::default(),
             active_since: None,
+            stalled: None,
+            originals: Originals::default(),
         }
     }
 }
@@ -154,6 +165,10 @@ pub(super) struct Sink {
     /// How often each partition was taken from this process since the
     /// group last assigned it ([`Sink::on_taken`]).
     taken: HashMap<Key, u32>,
+    /// The registry routes' decoders, by schema id.
+    schemas: Schemas,
+    /// A registry route's decoded row, before the encoder takes it.
+    decoded: Vec<u8>,
 }
 
 impl Sink {
@@ -166,6 +181,7 @@ impl Sink {
         owners: Owners,
         me: u64,
         stopping: CancellationToken,
+        schemas: Schemas,
     ) -> Self {
         let (tx, rx) = mpsc::channel();
         Self {
@@ -191,6 +207,8 @@ impl Sink {
             owners,
             me,
             taken: HashMap::new(),
+            schemas,
+            decoded: Vec::new(),
         }
     }
 
@@ -249,7 +267,11 @@ impl Sink {
     }
 
     /// Takes one record into its partition's batch ([`record`]), counts
-    /// what became of it, and cuts the batch when it is due.
+    /// what became of it, and cuts the batch when it is due. On a registry
+    /// route the record is decoded first; if its schema id is not known
+    /// yet, the partition waits for it (paused by
+    /// [`Sink::apply_backpressure`]) and the record is read again once the
+    /// answer is in ([`Sink::resume_stalled`]).
     pub fn on_record(&mut self, m: &impl Message, now: Instant) {
         let Some(ri) = self.route_of(m.topic()) else {
             return;
@@ -259,7 +281,35 @@ impl Sink {
         let Some(part) = self.parts.get_mut(&key) else {
             return;
         };
-        let fate = part.take(&self.ctx.encoders[ri], &rec, self.ctx.dlq.is_some(), now);
+        let value = if !self.schemas.is_registry(ri) {
+            Value::Json
+        } else if let Some(fate) = part.admit(&rec) {
+            self.note(ri, &rec, fate);
+            return;
+        } else {
+            match self.schemas.decode(ri, rec.payload, &mut self.decoded, now) {
+                Decoded::Row => Value::Decoded(&self.decoded),
+                Decoded::Refused(e) => Value::Refused(e),
+                Decoded::Missing(id) => {
+                    part.stalled = Some(Stall {
+                        at: rec.offset,
+                        id,
+                        retry_at: None,
+                    });
+                    tracing::info!(record = %rec, schema_id = id, "fetching the schema; the partition waits");
+                    let (handle, tx) = (&self.handle, &self.tx);
+                    self.schemas.fetch(ri, id, handle, tx, &self.stopping);
+                    return;
+                }
+            }
+        };
+        let fate = part.take(
+            &self.ctx.encoders[ri],
+            &rec,
+            value,
+            self.ctx.dlq.is_some(),
+            now,
+        );
         let due = part.builder.is_due(now) || part.letters.len() >= MAX_LETTERS_PER_BATCH;
         if self.note(ri, &rec, fate) && due {
             self.cut(key);
@@ -341,7 +391,8 @@ impl Sink {
         };
         let ticket = acks.register(batch.end());
         let letters = std::mem::take(&mut part.letters);
-        let bytes = batch.bytes() + std::mem::take(&mut part.letter_bytes);
+        let originals = std::mem::take(&mut part.originals);
+        let bytes = batch.bytes() + std::mem::take(&mut part.letter_bytes) + originals.bytes();
         let conditional = std::mem::take(&mut part.conditional);
         self.in_flight_bytes += bytes;
         telemetry::in_flight_bytes(self.in_flight_bytes);
@@ -359,6 +410,7 @@ impl Sink {
             bytes,
             conditional,
             fates: part.fates.clone(),
+            originals,
         };
         let ctx = self.ctx.clone();
         let tx = self.tx.clone();
@@ -373,6 +425,13 @@ impl Sink {
         while let Ok(e) = self.rx.try_recv() {
             self.on_event(consumer, e);
         }
+        if self
+            .parts
+            .values()
+            .any(|p| p.stalled.is_some_and(|s| s.retry_at.is_some()))
+        {
+            self.resume_stalled(consumer);
+        }
     }
 
     pub fn on_event(&mut self, consumer: &BaseConsumer<SinkContext>, e: Event) {
@@ -384,6 +443,35 @@ impl Sink {
                 generation,
                 by,
             } => self.on_taken(consumer, key, generation, by),
+            Event::Schema { route, id, answer } => {
+                self.schemas.fetched(route, id, answer, Instant::now());
+                self.resume_stalled(consumer);
+            }
+        }
+    }
+
+    /// Seeks each partition waiting for a schema that is now known back
+    /// to the record that made it wait; [`Sink::apply_backpressure`] then
+    /// resumes it. A failed seek is tried again half a second later.
+    fn resume_stalled(&mut self, consumer: &BaseConsumer<SinkContext>) {
+        let now = Instant::now();
+        for (key, part) in self.parts.iter_mut() {
+            let Some(stall) = part.stalled.as_mut() else {
+                continue;
+            };
+            if stall.retry_at.is_some_and(|t| now < t)
+                || !self.schemas.settled(key.0, stall.id, now)
+            {
+                continue;
+            }
+            let topic = &self.routes[key.0].topic;
+            match consumer.seek(topic, key.1, KOffset::Offset(stall.at.0), SEEK_WAIT) {
+                Ok(()) => part.stalled = None,
+                Err(e) => {
+                    tracing::warn!(partition = %part.builder.partition(), error = %e, "seek failed; retrying");
+                    stall.retry_at = Some(now + Duration::from_millis(500));
+                }
+            }
         }
     }
 
@@ -551,7 +639,7 @@ impl Sink {
         let building: usize = self
             .parts
             .values()
-            .map(|p| p.builder.bytes() + p.letter_bytes)
+            .map(|p| p.builder.bytes() + p.letter_bytes + p.originals.bytes())
             .sum();
         let buffered = self.in_flight_bytes + building;
         let max = self.cfg.sink.batch_buffer_bytes();
@@ -567,7 +655,7 @@ impl Sink {
         let mut pause = TopicPartitionList::new();
         let mut resume = TopicPartitionList::new();
         for (key, part) in self.parts.iter_mut() {
-            let want = self.overloaded || part.phase == Phase::Preparing;
+            let want = self.overloaded || part.phase == Phase::Preparing || part.stalled.is_some();
             if want != part.paused {
                 let list = if want { &mut pause } else { &mut resume };
                 list.add_partition(&self.routes[key.0].topic, key.1);

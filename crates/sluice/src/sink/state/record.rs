@@ -2,7 +2,9 @@
 //!
 //! In: a [`Record`] read from Kafka and its partition's [`Part`]. The
 //! partition's position says whether the client delivered it a second
-//! time; the encoder turns it into a row of the batch being built; on a
+//! time ([`Part::admit`]); on a registry route its value was decoded first
+//! ([`Value`], [`super::super::schemas`]); the encoder turns it into a row
+//! of the batch being built; on a
 //! dedup route, the key window says whether the row is written, dropped,
 //! or written on condition that an in-flight copy of its key is not
 //! stored; a record that cannot become a row is queued for the DLQ (or
@@ -45,6 +47,18 @@ impl fmt::Display for Record<'_> {
     }
 }
 
+/// A record's value as its route reads it.
+#[derive(Debug)]
+pub(super) enum Value<'a> {
+    /// A JSON route: the record's own value.
+    Json,
+    /// A registry route: the row its schema's decoder wrote. The record's
+    /// value is kept beside the batch, for the DLQ.
+    Decoded(&'a [u8]),
+    /// A registry route: the value does not decode.
+    Refused(RowError),
+}
+
 /// What became of one record.
 #[derive(Debug)]
 pub(super) enum Fate {
@@ -64,27 +78,99 @@ pub(super) enum Fate {
 }
 
 impl Part {
-    /// Takes `rec` into the batch being built; `dlq`: whether records that
-    /// cannot become rows go to a DLQ.
-    pub fn take(&mut self, encoder: &RowEncoder, rec: &Record, dlq: bool, now: Instant) -> Fate {
-        if self.phase != Phase::Active {
-            return Fate::Ignored;
+    /// Whether `rec` is for this partition's batch: `Some` (ignored or
+    /// delivered twice) if not. A partition waiting for a schema ignores
+    /// what was fetched before its pause took hold: it is read again.
+    pub fn admit(&self, rec: &Record) -> Option<Fate> {
+        if self.phase != Phase::Active || self.stalled.is_some() {
+            return Some(Fate::Ignored);
+        }
+        if self.position.is_some_and(|p| p.covers(rec.offset)) {
+            return Some(Fate::Redelivered {
+                expected: self.position,
+            });
+        }
+        None
+    }
+
+    /// Takes `rec`, whose value its route reads as `value`, into the batch
+    /// being built; `dlq`: whether records that cannot become rows go to a
+    /// DLQ.
+    pub fn take(
+        &mut self,
+        encoder: &RowEncoder,
+        rec: &Record,
+        value: Value,
+        dlq: bool,
+        now: Instant,
+    ) -> Fate {
+        if let Some(fate) = self.admit(rec) {
+            return fate;
         }
         let offset = rec.offset;
-        if self.position.is_some_and(|p| p.covers(offset)) {
-            return Fate::Redelivered {
-                expected: self.position,
-            };
-        }
         self.position = Some(offset.next());
         self.acks
             .get_or_insert_with(|| AckTracker::new(NextOffset(offset.0)));
         if self.check_through.is_some_and(|c| offset <= c) {
             self.builder_uncertain = true;
         }
-        let (partition, payload) = (rec.partition, rec.payload);
+        let partition = rec.partition;
+        let (payload, original) = match value {
+            Value::Json => (Ok(rec.payload), None),
+            Value::Decoded(row) => (Ok(Some(row)), rec.payload),
+            Value::Refused(e) => (Err(e), None),
+        };
         let mut keyless = false;
-        let pushed = match self.keys.as_mut() {
+        let pushed = match payload {
+            Err(e) => Err(e),
+            Ok(payload) => self.push(encoder, rec, payload, now, &mut keyless),
+        };
+        match pushed {
+            Ok(true) => {
+                if let Some(v) = original {
+                    self.originals.push(offset, v);
+                }
+                Fate::Row { keyless }
+            }
+            Ok(false) => Fate::Dropped,
+            Err(error) if !dlq => Fate::Refused {
+                error,
+                queued: false,
+            },
+            Err(error) => {
+                self.builder.skip(offset, now);
+                let letter = Letter {
+                    topic: rec.topic.to_string(),
+                    partition,
+                    offset: offset.0,
+                    timestamp: rec.timestamp,
+                    key: rec.key.map(<[u8]>::to_vec),
+                    value: rec.payload.map(<[u8]>::to_vec),
+                    kind: error.kind(),
+                    reason: error.to_string(),
+                };
+                self.letter_bytes += letter.bytes();
+                self.letters.push(letter);
+                Fate::Refused {
+                    error,
+                    queued: true,
+                }
+            }
+        }
+    }
+
+    /// Encodes `payload` (the row's JSON) into the batch being built, or
+    /// decides on a dedup route that it is dropped (`Ok(false)`).
+    fn push(
+        &mut self,
+        encoder: &RowEncoder,
+        rec: &Record,
+        payload: Option<&[u8]>,
+        now: Instant,
+        keyless: &mut bool,
+    ) -> Result<bool, RowError> {
+        let (offset, partition) = (rec.offset, rec.partition);
+        match self.keys.as_mut() {
             None => self
                 .builder
                 .push(offset, now, |buf| {
@@ -102,7 +188,7 @@ impl Part {
                 let waiting = &mut self.waiting;
                 self.builder.push_or_skip(offset, now, |buf| {
                     let Some(key) = encoder.encode_keyed(payload, partition, offset.0, buf)? else {
-                        keyless = true;
+                        *keyless = true;
                         return Ok(true);
                     };
                     Ok(match window.decide(key, rec.timestamp, offset, settled) {
@@ -115,33 +201,6 @@ impl Part {
                         }
                     })
                 })
-            }
-        };
-        match pushed {
-            Ok(true) => Fate::Row { keyless },
-            Ok(false) => Fate::Dropped,
-            Err(error) if !dlq => Fate::Refused {
-                error,
-                queued: false,
-            },
-            Err(error) => {
-                self.builder.skip(offset, now);
-                let letter = Letter {
-                    topic: rec.topic.to_string(),
-                    partition,
-                    offset: offset.0,
-                    timestamp: rec.timestamp,
-                    key: rec.key.map(<[u8]>::to_vec),
-                    value: payload.map(<[u8]>::to_vec),
-                    kind: error.kind(),
-                    reason: error.to_string(),
-                };
-                self.letter_bytes += letter.bytes();
-                self.letters.push(letter);
-                Fate::Refused {
-                    error,
-                    queued: true,
-                }
             }
         }
     }
@@ -186,7 +245,13 @@ mod tests {
     #[test]
     fn a_preparing_partition_takes_nothing() {
         let mut p = part(Phase::Preparing);
-        let fate = p.take(&encoder(), &rec(5, br#"{"a":1}"#), false, Instant::now());
+        let fate = p.take(
+            &encoder(),
+            &rec(5, br#"{"a":1}"#),
+            Value::Json,
+            false,
+            Instant::now(),
+        );
         assert!(matches!(fate, Fate::Ignored));
         assert!(p.position.is_none() && p.builder.is_empty());
     }
@@ -195,11 +260,11 @@ mod tests {
     fn a_record_at_or_below_the_position_is_a_redelivery() {
         let (mut p, e, now) = (part(Phase::Active), encoder(), Instant::now());
         assert!(matches!(
-            p.take(&e, &rec(5, br#"{"a":1}"#), false, now),
+            p.take(&e, &rec(5, br#"{"a":1}"#), Value::Json, false, now),
             Fate::Row { keyless: false }
         ));
         for offset in [5, 4] {
-            let fate = p.take(&e, &rec(offset, br#"{"a":1}"#), false, now);
+            let fate = p.take(&e, &rec(offset, br#"{"a":1}"#), Value::Json, false, now);
             assert!(
                 matches!(
                     fate,
@@ -211,7 +276,7 @@ mod tests {
             );
         }
         assert!(matches!(
-            p.take(&e, &rec(9, br#"{"a":1}"#), false, now),
+            p.take(&e, &rec(9, br#"{"a":1}"#), Value::Json, false, now),
             Fate::Row { .. }
         ));
         let batch = p.builder.take().expect("a batch");
@@ -222,7 +287,7 @@ mod tests {
     fn a_record_that_cannot_be_a_row_stops_the_sink_or_goes_to_the_dlq() {
         let (e, now) = (encoder(), Instant::now());
         let mut p = part(Phase::Active);
-        let fate = p.take(&e, &rec(3, b"not json"), false, now);
+        let fate = p.take(&e, &rec(3, b"not json"), Value::Json, false, now);
         assert!(
             matches!(fate, Fate::Refused { queued: false, .. }),
             "{fate:?}"
@@ -230,7 +295,7 @@ mod tests {
         assert!(p.letters.is_empty());
 
         let mut p = part(Phase::Active);
-        let fate = p.take(&e, &rec(3, b"not json"), true, now);
+        let fate = p.take(&e, &rec(3, b"not json"), Value::Json, true, now);
         assert!(
             matches!(fate, Fate::Refused { queued: true, .. }),
             "{fate:?}"
@@ -253,9 +318,9 @@ mod tests {
         let (now, e) = (Instant::now(), encoder().with_key(vec!["id".into()]));
         let mut p = part(Phase::Active);
         p.keys = Some(KeyWindow::new(Duration::from_secs(60), 100));
-        let first = p.take(&e, &rec(1, br#"{"id":7}"#), false, now);
-        let second = p.take(&e, &rec(2, br#"{"id":7}"#), false, now);
-        let keyless = p.take(&e, &rec(3, br#"{"other":1}"#), false, now);
+        let first = p.take(&e, &rec(1, br#"{"id":7}"#), Value::Json, false, now);
+        let second = p.take(&e, &rec(2, br#"{"id":7}"#), Value::Json, false, now);
+        let keyless = p.take(&e, &rec(3, br#"{"other":1}"#), Value::Json, false, now);
         assert!(matches!(first, Fate::Row { keyless: false }));
         assert!(matches!(second, Fate::Row { keyless: false }));
         assert!(matches!(keyless, Fate::Row { keyless: true }));

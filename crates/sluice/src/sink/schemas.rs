@@ -1,0 +1,307 @@
+//! The schemas of the routes that read the registry's wire format, on the
+//! consumer thread.
+//!
+//! In: a record value of an `avro` or `protobuf` route. Out
+//! ([`Schemas::decode`]): its row, as JSON written by the decoder of the
+//! schema its id names (`sluice_core::avro`, `sluice_core::protobuf`), or
+//! why it cannot be one, or "schema id N is not known here yet".
+//!
+//! An id not known yet is fetched off the consumer thread ([`fetch`]) while
+//! the record's partition waits: it is paused and, once the answer is in,
+//! sought back to that record ([`super::state`]). Nothing is skipped and
+//! the records of other partitions go on. A registry that does not answer,
+//! refuses the credentials or answers strangely is asked again with
+//! backoff, for as long as it takes. A 404 for the id is believed once it
+//! has lasted [`UNKNOWN_AFTER`] (a registry replica can lag the one the
+//! producer registered with); an id the registry does not know, of the
+//! other format, or whose schema does not parse refuses its records (the
+//! DLQ's `unknown-schema`) for [`REFUSED_FOR`], then it is asked again.
+
+use super::event::Event;
+use crate::config::{Format, Route};
+use crate::registry::{Decoder, Registry, RegistryError};
+use crate::retry::Delays;
+use sluice_core::wire::frame;
+use sluice_core::{Offset, RowError};
+use std::collections::HashMap;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+use tokio::runtime::Handle;
+use tokio_util::sync::CancellationToken;
+
+/// How long the registry must keep answering 404 for an id before its
+/// records are refused.
+pub const UNKNOWN_AFTER: Duration = Duration::from_secs(10);
+/// How long an id refused stays refused before the registry is asked again.
+pub const REFUSED_FOR: Duration = Duration::from_secs(60);
+
+/// What a record value decodes to.
+#[derive(Debug)]
+pub(super) enum Decoded {
+    /// Its row is in the output buffer.
+    Row,
+    /// It cannot become a row.
+    Refused(RowError),
+    /// Its schema id is not known here yet: the partition waits for it.
+    Missing(u32),
+}
+
+/// What is known of one schema id.
+enum Known {
+    Ready(Decoder),
+    Fetching,
+    Refused { reason: String, until: Instant },
+}
+
+/// The known ids of one route.
+struct RouteSchemas {
+    format: Format,
+    ids: HashMap<u32, Known>,
+}
+
+/// The schemas of every route, indexed like the routes (`None`: a JSON route).
+pub(super) struct Schemas {
+    registry: Option<Registry>,
+    routes: Vec<Option<RouteSchemas>>,
+    /// The largest record value decoded (`sink.max_record_bytes`).
+    max_bytes: usize,
+}
+
+impl Schemas {
+    pub fn new(
+        registry: Option<Registry>,
+        routes: &[std::sync::Arc<Route>],
+        max_bytes: usize,
+    ) -> Self {
+        let routes = routes
+            .iter()
+            .map(|r| {
+                r.format.is_registry().then(|| RouteSchemas {
+                    format: r.format,
+                    ids: HashMap::new(),
+                })
+            })
+            .collect();
+        Self {
+            registry,
+            routes,
+            max_bytes,
+        }
+    }
+
+    /// Whether route `ri` reads the registry's wire format.
+    pub fn is_registry(&self, ri: usize) -> bool {
+        self.routes.get(ri).is_some_and(Option::is_some)
+    }
+
+    /// Decodes `value` (a record of route `ri`, a registry route) into
+    /// `out`, which it clears first.
+    pub fn decode(
+        &mut self,
+        ri: usize,
+        value: Option<&[u8]>,
+        out: &mut Vec<u8>,
+        now: Instant,
+    ) -> Decoded {
+        out.clear();
+        let Some(route) = self.routes.get_mut(ri).and_then(Option::as_mut) else {
+            return Decoded::Refused(RowError::UnknownSchema(
+                "the route does not read the registry's wire format".into(),
+            ));
+        };
+        let Some(value) = value else {
+            return Decoded::Refused(RowError::Tombstone);
+        };
+        if value.len() > self.max_bytes {
+            return Decoded::Refused(RowError::TooLarge {
+                bytes: value.len(),
+                max: self.max_bytes,
+            });
+        }
+        let framed = match frame(value) {
+            Ok(f) => f,
+            Err(e) => return Decoded::Refused(RowError::NotFramed(e.to_string())),
+        };
+        let id = framed.schema_id;
+        let decoder = match route.ids.get(&id) {
+            Some(Known::Ready(d)) => d,
+            Some(Known::Refused { reason, until }) if now < *until => {
+                return Decoded::Refused(RowError::UnknownSchema(reason.clone()))
+            }
+            _ => return Decoded::Missing(id),
+        };
+        let decoded = match decoder {
+            Decoder::Avro(s) => s.to_json(framed.payload, out).map_err(|e| e.to_string()),
+            Decoder::Protobuf(s) => s.to_json(framed.payload, out).map_err(|e| e.to_string()),
+        };
+        match decoded {
+            Ok(()) => Decoded::Row,
+            Err(e) => {
+                out.clear();
+                Decoded::Refused(RowError::Undecodable(format!("schema id {id}: {e}")))
+            }
+        }
+    }
+
+    /// Whether `id` of route `ri` has an answer a waiting partition can go
+    /// on with (its decoder, or a refusal).
+    pub fn settled(&self, ri: usize, id: u32, now: Instant) -> bool {
+        let known = self.routes.get(ri).and_then(Option::as_ref);
+        match known.and_then(|r| r.ids.get(&id)) {
+            Some(Known::Ready(_)) => true,
+            Some(Known::Refused { until, .. }) => now < *until,
+            _ => false,
+        }
+    }
+
+    /// Starts fetching `id` for route `ri`, unless that is under way; the
+    /// answer comes back as an [`Event::Schema`].
+    pub fn fetch(
+        &mut self,
+        ri: usize,
+        id: u32,
+        handle: &Handle,
+        tx: &mpsc::Sender<Event>,
+        stopping: &CancellationToken,
+    ) {
+        let Some(route) = self.routes.get_mut(ri).and_then(Option::as_mut) else {
+            return;
+        };
+        if matches!(route.ids.get(&id), Some(Known::Fetching)) {
+            return;
+        }
+        let Some(registry) = self.registry.clone() else {
+            route.ids.insert(
+                id,
+                Known::Refused {
+                    reason: "no [schema_registry] is configured".into(),
+                    until: Instant::now() + REFUSED_FOR,
+                },
+            );
+            return;
+        };
+        route.ids.insert(id, Known::Fetching);
+        let (tx, stopping, format) = (tx.clone(), stopping.clone(), route.format.name());
+        handle.spawn(async move {
+            if let Some(answer) = fetch(&registry, id, format, &stopping).await {
+                let _ = tx.send(Event::Schema {
+                    route: ri,
+                    id,
+                    answer,
+                });
+            }
+        });
+    }
+
+    /// Takes the answer of a [`fetch`].
+    pub fn fetched(&mut self, ri: usize, id: u32, answer: Result<Decoder, String>, now: Instant) {
+        let Some(route) = self.routes.get_mut(ri).and_then(Option::as_mut) else {
+            return;
+        };
+        let known = match answer {
+            Ok(d) => Known::Ready(d),
+            Err(reason) => Known::Refused {
+                reason,
+                until: now + REFUSED_FOR,
+            },
+        };
+        route.ids.insert(id, known);
+    }
+}
+
+/// Asks the registry for the decoder of `id` until it gives one or says
+/// why no record written with it can be read (the reason: `Err`); `None`
+/// if the sink stopped first.
+async fn fetch(
+    registry: &Registry,
+    id: u32,
+    format: &'static str,
+    stopping: &CancellationToken,
+) -> Option<Result<Decoder, String>> {
+    let started = Instant::now();
+    let mut delays = Delays::new(Duration::from_millis(250));
+    loop {
+        match registry.decoder(id, format).await {
+            Ok(d) => {
+                tracing::info!(schema_id = id, format, "schema fetched");
+                return Some(Ok(d));
+            }
+            Err(e @ RegistryError::UnknownSchema(_)) if started.elapsed() < UNKNOWN_AFTER => {
+                tracing::debug!(schema_id = id, error = %e, "asking again before believing it");
+            }
+            Err(e) if e.refuses_records() => {
+                tracing::warn!(schema_id = id, error = %e, "records written with this schema id go to the DLQ");
+                crate::telemetry::schema_fetch_failed(e.kind());
+                return Some(Err(e.to_string()));
+            }
+            Err(e) => {
+                tracing::warn!(schema_id = id, error = %e, "cannot fetch the schema; its partition waits");
+                crate::telemetry::schema_fetch_failed(e.kind());
+            }
+        }
+        if !delays.wait(stopping).await {
+            return None;
+        }
+    }
+}
+
+/// Where a partition waits for the schema of the record at `at`.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Stall {
+    pub at: Offset,
+    pub id: u32,
+    /// When to try seeking back again, after a seek failed.
+    pub retry_at: Option<Instant>,
+}
+
+/// The original values of a batch's rows on a registry route, by offset:
+/// a row ClickHouse rejects goes to the DLQ as it came, not as its JSON.
+#[derive(Debug, Default)]
+pub(super) struct Originals {
+    bytes: Vec<u8>,
+    /// Per row: its offset and the end of its bytes.
+    rows: Vec<(Offset, usize)>,
+}
+
+impl Originals {
+    pub fn push(&mut self, offset: Offset, value: &[u8]) {
+        self.bytes.extend_from_slice(value);
+        self.rows.push((offset, self.bytes.len()));
+    }
+
+    /// The value of the row at `offset`.
+    pub fn get(&self, offset: Offset) -> Option<&[u8]> {
+        let i = self.rows.binary_search_by_key(&offset, |r| r.0).ok()?;
+        let start = if i == 0 { 0 } else { self.rows[i - 1].1 };
+        Some(&self.bytes[start..self.rows[i].1])
+    }
+
+    /// The memory it holds.
+    pub fn bytes(&self) -> usize {
+        self.bytes.len() + self.rows.len() * std::mem::size_of::<(Offset, usize)>()
+    }
+
+    pub fn clear(&mut self) {
+        self.bytes.clear();
+        self.rows.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn originals_are_found_by_offset() {
+        let mut o = Originals::default();
+        o.push(Offset(3), b"abc");
+        o.push(Offset(7), b"");
+        o.push(Offset(9), b"\x00\x01");
+        assert_eq!(o.get(Offset(3)), Some(&b"abc"[..]));
+        assert_eq!(o.get(Offset(7)), Some(&b""[..]));
+        assert_eq!(o.get(Offset(9)), Some(&b"\x00\x01"[..]));
+        assert_eq!(o.get(Offset(8)), None);
+        o.clear();
+        assert_eq!(o.get(Offset(3)), None);
+    }
+}
