@@ -30,6 +30,7 @@
 use apache_avro::reader::datum::GenericDatumReader;
 use apache_avro::schema::{NamesRef, ResolvedSchema};
 use apache_avro::types::Value;
+use apache_avro::writer::datum::GenericDatumWriter;
 use apache_avro::Schema;
 use num_bigint::BigInt;
 use std::io::Write;
@@ -47,6 +48,9 @@ pub enum AvroError {
     /// The bytes do not decode under the schema.
     #[error("the payload does not decode under its schema: {0}")]
     Undecodable(String),
+    /// A JSON value that does not fit the schema ([`AvroSchema::from_json`]).
+    #[error("the value does not fit the schema: {0}")]
+    Unencodable(String),
 }
 
 /// The parsed schemas, owned; the reader and the names borrow them.
@@ -55,9 +59,10 @@ struct Schemas {
     referenced: Vec<Schema>,
 }
 
-/// What decoding needs, built once per schema id.
+/// What decoding and encoding need, built once per schema id.
 struct Reader<'a> {
     datum: GenericDatumReader<'a>,
+    writer: GenericDatumWriter<'a>,
     names: ResolvedSchema<'a>,
 }
 
@@ -106,7 +111,15 @@ impl AvroSchema {
                 .resolved_writer_schemata(names.clone())
                 .build()
                 .map_err(bad)?;
-            Ok::<_, AvroError>(Reader { datum, names })
+            let writer = GenericDatumWriter::builder(&s.root)
+                .resolved_schemata(names.clone())
+                .build()
+                .map_err(bad)?;
+            Ok::<_, AvroError>(Reader {
+                datum,
+                writer,
+                names,
+            })
         })?;
         Ok(AvroSchema(parsed))
     }
@@ -155,6 +168,24 @@ impl AvroSchema {
             out.truncate(start);
         }
         written
+    }
+}
+
+impl AvroSchema {
+    /// Encodes a JSON object as a payload written with this schema (for
+    /// producers: `sluice send`). JSON values take the schema's types by
+    /// Avro's resolution rules: a number for an `int`, a `long` or a
+    /// `timestamp-millis` (in its unit), a string for an enum or a `uuid`,
+    /// a union's branch by the value's type, a missing field its default.
+    pub fn from_json(&self, text: &str) -> Result<Vec<u8>, AvroError> {
+        let bad = |e: apache_avro::Error| AvroError::Unencodable(e.to_string());
+        let json: serde_json::Value =
+            serde_json::from_str(text).map_err(|e| AvroError::Unencodable(e.to_string()))?;
+        let (schemas, reader) = (self.0.borrow_owner(), self.0.borrow_dependent());
+        let value = Value::try_from(json)
+            .and_then(|v| v.resolve_with_names(&schemas.root, reader.names.get_names()))
+            .map_err(bad)?;
+        reader.writer.write_value_to_vec(value).map_err(bad)
     }
 }
 

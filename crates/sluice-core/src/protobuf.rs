@@ -48,6 +48,9 @@ pub enum ProtoError {
     /// The bytes do not decode under the schema.
     #[error("the payload does not decode under its schema: {0}")]
     Undecodable(String),
+    /// A JSON value that does not fit the message ([`ProtoSchema::from_json`]).
+    #[error("the value does not fit the message: {0}")]
+    Unencodable(String),
 }
 
 impl From<FrameError> for ProtoError {
@@ -151,6 +154,55 @@ impl ProtoSchema {
             m = child.ok_or_else(missing)?;
         }
         Ok(m)
+    }
+
+    /// The message indexes of the message type named `name` (its full name,
+    /// or its name alone if that is unique in the file); `None`: the first.
+    pub fn path_of(&self, name: Option<&str>) -> Result<Vec<i32>, ProtoError> {
+        let Some(name) = name else {
+            return Ok(vec![0]);
+        };
+        fn walk(
+            messages: impl Iterator<Item = MessageDescriptor>,
+            name: &str,
+            path: &mut Vec<i32>,
+            found: &mut Vec<Vec<i32>>,
+        ) {
+            for (i, m) in messages.enumerate() {
+                path.push(i as i32);
+                if m.full_name() == name || m.name() == name {
+                    found.push(path.clone());
+                }
+                walk(m.child_messages(), name, path, found);
+                path.pop();
+            }
+        }
+        let mut found = Vec::new();
+        walk(self.file.messages(), name, &mut Vec::new(), &mut found);
+        match found.len() {
+            1 => Ok(found.remove(0)),
+            0 => Err(ProtoError::Schema(format!("no message named {name:?}"))),
+            n => Err(ProtoError::Schema(format!(
+                "{n} messages are named {name:?}: give the full name"
+            ))),
+        }
+    }
+
+    /// Encodes a JSON object (Protobuf's JSON mapping) as a payload of the
+    /// message type at `path`: the message indexes, then the message (for
+    /// producers: `sluice send`).
+    pub fn from_json(&self, path: &[i32], text: &str) -> Result<Vec<u8>, ProtoError> {
+        use prost_reflect::prost::Message as _;
+        let desc = self.message(path)?;
+        let mut de = serde_json::Deserializer::from_str(text);
+        let msg = DynamicMessage::deserialize(desc, &mut de)
+            .and_then(|m| de.end().map(|_| m))
+            .map_err(|e| ProtoError::Unencodable(e.to_string()))?;
+        let mut out = Vec::new();
+        crate::wire::write_message_indexes(path, &mut out);
+        msg.encode(&mut out)
+            .map_err(|e| ProtoError::Unencodable(e.to_string()))?;
+        Ok(out)
     }
 
     /// Decodes `payload` (the message indexes, then the message) and

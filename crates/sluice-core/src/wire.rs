@@ -3,7 +3,8 @@
 //!
 //! In: a Kafka record's value bytes. Out: the schema id and the payload
 //! ([`frame`]) and, for Protobuf, the path of message indexes that names the
-//! message type within the schema's file ([`message_indexes`]).
+//! message type within the schema's file ([`message_indexes`]). The other
+//! way, for producers: [`write_header`] and [`write_message_indexes`].
 //!
 //! Layout: a magic byte `0`, the schema id (4 bytes, big-endian), then the
 //! payload. A Protobuf payload starts with the message indexes: a zigzag
@@ -67,6 +68,39 @@ pub fn message_indexes(payload: &[u8]) -> Result<(Vec<i32>, &[u8]), FrameError> 
     Ok((path, rest))
 }
 
+/// Writes the header of a value written with schema `id`: the magic byte
+/// and the id.
+pub fn write_header(id: u32, out: &mut Vec<u8>) {
+    out.push(0);
+    out.extend_from_slice(&id.to_be_bytes());
+}
+
+/// Writes the message indexes of the message type at `path` (`[0]`, the
+/// file's first message, as the single byte `0`, as the clients write it).
+pub fn write_message_indexes(path: &[i32], out: &mut Vec<u8>) {
+    if path == [0] {
+        out.push(0);
+        return;
+    }
+    write_zigzag(path.len() as i64, out);
+    for &i in path {
+        write_zigzag(i64::from(i), out);
+    }
+}
+
+fn write_zigzag(v: i64, out: &mut Vec<u8>) {
+    let mut n = ((v << 1) ^ (v >> 63)) as u64;
+    loop {
+        let b = (n & 0x7f) as u8;
+        n >>= 7;
+        if n == 0 {
+            out.push(b);
+            return;
+        }
+        out.push(b | 0x80);
+    }
+}
+
 /// One zigzag-encoded varint (at most 10 bytes).
 fn zigzag(bytes: &[u8]) -> Result<(i64, &[u8]), FrameError> {
     let mut n: u64 = 0;
@@ -86,17 +120,9 @@ mod tests {
     use proptest::prelude::*;
 
     fn zz(v: i64) -> Vec<u8> {
-        let mut n = ((v << 1) ^ (v >> 63)) as u64;
         let mut out = Vec::new();
-        loop {
-            let b = (n & 0x7f) as u8;
-            n >>= 7;
-            if n == 0 {
-                out.push(b);
-                return out;
-            }
-            out.push(b | 0x80);
-        }
+        write_zigzag(v, &mut out);
+        out
     }
 
     #[test]
@@ -144,6 +170,16 @@ mod tests {
             }
             v.extend(&tail);
             let (got, rest) = message_indexes(&v).unwrap();
+            prop_assert_eq!(&got, &path);
+            prop_assert_eq!(rest, &tail[..]);
+            // What producers write reads back the same.
+            let mut w = Vec::new();
+            write_header(7, &mut w);
+            write_message_indexes(&path, &mut w);
+            w.extend(&tail);
+            let f = frame(&w).unwrap();
+            prop_assert_eq!(f.schema_id, 7);
+            let (got, rest) = message_indexes(f.payload).unwrap();
             prop_assert_eq!(got, path);
             prop_assert_eq!(rest, &tail[..]);
         }

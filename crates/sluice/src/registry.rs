@@ -10,7 +10,7 @@
 
 use crate::config::SchemaRegistryConfig;
 use bytes::Bytes;
-use http_body_util::{BodyExt, Empty};
+use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::TokioExecutor;
 use serde::Deserialize;
@@ -139,7 +139,7 @@ type Https = hyper_tls::HttpsConnector<HttpConnector>;
 #[derive(Clone)]
 pub struct Registry {
     cfg: SchemaRegistryConfig,
-    http: Client<Https, Empty<Bytes>>,
+    http: Client<Https, Full<Bytes>>,
 }
 
 impl Registry {
@@ -173,13 +173,26 @@ impl Registry {
 
     /// GETs `path` and parses the JSON answer.
     async fn get<T: serde::de::DeserializeOwned>(&self, path: &str) -> Result<T, RegistryError> {
+        self.request(path, None).await
+    }
+
+    /// GETs `path`, or POSTs `body` to it, and parses the JSON answer.
+    async fn request<T: serde::de::DeserializeOwned>(
+        &self,
+        path: &str,
+        body: Option<Vec<u8>>,
+    ) -> Result<T, RegistryError> {
         let url = format!("{}{path}", self.cfg.url);
         let unavailable = |reason: String| RegistryError::Unavailable {
             url: crate::config::secret::redact_url(&self.cfg.url),
             reason,
         };
-        let mut req =
-            hyper::Request::get(&url).header("Accept", "application/vnd.schemaregistry.v1+json");
+        const MEDIA: &str = "application/vnd.schemaregistry.v1+json";
+        let mut req = match body {
+            None => hyper::Request::get(&url),
+            Some(_) => hyper::Request::post(&url).header("Content-Type", MEDIA),
+        }
+        .header("Accept", MEDIA);
         if let Some((user, password)) = &self.cfg.auth {
             use base64::Engine;
             let token = base64::engine::general_purpose::STANDARD
@@ -187,7 +200,7 @@ impl Registry {
             req = req.header("Authorization", format!("Basic {token}"));
         }
         let req = req
-            .body(Empty::new())
+            .body(Full::new(Bytes::from(body.unwrap_or_default())))
             .map_err(|e| RegistryError::Config(format!("schema_registry.url: {e}")))?;
         let answer = async {
             let resp = self
@@ -244,6 +257,26 @@ impl Registry {
             }
             e => e,
         })
+    }
+
+    /// Registers `text` (a schema of `kind`, `AVRO` or `PROTOBUF`, without
+    /// references) under `subject`, or finds it there; returns its id.
+    pub async fn register(
+        &self,
+        subject: &str,
+        text: &str,
+        kind: &str,
+    ) -> Result<u32, RegistryError> {
+        #[derive(Deserialize)]
+        struct Id {
+            id: u32,
+        }
+        let body = serde_json::json!({ "schema": text, "schemaType": kind });
+        let path = format!("/subjects/{}/versions", url_segment(subject));
+        let id: Id = self
+            .request(&path, Some(body.to_string().into_bytes()))
+            .await?;
+        Ok(id.id)
     }
 
     /// `schema` with the text of every schema it references, depth first

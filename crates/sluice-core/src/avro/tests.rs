@@ -295,3 +295,44 @@ proptest! {
         let _ = schema.to_json(&bytes, &mut out);
     }
 }
+
+#[test]
+fn json_resolved_by_avros_rules_encodes_to_what_decodes_back() {
+    let s = AvroSchema::parse(
+        r#"{"type": "record", "name": "Order", "fields": [
+            {"name": "id", "type": "long"},
+            {"name": "at", "type": {"type": "long", "logicalType": "timestamp-millis"}},
+            {"name": "status", "type": {"type": "enum", "name": "Status", "symbols": ["NEW", "PAID"]}},
+            {"name": "note", "type": ["null", "string"], "default": null},
+            {"name": "tags", "type": {"type": "array", "items": "string"}, "default": []}
+        ]}"#,
+        &[],
+    )
+    .unwrap();
+    let payload = s
+        .from_json(
+            r#"{"id": 5, "at": 1714557600250, "status": "PAID", "note": "n", "tags": ["a"]}"#,
+        )
+        .unwrap();
+    assert_eq!(
+        json(&s, &payload),
+        r#"{"id":5,"at":"2024-05-01T10:00:00.250Z","status":"PAID","note":"n","tags":["a"]}"#
+    );
+    // Missing fields take their defaults.
+    let payload = s
+        .from_json(r#"{"id": 6, "at": 0, "status": "NEW"}"#)
+        .unwrap();
+    assert_eq!(
+        json(&s, &payload),
+        r#"{"id":6,"at":"1970-01-01T00:00:00.000Z","status":"NEW","note":null,"tags":[]}"#
+    );
+    for bad in [
+        r#"{"id": "x", "at": 0, "status": "NEW"}"#,
+        r#"{"id": 1, "at": 0, "status": "GONE"}"#,
+        r#"{"at": 0, "status": "NEW"}"#,
+        "not json",
+    ] {
+        let e = s.from_json(bad).unwrap_err();
+        assert!(matches!(e, AvroError::Unencodable(_)), "{bad}: {e}");
+    }
+}

@@ -222,3 +222,31 @@ proptest! {
         prop_assert_eq!((t.timestamp(), t.timestamp_subsec_nanos() as i32), (secs, nanos));
     }
 }
+
+#[test]
+fn json_in_the_protobuf_mapping_encodes_to_what_decodes_back() {
+    let s = schema();
+    assert_eq!(s.path_of(None).unwrap(), [0]);
+    assert_eq!(s.path_of(Some("shop.Order.Line")).unwrap(), [0, 1]);
+    assert_eq!(s.path_of(Some("Line")).unwrap(), [0, 1]);
+    assert!(s.path_of(Some("Nope")).is_err());
+    let text = r#"{"id":"-5","name":"n","status":"PAID","at":"2024-05-01T10:00:00.250Z","tags":["a","b"],"attrs":{"k":"3"},"cash":"yes"}"#;
+    let payload = s.from_json(&[0], text).unwrap();
+    let out = String::from_utf8(json(&s, &payload)).unwrap();
+    assert!(out.starts_with(r#"{"id":-5,"#), "{out}");
+    for part in [
+        r#""status":"PAID""#,
+        r#""at":"2024-05-01T10:00:00.250000000Z""#,
+        r#""tags":["a","b"]"#,
+        r#""attrs":{"k":3}"#,
+        r#""cash":"yes""#,
+    ] {
+        assert!(out.contains(part), "{part} in {out}");
+    }
+    let line = s.from_json(&[0, 1], r#"{"sku":"Y"}"#).unwrap();
+    assert_eq!(json(&s, &line), br#"{"sku":"Y"}"#);
+    for bad in [r#"{"id":"x"}"#, r#"{"nope":1}"#, "[1]", r#"{"id":1} x"#] {
+        let e = s.from_json(&[0], bad).unwrap_err();
+        assert!(matches!(e, ProtoError::Unencodable(_)), "{bad}: {e}");
+    }
+}

@@ -386,6 +386,12 @@ impl RawConfig {
 }
 
 impl RawConfig {
+    /// Only the `[schema_registry]` section, if there is one: what
+    /// `sluice send --format avro|protobuf` needs besides Kafka.
+    pub fn registry_side(&mut self) -> Result<Option<SchemaRegistryConfig>, ConfigError> {
+        std::mem::take(&mut self.schema_registry).validate()
+    }
+
     /// Only the `[kafka]` section (with `brokers` overriding the file's):
     /// what `sluice send` needs.
     pub fn kafka_side(self, brokers: Option<String>) -> Result<KafkaConfig, ConfigError> {

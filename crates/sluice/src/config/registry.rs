@@ -53,6 +53,19 @@ pub struct SchemaRegistryConfig {
     pub timeout: Duration,
 }
 
+impl SchemaRegistryConfig {
+    /// A registry at `url`, without credentials, with the default timeout.
+    pub fn from_url(url: &str) -> Self {
+        Self {
+            url: url.trim_end_matches('/').to_string(),
+            auth: None,
+            ca_file: None,
+            identity: None,
+            timeout: DEFAULT_REGISTRY_TIMEOUT,
+        }
+    }
+}
+
 /// The password never reaches a log line through `{:?}`.
 impl std::fmt::Debug for SchemaRegistryConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

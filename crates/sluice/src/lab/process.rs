@@ -46,6 +46,10 @@ pub struct RunSpec {
     pub read_settings: Vec<(String, String)>,
     /// `[kafka] properties`: librdkafka settings passed through.
     pub kafka_properties: Vec<(String, String)>,
+    /// The route's `format`: `json`, or `avro` / `protobuf` read through
+    /// the registry at `schema_registry`.
+    pub format: &'static str,
+    pub schema_registry: Option<String>,
 }
 
 /// A running `sluice run`.
@@ -93,8 +97,9 @@ fence_wait = "{fw}ms"
 [[route]]
 topic = "{topic}"
 table = "{table}"
+format = "{format}"
 required = {required:?}
-{dedup}"#,
+{dedup}{registry}"#,
                 brokers = self.brokers,
                 group = self.group,
                 st = self.session_timeout.as_millis(),
@@ -144,6 +149,12 @@ required = {required:?}
                     format!("properties = {{ {} }}\n", p.join(", "))
                 }))
                 .collect::<String>(),
+                format = self.format,
+                registry = self
+                    .schema_registry
+                    .as_ref()
+                    .map(|u| format!("\n[schema_registry]\nurl = \"{u}\"\n"))
+                    .unwrap_or_default(),
                 dedup = self
                     .dedup_key
                     .as_ref()
@@ -161,6 +172,7 @@ required = {required:?}
             )
             .env_remove("KAFKA_BROKERS")
             .env_remove("CLICKHOUSE_URL")
+            .env_remove("SCHEMA_REGISTRY_URL")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log)?)

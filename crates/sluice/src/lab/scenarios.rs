@@ -194,6 +194,8 @@ impl Run {
             instance_id: None,
             read_settings: Vec::new(),
             kafka_properties: Vec::new(),
+            format: "json",
+            schema_registry: None,
         };
         Ok(Self {
             stack: stack.clone(),
@@ -243,6 +245,7 @@ impl Run {
             delivery_timeout,
             transaction_timeout: delivery_timeout.max(Duration::from_secs(60)),
             properties: Vec::new(),
+            framing: None,
         };
         let report =
             tokio::task::spawn_blocking(move || crate::send::send(&opts, &lines)).await??;

@@ -143,6 +143,8 @@ pub async fn run(clickhouse_url: &str, o: SoakOptions) -> anyhow::Result<SoakRep
         instance_id: None,
         read_settings: Vec::new(),
         kafka_properties: Vec::new(),
+        format: "json",
+        schema_registry: None,
     };
 
     // The producer: `rate` records a second until told to stop; paused

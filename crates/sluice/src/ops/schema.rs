@@ -167,13 +167,7 @@ pub fn ddl(s: &Spec) -> Result<String, String> {
 /// The columns of `subject`'s latest schema in the registry at `url`.
 async fn registry_columns(url: &str, subject: &str) -> Result<Vec<(String, String)>, OpsError> {
     use crate::registry::{build, Decoder, Registry};
-    let cfg = crate::config::SchemaRegistryConfig {
-        url: url.trim_end_matches('/').to_string(),
-        auth: None,
-        ca_file: None,
-        identity: None,
-        timeout: crate::config::DEFAULT_REGISTRY_TIMEOUT,
-    };
+    let cfg = crate::config::SchemaRegistryConfig::from_url(url);
     let invalid = |e: crate::registry::RegistryError| OpsError::Invalid(format!("--registry: {e}"));
     let registry = Registry::new(&cfg).map_err(invalid)?;
     let latest = registry.version(subject, "latest").await.map_err(invalid)?;

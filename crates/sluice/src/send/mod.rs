@@ -11,9 +11,13 @@
 //! the retry file; a fenced producer (another instance took the id) stops
 //! and puts everything not yet committed there.
 //!
+//! With `--format avro|protobuf` each line is written in the schema
+//! registry's wire format ([`framing`]).
+//!
 //! [`resend`] is the manual re-send done right: it looks the keys up in
 //! ClickHouse first and sends only the missing records.
 
+pub mod framing;
 pub mod input;
 pub mod resend;
 pub mod retry;
@@ -26,7 +30,7 @@ use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, T
 use rdkafka::{ClientConfig, ClientContext};
 use retry::RetryFile;
 use std::path::PathBuf;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// `sluice send`'s flags.
@@ -68,6 +72,8 @@ pub struct ProducerArgs {
     /// An extra librdkafka property, `name=value` (repeatable).
     #[arg(long = "property", value_parser = parse_property)]
     pub properties: Vec<(String, String)>,
+    #[command(flatten)]
+    pub format: framing::FormatArgs,
 }
 
 /// `sluice send`'s command line.
@@ -82,7 +88,12 @@ pub struct SendArgs {
 /// `sluice send`: sends the lines, prints the tally on stderr; found
 /// something when a record ended in the retry file.
 pub fn main(a: SendArgs) -> anyhow::Result<Outcome> {
-    let opts = a.producer.options()?;
+    let mut opts = a.producer.options()?;
+    let framing = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?
+        .block_on(a.producer.framing())?;
+    opts.framing = framing.map(Arc::new);
     let report = send_stream(&opts, input::lines(&a.files))?;
     let retry = match report.failed {
         0 => String::new(),
@@ -108,6 +119,13 @@ fn parse_property(s: &str) -> Result<(String, String), String> {
 }
 
 impl ProducerArgs {
+    /// The framing of `--format`, with the schema registered.
+    pub async fn framing(&self) -> anyhow::Result<Option<framing::Framing>> {
+        self.format
+            .framing(&self.topic, self.config.as_deref())
+            .await
+    }
+
     /// The options these flags describe; with `--config`, the file is read
     /// and validated as `sluice run` would.
     pub fn options(&self) -> Result<SendOptions, ConfigError> {
@@ -142,6 +160,7 @@ impl ProducerArgs {
             delivery_timeout: self.delivery_timeout,
             transaction_timeout: self.transaction_timeout,
             properties: self.properties.clone(),
+            framing: None,
         })
     }
 }
@@ -165,6 +184,8 @@ pub struct SendOptions {
     pub transaction_timeout: Duration,
     /// Extra librdkafka properties.
     pub properties: Vec<(String, String)>,
+    /// How lines become record values (`None`: as they are, JSON).
+    pub framing: Option<Arc<framing::Framing>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -325,10 +346,15 @@ impl<'o> Sender<'o> {
         // Records that cannot be sent at all go straight to the retry file.
         let mut ok: Vec<usize> = Vec::with_capacity(lines.len());
         let mut keys: Vec<Option<String>> = vec![None; lines.len()];
+        let mut values: Vec<Option<Vec<u8>>> = vec![None; lines.len()];
         for (i, l) in lines.iter().enumerate() {
             let checked = match &self.opts.key_field {
                 Some(f) => input::key_of(&l.text, f).map(|k| keys[i] = Some(k)),
                 None => input::check_object(&l.text),
+            };
+            let checked = match (checked, &self.opts.framing) {
+                (Ok(()), Some(f)) => f.frame(&l.text).map(|v| values[i] = Some(v)),
+                (checked, _) => checked,
             };
             match checked {
                 Ok(()) => ok.push(i),
@@ -336,18 +362,15 @@ impl<'o> Sender<'o> {
             }
         }
         let (opts, p) = (self.opts, &self.producer);
+        let records = Records {
+            lines,
+            keys: &keys,
+            values: &values,
+        };
         if opts.transactional_id.is_some() {
-            transactional(
-                opts,
-                p,
-                lines,
-                &keys,
-                &ok,
-                &mut self.retry,
-                &mut self.report,
-            )
+            transactional(opts, p, &records, &ok, &mut self.retry, &mut self.report)
         } else {
-            enqueue(opts, p, lines, &keys, &ok);
+            enqueue(opts, p, &records, &ok);
             let _ = p.flush(opts.delivery_timeout + Duration::from_secs(10));
             settle(p, lines, &ok, &mut self.retry, &mut self.report)
         }
@@ -360,17 +383,23 @@ impl<'o> Sender<'o> {
     }
 }
 
+/// One chunk of lines with their keys and, with a [`framing::Framing`],
+/// their record values.
+struct Records<'a> {
+    lines: &'a [Line],
+    keys: &'a [Option<String>],
+    values: &'a [Option<Vec<u8>>],
+}
+
 /// Hands records to the producer, waiting while its queue is full.
-fn enqueue(
-    opts: &SendOptions,
-    p: &ThreadedProducer<Ctx>,
-    lines: &[Line],
-    keys: &[Option<String>],
-    which: &[usize],
-) {
+fn enqueue(opts: &SendOptions, p: &ThreadedProducer<Ctx>, records: &Records, which: &[usize]) {
     for &i in which {
-        let mut rec = BaseRecord::with_opaque_to(&opts.topic, Box::new(i)).payload(&lines[i].text);
-        if let Some(k) = &keys[i] {
+        let value = match &records.values[i] {
+            Some(v) => v.as_slice(),
+            None => records.lines[i].text.as_bytes(),
+        };
+        let mut rec = BaseRecord::with_opaque_to(&opts.topic, Box::new(i)).payload(value);
+        if let Some(k) = &records.keys[i] {
             rec = rec.key(k.as_str());
         }
         loop {
@@ -433,12 +462,12 @@ fn settle(
 fn transactional(
     opts: &SendOptions,
     p: &ThreadedProducer<Ctx>,
-    lines: &[Line],
-    keys: &[Option<String>],
+    records: &Records,
     ok: &[usize],
     retry: &mut RetryFile,
     report: &mut SendReport,
 ) -> Result<(), SendError> {
+    let lines = records.lines;
     let t = opts.transaction_timeout + Duration::from_secs(10);
     let chunks: Vec<&[usize]> = ok.chunks(opts.transaction_size.max(1)).collect();
     for (n, chunk) in chunks.iter().enumerate() {
@@ -459,7 +488,7 @@ fn transactional(
             report.stopped = Some(format!("cannot begin a transaction: {e}"));
             return failed(retry, &format!("not sent: {e}"), n);
         }
-        enqueue(opts, p, lines, keys, chunk);
+        enqueue(opts, p, records, chunk);
         let mut attempts = 0;
         let committed = loop {
             match p.commit_transaction(t) {

@@ -45,7 +45,8 @@ pub async fn main(a: ResendArgs) -> anyhow::Result<Outcome> {
         .clone()
         .context("--key-field is required: resend looks records up by their key")?;
     let lines = super::input::read_all(&a.files)?;
-    let opts = a.producer.options()?;
+    let mut opts = a.producer.options()?;
+    opts.framing = a.producer.framing().await?.map(std::sync::Arc::new);
     let conn = a.ch.connect(a.producer.config.as_deref())?;
     let r = resend(&conn.client, &a.table, &key, &opts, lines, a.dry_run).await?;
     if a.dry_run {

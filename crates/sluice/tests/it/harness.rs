@@ -288,6 +288,9 @@ pub struct SinkSpec {
     pub read_settings: Vec<(String, String)>,
     /// `[kafka] properties`.
     pub kafka_properties: Vec<(String, String)>,
+    /// The route's `format`, and the registry of `avro` / `protobuf`.
+    pub format: &'static str,
+    pub schema_registry: Option<String>,
 }
 
 impl SinkSpec {
@@ -313,6 +316,8 @@ impl SinkSpec {
             instance_id: None,
             read_settings: Vec::new(),
             kafka_properties: Vec::new(),
+            format: "json",
+            schema_registry: None,
         }
     }
 
@@ -340,6 +345,8 @@ impl SinkSpec {
             instance_id: self.instance_id.clone(),
             read_settings: self.read_settings.clone(),
             kafka_properties: self.kafka_properties.clone(),
+            format: self.format,
+            schema_registry: self.schema_registry.clone(),
         }
         .start_with(env!("CARGO_BIN_EXE_sluice").as_ref())
         .expect("starting sluice")

@@ -11,6 +11,7 @@ mod harness;
 // (`sluice lab --quick`) is the longest by far: its name sorts first so
 // that the rest run beside it rather than after it.
 mod all_faults;
+mod binary;
 mod check;
 mod coordinator;
 mod dedup;

@@ -9,13 +9,18 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
 /// The stack's registry.
-fn registry_url() -> String {
+pub fn registry_url() -> String {
     std::env::var("SCHEMA_REGISTRY_URL")
         .expect("SCHEMA_REGISTRY_URL is not set: the stack is missing (run `make test`, or `make stack` and export its lines)")
 }
 
 /// Registers `schema` (a JSON request body) under `subject`; returns the id.
-async fn register(url: &str, auth: Option<&str>, subject: &str, body: serde_json::Value) -> u64 {
+pub async fn register(
+    url: &str,
+    auth: Option<&str>,
+    subject: &str,
+    body: serde_json::Value,
+) -> u64 {
     let client = Client::builder(TokioExecutor::new()).build_http::<Full<bytes::Bytes>>();
     let mut req = hyper::Request::post(format!(
         "{url}/subjects/{}/versions",
@@ -37,49 +42,68 @@ async fn register(url: &str, auth: Option<&str>, subject: &str, body: serde_json
         .unwrap()
 }
 
-/// A registry of this test's own, with basic auth; killed on drop.
-struct PrivateRegistry {
-    child: std::process::Child,
-    url: String,
-    _dir: std::path::PathBuf,
+/// A registry of this test's own, optionally with basic auth, that can be
+/// stopped and started again on the same port and database; killed on drop.
+pub struct PrivateRegistry {
+    child: Option<std::process::Child>,
+    pub url: String,
+    port: u16,
+    auth: Option<String>,
+    dir: std::path::PathBuf,
 }
 
 impl PrivateRegistry {
-    async fn start(auth: &str) -> Self {
+    pub async fn start(auth: Option<&str>) -> Self {
         let dir = std::env::temp_dir().join(unique("registry"));
         std::fs::create_dir_all(&dir).unwrap();
         let port = free_port();
+        let mut r = PrivateRegistry {
+            child: None,
+            url: format!("http://127.0.0.1:{port}"),
+            port,
+            auth: auth.map(String::from),
+            dir,
+        };
+        r.restart().await;
+        r
+    }
+
+    /// Starts it again (after [`Self::stop`]) where it was, with its schemas.
+    pub async fn restart(&mut self) {
         let python = std::env::var("SLUICE_CHDB_PYTHON").expect("SLUICE_CHDB_PYTHON (make stack)");
         let server =
             std::env::var("SLUICE_REGISTRY_SERVER").expect("SLUICE_REGISTRY_SERVER (make stack)");
-        let child = std::process::Command::new(python)
-            .arg(server)
+        let mut cmd = std::process::Command::new(python);
+        cmd.arg(server)
             .arg("--db")
-            .arg(dir.join("r.db"))
-            .args(["--port", &port.to_string(), "--basic-auth", auth])
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap();
-        let url = format!("http://127.0.0.1:{port}");
-        for _ in 0..100 {
-            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-                break;
+            .arg(self.dir.join("r.db"))
+            .args(["--port", &self.port.to_string()]);
+        if let Some(a) = &self.auth {
+            cmd.args(["--basic-auth", a]);
+        }
+        self.child = Some(cmd.stderr(std::process::Stdio::null()).spawn().unwrap());
+        for _ in 0..200 {
+            if std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+                return;
             }
             tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         }
-        PrivateRegistry {
-            child,
-            url,
-            _dir: dir,
+        panic!("the registry did not listen on {}", self.port);
+    }
+
+    /// Kills it (`kill -9`).
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
         }
     }
 }
 
 impl Drop for PrivateRegistry {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self._dir);
+        self.stop();
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
@@ -156,7 +180,7 @@ async fn check_config_reads_each_routes_subject_with_its_references() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn check_config_signs_in_to_the_registry_and_never_prints_the_password() {
     let (topic, table, _ch) = setup("regauth", 1, 0).await;
-    let registry = PrivateRegistry::start("sluice:s3cret-pw").await;
+    let registry = PrivateRegistry::start(Some("sluice:s3cret-pw")).await;
     let body = serde_json::json!({ "schema": MONEY });
     register(
         &registry.url,

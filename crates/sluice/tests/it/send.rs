@@ -37,6 +37,7 @@ fn options(brokers: &str, topic: &str) -> SendOptions {
         delivery_timeout: Duration::from_secs(30),
         transaction_timeout: Duration::from_secs(60),
         properties: Vec::new(),
+        framing: None,
     }
 }
 
