@@ -107,6 +107,7 @@ impl AvroSchema {
                 .chain(std::iter::once(&s.root))
                 .collect();
             let names = ResolvedSchema::new_with_schemata(all).map_err(bad)?;
+            bounded(&s.root, names.get_names(), &mut Vec::new()).map_err(AvroError::Schema)?;
             let datum = GenericDatumReader::builder(&s.root)
                 .resolved_writer_schemata(names.clone())
                 .build()
@@ -187,6 +188,12 @@ impl AvroSchema {
             .map_err(bad)?;
         reader.writer.write_value_to_vec(value).map_err(bad)
     }
+}
+
+/// Bounds what one length read from a payload may allocate, for the whole
+/// process (apache-avro takes the first bound it is given).
+pub fn limit_allocations(bytes: usize) {
+    apache_avro::util::max_allocation_bytes(bytes);
 }
 
 /// The payload as the decoder reads it, noting any read past its end: a
@@ -361,6 +368,59 @@ impl<'s> Json<'_, 's> {
 /// The ClickHouse type of a value of `schema`, as the module writes it.
 /// Named types nested deeper than a few levels (a recursive schema) become
 /// `String`: ClickHouse has no recursive type.
+/// Checks that decoding a payload written with `schema` costs what the
+/// payload's size allows: no named type contains itself (the decoder
+/// recurses once per level, and a few hundred bytes would exhaust the
+/// stack), and no array holds items that take no bytes (a count of a few
+/// bytes could claim billions of them). `open`: the records being checked.
+fn bounded<'s>(
+    schema: &'s Schema,
+    names: &NamesRef<'s>,
+    open: &mut Vec<&'s apache_avro::schema::Name>,
+) -> Result<(), String> {
+    match schema {
+        Schema::Ref { name } if open.contains(&name) => Err(format!(
+            "{name} contains itself: a row cannot hold a recursive type"
+        )),
+        Schema::Ref { name } => match names.get(name) {
+            Some(s) => bounded(s, names, open),
+            None => Err(format!("{name} is referenced but not defined")),
+        },
+        Schema::Record(r) => {
+            open.push(&r.name);
+            for f in &r.fields {
+                bounded(&f.schema, names, open)?;
+            }
+            open.pop();
+            Ok(())
+        }
+        Schema::Array(a) if takes_no_bytes(&a.items, names, 0) => Err(
+            "an array's items take no bytes (null, an empty record or fixed):              a record could claim any number of them"
+                .into(),
+        ),
+        Schema::Array(a) => bounded(&a.items, names, open),
+        Schema::Map(m) => bounded(&m.types, names, open),
+        Schema::Union(u) => u.variants().iter().try_for_each(|v| bounded(v, names, open)),
+        _ => Ok(()),
+    }
+}
+
+/// Whether a value of `schema` is written in no bytes at all.
+fn takes_no_bytes(schema: &Schema, names: &NamesRef<'_>, depth: usize) -> bool {
+    match schema {
+        Schema::Null => true,
+        Schema::Fixed(f) => f.size == 0,
+        Schema::Record(r) if depth < 32 => r
+            .fields
+            .iter()
+            .all(|f| takes_no_bytes(&f.schema, names, depth + 1)),
+        Schema::Ref { name } if depth < 32 => names
+            .get(name)
+            .is_some_and(|s| takes_no_bytes(s, names, depth + 1)),
+        _ => false,
+    }
+}
+
 fn column_type(schema: &Schema, names: &NamesRef<'_>, depth: usize) -> String {
     if depth > 16 {
         return "String".into();

@@ -227,7 +227,16 @@ impl Registry {
                 answer: format!("{e}: {}", text()),
             }),
             401 | 403 => Err(RegistryError::Unauthorized(status.as_u16())),
-            404 => Err(RegistryError::NotFound(format!("{path} ({})", text()))),
+            // The registry's own 404s carry an error code (40401 subject,
+            // 40402 version, 40403 schema); a bare 404 is a wrong url or a
+            // proxy in front of a registry that is not there yet.
+            404 if registry_code(&body).is_some_and(|c| (40400..40500).contains(&c)) => {
+                Err(RegistryError::NotFound(format!("{path} ({})", text())))
+            }
+            404 => Err(unavailable(format!(
+                "HTTP 404 without a registry error code for {path} (is the url's path right?): {}",
+                text()
+            ))),
             s if s >= 500 || s == 408 || s == 429 => {
                 Err(unavailable(format!("HTTP {s}: {}", text())))
             }
@@ -349,6 +358,11 @@ pub fn build(
     }
 }
 
+/// The `error_code` of a registry's error answer.
+fn registry_code(body: &[u8]) -> Option<u64> {
+    serde_json::from_slice::<serde_json::Value>(body).ok()?["error_code"].as_u64()
+}
+
 /// A subject as one path segment: `/` and everything else outside the
 /// unreserved set percent-encoded (subjects such as `common/money.proto`).
 fn url_segment(s: &str) -> String {
@@ -371,6 +385,16 @@ fn read(path: &std::path::Path) -> Result<Vec<u8>, RegistryError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_404_with_a_registry_code_means_not_found() {
+        assert_eq!(
+            registry_code(br#"{"error_code":40403,"message":"x"}"#),
+            Some(40403)
+        );
+        assert_eq!(registry_code(b"<html>404 Not Found</html>"), None);
+        assert_eq!(registry_code(br#"{"message":"no route"}"#), None);
+    }
 
     #[test]
     fn subjects_are_one_path_segment() {

@@ -336,3 +336,29 @@ fn json_resolved_by_avros_rules_encodes_to_what_decodes_back() {
         assert!(matches!(e, AvroError::Unencodable(_)), "{bad}: {e}");
     }
 }
+
+#[test]
+fn schemas_whose_payloads_could_cost_more_than_their_size_are_refused() {
+    let recursive =
+        r#"{"type":"record","name":"Node","fields":[{"name":"next","type":["null","Node"]}]}"#;
+    let e = AvroSchema::parse(recursive, &[]).unwrap_err().to_string();
+    assert!(e.contains("Node contains itself"), "{e}");
+    for items in [
+        r#""null""#,
+        r#"{"type":"record","name":"E","fields":[]}"#,
+        r#"{"type":"fixed","name":"Z","size":0}"#,
+    ] {
+        let s = format!(
+            r#"{{"type":"record","name":"R","fields":[{{"name":"a","type":{{"type":"array","items":{items}}}}}]}}"#
+        );
+        let e = AvroSchema::parse(&s, &[]).unwrap_err().to_string();
+        assert!(e.contains("take no bytes"), "{items}: {e}");
+    }
+    // A named type used twice is not recursion; a map of nulls costs a key each.
+    let twice = r#"{"type":"record","name":"R","fields":[
+        {"name":"a","type":{"type":"record","name":"P","fields":[{"name":"x","type":"int"}]}},
+        {"name":"b","type":"P"},
+        {"name":"m","type":{"type":"map","values":"null"}},
+        {"name":"l","type":{"type":"array","items":{"type":"array","items":"P"}}}]}"#;
+    AvroSchema::parse(twice, &[]).unwrap();
+}

@@ -98,10 +98,6 @@ impl ClickHouse {
             ("timeout_overflow_mode", "throw".into()),
             ("http_receive_timeout", secs.clone()),
             ("http_send_timeout", secs),
-            // A field the table lacks is ignored, one the record lacks takes
-            // the column's default: the same on every version.
-            ("input_format_skip_unknown_fields", "1".into()),
-            ("input_format_defaults_for_omitted_fields", "1".into()),
         ];
         if delivery.sends_tokens() {
             // 26.x: `insert_deduplicate=0` no longer turns dedup off; this does.

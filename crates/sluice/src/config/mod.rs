@@ -518,6 +518,13 @@ mod tests {
         assert_eq!(c.schema_registry.unwrap().url, "http://127.0.0.1:8081");
         let c = load(&with_registry("format = 'avro'\nsubject = 'shop.Order'")).unwrap();
         assert_eq!(c.routes[0].subject.as_deref(), Some("shop.Order"));
+        let e = load(&with_registry("format = 'avro'\ndedup_key = ['id']"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("route[0].dedup_key: expected nothing on an avro"),
+            "{e}"
+        );
         assert_eq!(load(MIN).unwrap().routes[0].format, Format::Json);
         let e = load(&route("subject = 'x'")).unwrap_err().to_string();
         assert!(

@@ -34,6 +34,8 @@ use tokio_util::sync::CancellationToken;
 pub const UNKNOWN_AFTER: Duration = Duration::from_secs(10);
 /// How long an id refused stays refused before the registry is asked again.
 pub const REFUSED_FOR: Duration = Duration::from_secs(60);
+/// A row may be at most this many times `max_record_bytes` once decoded.
+pub const MAX_EXPANSION: usize = 16;
 
 /// What a record value decodes to.
 #[derive(Debug)]
@@ -134,7 +136,15 @@ impl Schemas {
             Decoder::Avro(s) => s.to_json(framed.payload, out).map_err(|e| e.to_string()),
             Decoder::Protobuf(s) => s.to_json(framed.payload, out).map_err(|e| e.to_string()),
         };
+        let cap = self.max_bytes.saturating_mul(MAX_EXPANSION);
         match decoded {
+            Ok(()) if out.len() > cap => {
+                let n = out.len();
+                out.clear();
+                Decoded::Refused(RowError::Undecodable(format!(
+                    "schema id {id}: the row decodes to {n} bytes, over {MAX_EXPANSION} × sink.max_record_bytes"
+                )))
+            }
             Ok(()) => Decoded::Row,
             Err(e) => {
                 out.clear();
@@ -144,13 +154,15 @@ impl Schemas {
     }
 
     /// Whether `id` of route `ri` has an answer a waiting partition can go
-    /// on with (its decoder, or a refusal).
-    pub fn settled(&self, ri: usize, id: u32, now: Instant) -> bool {
+    /// on with (its decoder, or a refusal): `None` if it is neither known
+    /// nor being fetched (a refusal ran out), so it must be fetched again.
+    pub fn settled(&self, ri: usize, id: u32, now: Instant) -> Option<bool> {
         let known = self.routes.get(ri).and_then(Option::as_ref);
         match known.and_then(|r| r.ids.get(&id)) {
-            Some(Known::Ready(_)) => true,
-            Some(Known::Refused { until, .. }) => now < *until,
-            _ => false,
+            Some(Known::Ready(_)) => Some(true),
+            Some(Known::Refused { until, .. }) if now < *until => Some(true),
+            Some(Known::Fetching) => Some(false),
+            _ => None,
         }
     }
 
@@ -170,26 +182,34 @@ impl Schemas {
         if matches!(route.ids.get(&id), Some(Known::Fetching)) {
             return;
         }
-        let Some(registry) = self.registry.clone() else {
-            route.ids.insert(
-                id,
-                Known::Refused {
-                    reason: "no [schema_registry] is configured".into(),
-                    until: Instant::now() + REFUSED_FOR,
-                },
-            );
-            return;
-        };
         route.ids.insert(id, Known::Fetching);
         let (tx, stopping, format) = (tx.clone(), stopping.clone(), route.format.name());
+        let Some(registry) = self.registry.clone() else {
+            let answer = Err("no [schema_registry] is configured".into());
+            let _ = tx.send(Event::Schema {
+                route: ri,
+                id,
+                answer,
+            });
+            return;
+        };
         handle.spawn(async move {
-            if let Some(answer) = fetch(&registry, id, format, &stopping).await {
-                let _ = tx.send(Event::Schema {
-                    route: ri,
-                    id,
-                    answer,
-                });
-            }
+            // A panic while building the decoder (in a parser) refuses
+            // the id rather than leaving it fetched for ever.
+            let fetching =
+                tokio::spawn(async move { fetch(&registry, id, format, &stopping).await });
+            let answer = match fetching.await {
+                Ok(Some(answer)) => answer,
+                Ok(None) => return,
+                Err(e) => Err(format!(
+                    "building the decoder of schema id {id} failed: {e}"
+                )),
+            };
+            let _ = tx.send(Event::Schema {
+                route: ri,
+                id,
+                answer,
+            });
         });
     }
 
@@ -200,10 +220,17 @@ impl Schemas {
         };
         let known = match answer {
             Ok(d) => Known::Ready(d),
-            Err(reason) => Known::Refused {
-                reason,
-                until: now + REFUSED_FOR,
-            },
+            Err(reason) => {
+                // Refusals that ran out are forgotten: made-up ids do not
+                // pile up.
+                route
+                    .ids
+                    .retain(|_, k| !matches!(k, Known::Refused { until, .. } if *until <= now));
+                Known::Refused {
+                    reason,
+                    until: now + REFUSED_FOR,
+                }
+            }
         };
         route.ids.insert(id, known);
     }

@@ -67,7 +67,10 @@ impl Sink {
         let dedup = keys.iter().any(|k| self.routes[k.0].dedup.is_some());
         if !exactly_once && !dedup {
             for &(ri, p) in &keys {
-                let part = self.new_part(ri, p, Phase::Active);
+                let mut part = self.new_part(ri, p, Phase::Active);
+                // librdkafka keeps a partition paused across an unassign
+                // and an assign: backpressure resumes it unless it must wait.
+                part.paused = true;
                 self.parts.insert((ri, p), part);
             }
             return Ok(());

@@ -310,6 +310,9 @@ impl Sink {
             self.ctx.dlq.is_some(),
             now,
         );
+        if self.decoded.capacity() > 4 << 20 {
+            self.decoded = Vec::new();
+        }
         let due = part.builder.is_due(now) || part.letters.len() >= MAX_LETTERS_PER_BATCH;
         if self.note(ri, &rec, fate) && due {
             self.cut(key);
@@ -425,11 +428,7 @@ impl Sink {
         while let Ok(e) = self.rx.try_recv() {
             self.on_event(consumer, e);
         }
-        if self
-            .parts
-            .values()
-            .any(|p| p.stalled.is_some_and(|s| s.retry_at.is_some()))
-        {
+        if self.parts.values().any(|p| p.stalled.is_some()) {
             self.resume_stalled(consumer);
         }
     }
@@ -459,10 +458,16 @@ impl Sink {
             let Some(stall) = part.stalled.as_mut() else {
                 continue;
             };
-            if stall.retry_at.is_some_and(|t| now < t)
-                || !self.schemas.settled(key.0, stall.id, now)
-            {
-                continue;
+            match self.schemas.settled(key.0, stall.id, now) {
+                Some(true) if stall.retry_at.is_none_or(|t| t <= now) => {}
+                Some(_) => continue,
+                // A refusal ran out while it waited: ask again.
+                None => {
+                    let (handle, tx) = (&self.handle, &self.tx);
+                    self.schemas
+                        .fetch(key.0, stall.id, handle, tx, &self.stopping);
+                    continue;
+                }
             }
             let topic = &self.routes[key.0].topic;
             match consumer.seek(topic, key.1, KOffset::Offset(stall.at.0), SEEK_WAIT) {
