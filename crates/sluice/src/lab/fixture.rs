@@ -93,6 +93,19 @@ impl Stack {
     /// Produces `n` records with ids `start..start + n`, round-robin over
     /// `partitions`, and waits until the broker acknowledged all of them.
     pub fn produce(&self, topic: &str, partitions: i32, start: u64, n: u64) -> anyhow::Result<()> {
+        self.produce_framed(topic, partitions, start, n, None)
+    }
+
+    /// [`Self::produce`], each record written with `framing` when given
+    /// (Avro or Protobuf in the registry's wire format).
+    pub fn produce_framed(
+        &self,
+        topic: &str,
+        partitions: i32,
+        start: u64,
+        n: u64,
+        framing: Option<&crate::send::framing::Framing>,
+    ) -> anyhow::Result<()> {
         let producer: ThreadedProducer<DefaultProducerContext> = ClientConfig::new()
             .set("bootstrap.servers", &self.brokers)
             .set("enable.idempotence", "true")
@@ -101,8 +114,14 @@ impl Stack {
             .create()?;
         let pad = "x".repeat(60);
         for i in start..start + n {
-            let value = format!(r#"{{"id":{i},"payload":"{pad}"}}"#);
-            let mut rec = BaseRecord::<(), str>::to(topic)
+            let text = format!(r#"{{"id":{i},"payload":"{pad}"}}"#);
+            let value = match framing {
+                Some(f) => f
+                    .frame(&text)
+                    .map_err(|e| anyhow!("framing record {i}: {e}"))?,
+                None => text.into_bytes(),
+            };
+            let mut rec = BaseRecord::<(), [u8]>::to(topic)
                 .payload(&value)
                 .partition((i % partitions as u64) as i32);
             loop {

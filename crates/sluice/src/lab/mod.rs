@@ -136,10 +136,15 @@ pub async fn run(o: &LabArgs) -> anyhow::Result<Vec<Cell>> {
     };
     let mut cells = Vec::new();
     for s in &scenarios {
-        eprintln!("lab: {s} ({})", modes.join(", "));
         // A broker of each cell's own: tansu serves every request from one
         // sqlite task, so one cell's load (fetches that scan the rest of a
         // partition) delays the commits and heartbeats of the others.
+        let modes: Vec<&'static str> = modes
+            .iter()
+            .copied()
+            .filter(|m| scenarios::applies(s, m))
+            .collect();
+        eprintln!("lab: {s} ({})", modes.join(", "));
         let runs = modes.iter().map(|m| async move {
             let broker = fixture::PrivateBroker::start().await?;
             let stack = Stack {

@@ -20,8 +20,10 @@ pub const SCENARIOS: &[&str] = &[
     "resubmit-after-timeout/window-large",
     "resubmit-after-timeout/window-small",
     "crash-replay",
+    "crash-replay/avro",
     "crash-after-many-batches",
     "unknown-outcome-then-new-boundaries",
+    "unknown-outcome-then-new-boundaries/avro",
     "late-insert",
     "clickhouse-outage",
     "broker-restart",
@@ -46,6 +48,18 @@ pub const MODES: &[&str] = &[
     "at-least-once",
     "token-only",
 ];
+
+/// Whether `scenario` runs in `mode`: an Avro route has no key dedup.
+pub fn applies(scenario: &str, mode: &str) -> bool {
+    !(scenario.ends_with(AVRO) && mode.ends_with("+dedup"))
+}
+
+/// The suffix of a scenario run with Avro records through the schema
+/// registry (`SCHEMA_REGISTRY_URL`) instead of JSON.
+const AVRO: &str = "/avro";
+
+/// The lab's record, `{"id": …, "payload": …}`, as an Avro schema.
+const LAB_AVRO: &str = r#"{"type":"record","name":"LabEvent","fields":[{"name":"id","type":"long"},{"name":"payload","type":"string"}]}"#;
 
 /// A mode's delivery setting and key dedup field.
 fn mode_settings(mode: &'static str) -> (&'static str, Option<String>) {
@@ -144,6 +158,8 @@ struct Run {
     proxy: Option<Proxy>,
     _keepalive: Keepalive,
     params: Params,
+    /// Avro records through the registry, for a `/avro` scenario.
+    framing: Option<std::sync::Arc<crate::send::framing::Framing>>,
 }
 
 impl Run {
@@ -154,8 +170,39 @@ impl Run {
         window: u32,
         proxied: bool,
     ) -> anyhow::Result<Self> {
+        Self::with_format(stack, mode, params, window, proxied, false).await
+    }
+
+    /// [`Self::new`], with Avro records through the registry if `avro`.
+    async fn with_format(
+        stack: &Stack,
+        mode: &'static str,
+        params: Params,
+        window: u32,
+        proxied: bool,
+        avro: bool,
+    ) -> anyhow::Result<Self> {
         let topic = Stack::unique("lab");
         stack.create_topic(&topic, PARTITIONS).await?;
+        let registry = match avro {
+            false => None,
+            true => Some(std::env::var("SCHEMA_REGISTRY_URL").context(
+                "the /avro scenarios need a schema registry: SCHEMA_REGISTRY_URL (make stack)",
+            )?),
+        };
+        let framing = match &registry {
+            None => None,
+            Some(url) => Some(std::sync::Arc::new(
+                crate::send::framing::Framing::register(
+                    &crate::config::SchemaRegistryConfig::from_url(url),
+                    &format!("{topic}-value"),
+                    "avro",
+                    LAB_AVRO,
+                    None,
+                )
+                .await?,
+            )),
+        };
         let table = stack.create_table(&Stack::unique("lab"), window).await?;
         let proxy = if proxied {
             let hold = params.insert_timeout * 2 + Duration::from_secs(1);
@@ -194,8 +241,8 @@ impl Run {
             instance_id: None,
             read_settings: Vec::new(),
             kafka_properties: Vec::new(),
-            format: "json",
-            schema_registry: None,
+            format: if avro { "avro" } else { "json" },
+            schema_registry: registry,
         };
         Ok(Self {
             stack: stack.clone(),
@@ -205,12 +252,17 @@ impl Run {
             proxy,
             _keepalive: keepalive,
             params,
+            framing,
         })
     }
 
     async fn produce(&self, start: u64, n: u64) -> anyhow::Result<()> {
         let (stack, topic) = (self.stack.clone(), self.spec.topic.clone());
-        tokio::task::spawn_blocking(move || stack.produce(&topic, PARTITIONS, start, n)).await?
+        let framing = self.framing.clone();
+        tokio::task::spawn_blocking(move || {
+            stack.produce_framed(&topic, PARTITIONS, start, n, framing.as_deref())
+        })
+        .await?
     }
 
     /// Sends records `start..start + n` (or the retry file `again`) as the
@@ -359,7 +411,8 @@ pub async fn run(
     p: Params,
 ) -> anyhow::Result<Cell> {
     let n = p.records;
-    match scenario {
+    let (base, avro) = (scenario.trim_end_matches(AVRO), scenario.ends_with(AVRO));
+    match base {
         "resubmit-after-timeout/window-large" | "resubmit-after-timeout/window-small" => {
             let window = if scenario.ends_with("large") { 1000 } else { 2 };
             let r = Run::new(stack, mode, p, window, true).await?;
@@ -391,13 +444,13 @@ pub async fn run(
             cell
         }
         "crash-replay" | "crash-after-many-batches" => {
-            let mut r = Run::new(stack, mode, p, 1000, false).await?;
+            let mut r = Run::with_format(stack, mode, p, 1000, false, avro).await?;
             r.produce(0, n / 2).await?;
             // The documents' pipeline commits offsets every 60 s: the crash
             // comes before any commit.
             r.spec.commit_interval = Duration::from_secs(60);
             let mut sink = r.spec.start()?;
-            let batches = if scenario == "crash-replay" { 1 } else { 6 };
+            let batches = if base == "crash-replay" { 1 } else { 6 };
             r.wait_rows(&mut sink, batches * r.spec.max_batch_rows as u64)
                 .await?;
             sink.kill9();
@@ -410,7 +463,7 @@ pub async fn run(
             r.finish(scenario, vec![sink], n, Instant::now()).await
         }
         "unknown-outcome-then-new-boundaries" => {
-            let mut r = Run::new(stack, mode, p, 1000, true).await?;
+            let mut r = Run::with_format(stack, mode, p, 1000, true, avro).await?;
             r.produce(0, n).await?;
             r.spec.commit_interval = Duration::from_secs(60);
             let proxy = r.proxy.as_ref().context("proxy")?;

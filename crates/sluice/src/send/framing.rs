@@ -57,6 +57,32 @@ enum Codec {
 }
 
 impl Framing {
+    /// Parses `text`, a schema of `format` (`avro` or `protobuf`, with
+    /// `message` naming the Protobuf message type), and registers it under
+    /// `subject`.
+    pub async fn register(
+        registry: &SchemaRegistryConfig,
+        subject: &str,
+        format: &str,
+        text: &str,
+        message: Option<&str>,
+    ) -> anyhow::Result<Framing> {
+        let (codec, kind) = match format {
+            "avro" => (Codec::Avro(AvroSchema::parse(text, &[])?), "AVRO"),
+            "protobuf" => {
+                let s = ProtoSchema::parse(text, &[])?;
+                let at = s.path_of(message).context("--message")?;
+                (Codec::Protobuf(s, at), "PROTOBUF")
+            }
+            other => bail!("{other} is not a registry format (avro or protobuf)"),
+        };
+        let id = Registry::new(registry)?
+            .register(subject, text, kind)
+            .await
+            .with_context(|| format!("registering the schema under subject {subject:?}"))?;
+        Ok(Framing { id, codec })
+    }
+
     /// The record value for one JSON line, or why the line does not fit.
     pub fn frame(&self, text: &str) -> Result<Vec<u8>, String> {
         let mut out = Vec::with_capacity(text.len());
@@ -90,33 +116,18 @@ impl FormatArgs {
             .with_context(|| format!("--format {} needs --schema FILE", self.format))?;
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("cannot read --schema {}", path.display()))?;
-        let (codec, kind) = match self.format.as_str() {
-            "avro" => {
-                if self.message.is_some() {
-                    bail!("--message is for --format protobuf");
-                }
-                let s = AvroSchema::parse(&text, &[])
-                    .with_context(|| format!("--schema {}", path.display()))?;
-                (Codec::Avro(s), "AVRO")
-            }
-            _ => {
-                let s = ProtoSchema::parse(&text, &[])
-                    .with_context(|| format!("--schema {}", path.display()))?;
-                let at = s.path_of(self.message.as_deref()).context("--message")?;
-                (Codec::Protobuf(s, at), "PROTOBUF")
-            }
-        };
+        if self.format == "avro" && self.message.is_some() {
+            bail!("--message is for --format protobuf");
+        }
         let cfg = self.registry_config(config)?;
-        let registry = Registry::new(&cfg)?;
         let subject = self
             .subject
             .clone()
             .unwrap_or_else(|| format!("{topic}-value"));
-        let id = registry
-            .register(&subject, &text, kind)
+        Framing::register(&cfg, &subject, &self.format, &text, self.message.as_deref())
             .await
-            .with_context(|| format!("registering {} under subject {subject:?}", path.display()))?;
-        Ok(Some(Framing { id, codec }))
+            .with_context(|| format!("--schema {}", path.display()))
+            .map(Some)
     }
 
     fn registry_config(&self, config: Option<&Path>) -> anyhow::Result<SchemaRegistryConfig> {
