@@ -5,7 +5,7 @@
 STACK := scripts/stack.sh
 ENV := set -a; eval "$$($(STACK) env)"; set +a
 
-.PHONY: build stack stack-down demo test lint model bench-resume bench-dedup bench-deadline clean-stack bench
+.PHONY: build stack stack-down demo test lint model bench-formats bench-resume bench-dedup bench-deadline clean-stack bench
 
 build:
 	@scripts/install-deps.sh
@@ -62,6 +62,11 @@ bench-deadline:
 
 bench:
 	@scripts/bench/bench.sh
+
+bench-formats:
+	@$(STACK) up >/dev/null
+	@cargo build --release --quiet --bin sluice
+	@$(ENV); BENCH_BIN=target/release "$$SLUICE_CLIENTS_PYTHON" scripts/bench/formats.py
 
 bench-resume:
 	@$(STACK) up >/dev/null
