@@ -23,15 +23,18 @@
 //! | `array`, `map`, `record` | an array, an object (keys sorted), an object | `Array`, `Map`, `Tuple` / `JSON` |
 //! | `duration` | `[months, days, millis]` | `Tuple(UInt32, UInt32, UInt32)` |
 //!
-//! Nothing passes through floating point that was not a float, and no value
-//! is rounded: what ClickHouse cannot hold (a decimal out of its column's
+//! The payload is read straight into the row, led by the schema, without a
+//! value tree in between; a schema whose payloads could cost more than
+//! their size to read (a recursive type, an array of items that take no
+//! bytes) is refused when parsed. Nothing passes through floating point
+//! that was not a float, and no value is rounded: what ClickHouse cannot hold (a decimal out of its column's
 //! range, a date out of `Date32`'s) it rejects, and the row goes to the DLQ.
 
-use apache_avro::reader::datum::GenericDatumReader;
 use apache_avro::schema::{NamesRef, ResolvedSchema};
 use apache_avro::types::Value;
 use apache_avro::writer::datum::GenericDatumWriter;
 use apache_avro::Schema;
+use chrono::{Datelike, Timelike};
 use num_bigint::BigInt;
 use std::io::Write;
 use thiserror::Error;
@@ -61,7 +64,6 @@ struct Schemas {
 
 /// What decoding and encoding need, built once per schema id.
 struct Reader<'a> {
-    datum: GenericDatumReader<'a>,
     writer: GenericDatumWriter<'a>,
     names: ResolvedSchema<'a>,
 }
@@ -108,19 +110,11 @@ impl AvroSchema {
                 .collect();
             let names = ResolvedSchema::new_with_schemata(all).map_err(bad)?;
             bounded(&s.root, names.get_names(), &mut Vec::new()).map_err(AvroError::Schema)?;
-            let datum = GenericDatumReader::builder(&s.root)
-                .resolved_writer_schemata(names.clone())
-                .build()
-                .map_err(bad)?;
             let writer = GenericDatumWriter::builder(&s.root)
                 .resolved_schemata(names.clone())
                 .build()
                 .map_err(bad)?;
-            Ok::<_, AvroError>(Reader {
-                datum,
-                writer,
-                names,
-            })
+            Ok::<_, AvroError>(Reader { writer, names })
         })?;
         Ok(AvroSchema(parsed))
     }
@@ -139,32 +133,24 @@ impl AvroSchema {
             .collect()
     }
 
-    /// Decodes `payload` and appends it to `out` as one JSON object. Bytes
+    /// Decodes `payload` and appends it to `out` as one JSON object,
+    /// straight from the bytes, led by the schema (no value tree). Bytes
     /// left over after the record mean it was not written with this schema.
     pub fn to_json(&self, payload: &[u8], out: &mut Vec<u8>) -> Result<(), AvroError> {
-        let undecodable = |e: apache_avro::Error| AvroError::Undecodable(e.to_string());
-        let mut input = Tracked {
-            rest: payload,
-            past_end: false,
-        };
         let (schemas, reader) = (self.0.borrow_owner(), self.0.borrow_dependent());
-        let value = reader.datum.read_value(&mut input).map_err(undecodable)?;
-        // apache-avro answers some fields cut short by the end of the
-        // payload (a string, a boolean, a union's branch) with a null.
-        if input.past_end {
-            return Err(AvroError::Undecodable(
-                "the payload ends inside the record".into(),
-            ));
-        }
-        if !input.rest.is_empty() {
-            return Err(AvroError::Undecodable(format!(
+        let start = out.len();
+        let mut json = Json {
+            names: reader.names.get_names(),
+            input: payload,
+            out,
+        };
+        let mut written = json.value(&schemas.root);
+        if written.is_ok() && !json.input.is_empty() {
+            written = Err(AvroError::Undecodable(format!(
                 "{} bytes are left after the record",
-                input.rest.len()
+                json.input.len()
             )));
         }
-        let start = out.len();
-        let names = reader.names.get_names();
-        let written = Json { names, out }.value(value, &schemas.root);
         if written.is_err() {
             out.truncate(start);
         }
@@ -190,127 +176,263 @@ impl AvroSchema {
     }
 }
 
-/// Bounds what one length read from a payload may allocate, for the whole
-/// process (apache-avro takes the first bound it is given).
-pub fn limit_allocations(bytes: usize) {
-    apache_avro::util::max_allocation_bytes(bytes);
+fn undecodable(e: impl std::fmt::Display) -> AvroError {
+    AvroError::Undecodable(e.to_string())
 }
 
-/// The payload as the decoder reads it, noting any read past its end: a
-/// whole record never needs one.
-struct Tracked<'a> {
-    rest: &'a [u8],
-    past_end: bool,
-}
-
-impl std::io::Read for Tracked<'_> {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        if buf.len() > self.rest.len() {
-            self.past_end = true;
-        }
-        self.rest.read(buf)
-    }
-}
-
-/// Writes values as JSON, led by their schema.
+/// Reads values from a payload and writes them as JSON, led by their schema.
 struct Json<'a, 's> {
     names: &'a NamesRef<'s>,
+    /// What is left of the payload.
+    input: &'a [u8],
     out: &'a mut Vec<u8>,
 }
 
-impl<'s> Json<'_, 's> {
-    fn value(&mut self, value: Value, schema: &'s Schema) -> Result<(), AvroError> {
-        let schema = self.resolve(schema)?;
-        match (value, schema) {
-            (Value::Union(i, v), Schema::Union(u)) => {
-                let variant = u.variants().get(i as usize).ok_or_else(|| {
-                    AvroError::Undecodable(format!("union branch {i} does not exist"))
-                })?;
-                self.value(*v, variant)
+/// A read past the end of the payload.
+fn cut_short() -> AvroError {
+    AvroError::Undecodable("the payload ends inside the record".into())
+}
+
+impl<'a, 's> Json<'a, 's> {
+    fn value(&mut self, schema: &'s Schema) -> Result<(), AvroError> {
+        match self.resolve(schema)? {
+            Schema::Null => self.raw(b"null"),
+            Schema::Boolean => match self.take(1)? {
+                [0] => self.raw(b"false"),
+                [1] => self.raw(b"true"),
+                b => Err(AvroError::Undecodable(format!(
+                    "{:#04x} is not a boolean",
+                    b[0]
+                ))),
+            },
+            Schema::Int => {
+                let n = self.int()?;
+                crate::json_text::int(self.out, n);
+                Ok(())
             }
-            (Value::Union(_, v), s) => self.value(*v, s),
-            (Value::Null, Schema::Null) => self.raw(b"null"),
-            // apache-avro answers a string or a boolean cut short by the
-            // end of the payload with a null.
-            (Value::Null, _) => Err(AvroError::Undecodable(
-                "the payload ends inside a field".into(),
-            )),
-            (Value::Boolean(b), _) => self.raw(if b { b"true" } else { b"false" }),
-            (Value::Int(n), _) => self.display(n),
-            (Value::Long(n), _) => self.display(n),
-            (Value::Float(x), _) => self.float(f64::from(x), x.is_finite().then(|| x.to_string())),
-            (Value::Double(x), _) => self.float(x, x.is_finite().then(|| format!("{x:?}"))),
-            (Value::String(s), _) => self.string(s.as_bytes()),
-            (Value::Bytes(b) | Value::Fixed(_, b), _) => self.string(&b),
-            (Value::Enum(_, symbol), _) => self.string(symbol.as_bytes()),
-            (Value::Uuid(u), _) => self.quoted(u),
-            (Value::Decimal(d), Schema::Decimal(ds)) => {
-                let text = decimal(&BigInt::from(d), ds.scale);
-                self.quoted(text)
+            Schema::Long => {
+                let n = self.long()?;
+                crate::json_text::int(self.out, n);
+                Ok(())
             }
-            (Value::Decimal(_), other) => Err(AvroError::Undecodable(format!(
-                "a decimal under a {other:?} schema"
-            ))),
-            (Value::BigDecimal(d), _) => self.quoted(d),
-            (Value::Date(days), _) => self.quoted(date(days)?),
-            (Value::TimestampMillis(t), _) => self.time(t, 1_000, 3, true),
-            (Value::TimestampMicros(t), _) => self.time(t, 1_000_000, 6, true),
-            (Value::TimestampNanos(t), _) => self.time(t, 1_000_000_000, 9, true),
-            (Value::LocalTimestampMillis(t), _) => self.time(t, 1_000, 3, false),
-            (Value::LocalTimestampMicros(t), _) => self.time(t, 1_000_000, 6, false),
-            (Value::LocalTimestampNanos(t), _) => self.time(t, 1_000_000_000, 9, false),
-            (Value::TimeMillis(t), _) => self.quoted(time_of_day(i64::from(t), 1_000, 3)?),
-            (Value::TimeMicros(t), _) => self.quoted(time_of_day(t, 1_000_000, 6)?),
-            (Value::Duration(d), _) => {
-                let (m, dd, ms) = (
-                    u32::from(d.months()),
-                    u32::from(d.days()),
-                    u32::from(d.millis()),
-                );
-                self.raw(format!("[{m},{dd},{ms}]").as_bytes())
+            Schema::Float => {
+                let b = self.take(4)?;
+                let x = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+                crate::json_text::f32(self.out, x);
+                Ok(())
             }
-            (Value::Array(items), Schema::Array(a)) => {
-                self.raw(b"[")?;
-                for (i, v) in items.into_iter().enumerate() {
-                    if i > 0 {
-                        self.raw(b",")?;
+            Schema::Double => {
+                let b = self.take(8)?;
+                let x = f64::from_le_bytes(b.try_into().map_err(|_| cut_short())?);
+                crate::json_text::f64(self.out, x);
+                Ok(())
+            }
+            Schema::Bytes => {
+                let b = self.bytes()?;
+                self.string(b)
+            }
+            Schema::String => {
+                let b = self.text()?;
+                self.string(b)
+            }
+            Schema::Fixed(f) => {
+                let b = self.take(f.size)?;
+                self.string(b)
+            }
+            Schema::Decimal(d) => {
+                let b = match &d.inner {
+                    apache_avro::schema::InnerDecimalSchema::Bytes => self.bytes()?,
+                    apache_avro::schema::InnerDecimalSchema::Fixed(f) => self.take(f.size)?,
+                };
+                self.quoted(decimal(&BigInt::from_signed_bytes_be(b), d.scale))
+            }
+            Schema::Uuid(u) => {
+                let uuid = match u {
+                    apache_avro::schema::UuidSchema::String => {
+                        let text = std::str::from_utf8(self.text()?).map_err(undecodable)?;
+                        apache_avro::Uuid::parse_str(text).map_err(undecodable)?
                     }
-                    self.value(v, &a.items)?;
+                    apache_avro::schema::UuidSchema::Bytes => {
+                        apache_avro::Uuid::from_slice(self.bytes()?).map_err(undecodable)?
+                    }
+                    apache_avro::schema::UuidSchema::Fixed(f) => {
+                        apache_avro::Uuid::from_slice(self.take(f.size)?).map_err(undecodable)?
+                    }
+                };
+                self.quoted(uuid)
+            }
+            Schema::Date => {
+                let days = self.int()?;
+                self.quoted(date(days)?)
+            }
+            Schema::TimeMillis => {
+                let t = self.int()?;
+                self.quoted(time_of_day(i64::from(t), 1_000, 3)?)
+            }
+            Schema::TimeMicros => {
+                let t = self.long()?;
+                self.quoted(time_of_day(t, 1_000_000, 6)?)
+            }
+            Schema::TimestampMillis => self.time(1_000, 3, true),
+            Schema::TimestampMicros => self.time(1_000_000, 6, true),
+            Schema::TimestampNanos => self.time(1_000_000_000, 9, true),
+            Schema::LocalTimestampMillis => self.time(1_000, 3, false),
+            Schema::LocalTimestampMicros => self.time(1_000_000, 6, false),
+            Schema::LocalTimestampNanos => self.time(1_000_000_000, 9, false),
+            Schema::Duration(_) => {
+                let b = self.take(12)?;
+                let u = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+                let text = format!("[{},{},{}]", u(0), u(4), u(8));
+                self.raw(text.as_bytes())
+            }
+            Schema::Enum(e) => {
+                let i = self.int()?;
+                let symbol = usize::try_from(i)
+                    .ok()
+                    .and_then(|i| e.symbols.get(i))
+                    .ok_or_else(|| {
+                        AvroError::Undecodable(format!("enum {} has no symbol {i}", e.name))
+                    })?;
+                self.string(symbol.as_bytes())
+            }
+            Schema::Union(u) => {
+                let i = self.long()?;
+                let variant = usize::try_from(i)
+                    .ok()
+                    .and_then(|i| u.variants().get(i))
+                    .ok_or_else(|| {
+                        AvroError::Undecodable(format!("union branch {i} does not exist"))
+                    })?;
+                self.value(variant)
+            }
+            Schema::Array(a) => {
+                self.raw(b"[")?;
+                let mut first = true;
+                while let Some(n) = self.block()? {
+                    for _ in 0..n {
+                        if !std::mem::take(&mut first) {
+                            self.raw(b",")?;
+                        }
+                        self.value(&a.items)?;
+                    }
                 }
                 self.raw(b"]")
             }
-            (Value::Map(entries), Schema::Map(m)) => {
-                let mut entries: Vec<_> = entries.into_iter().collect();
-                entries.sort_by(|a, b| a.0.cmp(&b.0));
+            Schema::Map(m) => {
+                // Written sorted by key, the last of equal keys kept: one
+                // row per map whatever order the producer wrote.
+                let mut entries: Vec<(&'a [u8], Vec<u8>)> = Vec::new();
+                while let Some(n) = self.block()? {
+                    for _ in 0..n {
+                        let key = self.text()?;
+                        let mut value = Vec::new();
+                        std::mem::swap(self.out, &mut value);
+                        let written = self.value(&m.types);
+                        std::mem::swap(self.out, &mut value);
+                        written?;
+                        entries.push((key, value));
+                    }
+                }
+                entries.sort_by(|a, b| a.0.cmp(b.0));
                 self.raw(b"{")?;
-                for (i, (k, v)) in entries.into_iter().enumerate() {
-                    if i > 0 {
+                let mut first = true;
+                for (i, (key, value)) in entries.iter().enumerate() {
+                    if entries.get(i + 1).is_some_and(|next| next.0 == *key) {
+                        continue;
+                    }
+                    if !std::mem::take(&mut first) {
                         self.raw(b",")?;
                     }
-                    self.string(k.as_bytes())?;
+                    self.string(key)?;
                     self.raw(b":")?;
-                    self.value(v, &m.types)?;
+                    self.raw(value)?;
                 }
                 self.raw(b"}")
             }
-            (Value::Record(fields), Schema::Record(r)) => {
+            Schema::Record(r) => {
                 self.raw(b"{")?;
-                for (i, ((name, v), f)) in fields.into_iter().zip(&r.fields).enumerate() {
+                for (i, f) in r.fields.iter().enumerate() {
                     if i > 0 {
                         self.raw(b",")?;
                     }
-                    self.string(name.as_bytes())?;
+                    self.string(f.name.as_bytes())?;
                     self.raw(b":")?;
-                    self.value(v, &f.schema)?;
+                    self.value(&f.schema)?;
                 }
                 self.raw(b"}")
             }
-            (v, s) => Err(AvroError::Undecodable(format!(
-                "a {:?} value under a {:?} schema",
-                apache_avro::schema::SchemaKind::from(&v),
-                apache_avro::schema::SchemaKind::from(s)
+            other => Err(AvroError::Undecodable(format!(
+                "a {:?} schema is not read",
+                apache_avro::schema::SchemaKind::from(other)
             ))),
         }
+    }
+
+    /// The next `n` bytes.
+    fn take(&mut self, n: usize) -> Result<&'a [u8], AvroError> {
+        if n > self.input.len() {
+            return Err(cut_short());
+        }
+        let (head, rest) = self.input.split_at(n);
+        self.input = rest;
+        Ok(head)
+    }
+
+    /// A zigzag varint `long`.
+    fn long(&mut self) -> Result<i64, AvroError> {
+        let mut n: u64 = 0;
+        for shift in (0..64).step_by(7) {
+            let b = self.take(1)?[0];
+            n |= u64::from(b & 0x7f) << shift;
+            if b & 0x80 == 0 {
+                return Ok((n >> 1) as i64 ^ -((n & 1) as i64));
+            }
+        }
+        Err(AvroError::Undecodable("a long longer than 10 bytes".into()))
+    }
+
+    fn int(&mut self) -> Result<i32, AvroError> {
+        let n = self.long()?;
+        i32::try_from(n)
+            .map_err(|_| AvroError::Undecodable(format!("{n} is out of an int's range")))
+    }
+
+    /// A length-prefixed run of bytes (`bytes`, `string`).
+    fn bytes(&mut self) -> Result<&'a [u8], AvroError> {
+        let n = self.long()?;
+        let n = usize::try_from(n)
+            .map_err(|_| AvroError::Undecodable(format!("a negative length {n}")))?;
+        self.take(n)
+    }
+
+    /// A `string`: its bytes, which must be UTF-8.
+    fn text(&mut self) -> Result<&'a [u8], AvroError> {
+        let b = self.bytes()?;
+        std::str::from_utf8(b).map_err(undecodable)?;
+        Ok(b)
+    }
+
+    /// The item count of the next block of an array or map, `None` at the
+    /// end. Every item takes a byte at least ([`bounded`]): a count over
+    /// the bytes left is refused before any item is read.
+    fn block(&mut self) -> Result<Option<usize>, AvroError> {
+        let n = self.long()?;
+        if n == 0 {
+            return Ok(None);
+        }
+        if n < 0 {
+            self.long()?; // the block's size in bytes
+        }
+        let n = usize::try_from(n.unsigned_abs())
+            .ok()
+            .filter(|n| *n <= self.input.len())
+            .ok_or_else(|| {
+                AvroError::Undecodable(format!(
+                    "a block of {n} items in {} bytes",
+                    self.input.len()
+                ))
+            })?;
+        Ok(Some(n))
     }
 
     /// A named reference, followed to its definition.
@@ -330,17 +452,8 @@ impl<'s> Json<'_, 's> {
         Ok(())
     }
 
-    fn display(&mut self, v: impl std::fmt::Display) -> Result<(), AvroError> {
-        write!(self.out, "{v}").map_err(|e| AvroError::Undecodable(e.to_string()))
-    }
-
     fn quoted(&mut self, v: impl std::fmt::Display) -> Result<(), AvroError> {
         write!(self.out, "\"{v}\"").map_err(|e| AvroError::Undecodable(e.to_string()))
-    }
-
-    fn float(&mut self, x: f64, finite: Option<String>) -> Result<(), AvroError> {
-        crate::json_text::float(self.out, x, finite);
-        Ok(())
     }
 
     fn string(&mut self, bytes: &[u8]) -> Result<(), AvroError> {
@@ -348,20 +461,44 @@ impl<'s> Json<'_, 's> {
         Ok(())
     }
 
-    /// `t` units of `1/per` second since the epoch, as RFC 3339 with
-    /// `digits` fractional digits (in UTC with `Z`, or as wall-clock time).
-    fn time(&mut self, t: i64, per: i64, digits: usize, utc: bool) -> Result<(), AvroError> {
+    /// A `long` of `1/per` seconds since the epoch, as RFC 3339 with
+    /// `places` fractional digits (in UTC with `Z`, or as wall-clock time).
+    fn time(&mut self, per: i64, places: usize, utc: bool) -> Result<(), AvroError> {
+        let t = self.long()?;
         let (secs, frac) = (t.div_euclid(per), t.rem_euclid(per));
         let at = chrono::DateTime::from_timestamp(secs, 0).ok_or_else(|| {
             AvroError::Undecodable(format!("timestamp {t} is out of any calendar's range"))
         })?;
+        if (0..10_000).contains(&at.year()) {
+            {
+                use crate::json_text::digits;
+                let year = at.year() as u64;
+                let out = &mut *self.out;
+                out.push(b'"');
+                digits(out, year, 4);
+                out.push(b'-');
+                digits(out, u64::from(at.month()), 2);
+                out.push(b'-');
+                digits(out, u64::from(at.day()), 2);
+                out.push(if utc { b'T' } else { b' ' });
+                digits(out, u64::from(at.hour()), 2);
+                out.push(b':');
+                digits(out, u64::from(at.minute()), 2);
+                out.push(b':');
+                digits(out, u64::from(at.second()), 2);
+                out.push(b'.');
+                digits(out, frac as u64, places);
+                out.extend_from_slice(if utc { b"Z\"" } else { b"\"" });
+                return Ok(());
+            }
+        }
         let zone = if utc { "Z" } else { "" };
         let date = at.format(if utc {
             "%Y-%m-%dT%H:%M:%S"
         } else {
             "%Y-%m-%d %H:%M:%S"
         });
-        self.quoted(format!("{date}.{frac:0digits$}{zone}"))
+        self.quoted(format!("{date}.{frac:0places$}{zone}"))
     }
 }
 
@@ -400,6 +537,7 @@ fn bounded<'s>(
         ),
         Schema::Array(a) => bounded(&a.items, names, open),
         Schema::Map(m) => bounded(&m.types, names, open),
+        Schema::BigDecimal => Err("apache-avro's big-decimal is not read".into()),
         Schema::Union(u) => u.variants().iter().try_for_each(|v| bounded(v, names, open)),
         _ => Ok(()),
     }

@@ -264,8 +264,8 @@ impl Json<'_> {
             Value::I64(n) => self.display(n),
             Value::U32(n) => self.display(n),
             Value::U64(n) => self.display(n),
-            Value::F32(x) => self.float(f64::from(*x), x.is_finite().then(|| x.to_string())),
-            Value::F64(x) => self.float(*x, x.is_finite().then(|| format!("{x:?}"))),
+            Value::F32(x) => crate::json_text::f32(self.out, *x),
+            Value::F64(x) => crate::json_text::f64(self.out, *x),
             Value::String(s) => self.string(s.as_bytes()),
             Value::Bytes(b) => self.string(b),
             Value::EnumNumber(n) => match kind {
@@ -351,10 +351,6 @@ impl Json<'_> {
 
     fn quoted(&mut self, v: impl std::fmt::Display) {
         write!(self.out, "\"{v}\"").expect("writing to a Vec");
-    }
-
-    fn float(&mut self, x: f64, finite: Option<String>) {
-        crate::json_text::float(self.out, x, finite);
     }
 
     /// A JSON string of `bytes`, as [`crate::avro`] writes one.

@@ -362,3 +362,45 @@ fn schemas_whose_payloads_could_cost_more_than_their_size_are_refused() {
         {"name":"l","type":{"type":"array","items":{"type":"array","items":"P"}}}]}"#;
     AvroSchema::parse(twice, &[]).unwrap();
 }
+
+/// apache-avro's own reader of `payload` under EVERY_TYPE: whether it reads
+/// one whole record from it, without reading past its end.
+fn apache_avro_reads(payload: &[u8]) -> bool {
+    struct Counted<'a>(&'a [u8], bool);
+    impl std::io::Read for Counted<'_> {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            self.1 |= buf.len() > self.0.len();
+            self.0.read(buf)
+        }
+    }
+    let s = Schema::parse_str(EVERY_TYPE).unwrap();
+    let r = apache_avro::reader::datum::GenericDatumReader::builder(&s)
+        .build()
+        .unwrap();
+    let mut input = Counted(payload, false);
+    r.read_value(&mut input).is_ok() && !input.1 && input.0.is_empty()
+}
+
+proptest! {
+    /// The decoder reads the bytes itself: whatever it takes for a record,
+    /// apache-avro's reader takes for one too (one byte changed anywhere in
+    /// a valid payload, or a run of them).
+    #[test]
+    fn what_decodes_is_a_record_to_apache_avro_too(
+        at in 0usize..200,
+        bytes in prop::collection::vec(any::<u8>(), 1..4),
+        note in proptest::option::of(".{0,4}"),
+    ) {
+        let schema = AvroSchema::parse(EVERY_TYPE, &[]).unwrap();
+        let mut payload = encode(EVERY_TYPE, every_type(note.as_deref()));
+        let at = at % payload.len();
+        let end = (at + bytes.len()).min(payload.len());
+        payload.splice(at..end, bytes);
+        let mut out = Vec::new();
+        if schema.to_json(&payload, &mut out).is_ok() {
+            prop_assert!(apache_avro_reads(&payload), "{payload:?}");
+        } else {
+            prop_assert!(out.is_empty());
+        }
+    }
+}

@@ -142,9 +142,6 @@ pub async fn run(
         _ => None,
     };
     let schemas = Schemas::new(registry, &routes, cfg.sink.max_record_bytes);
-    // apache-avro allocates what a length in the payload claims before
-    // reading it: no more than a record could hold, many times over.
-    sluice_core::avro::limit_allocations(cfg.sink.max_record_bytes.saturating_mul(64));
     let owners = Owners::new(&cfg.kafka, routes.clone())
         .context("creating the client of the register of owners")?;
     // Before the sink: it looks its counters up in the installed recorder.
