@@ -36,6 +36,7 @@ use apache_avro::writer::datum::GenericDatumWriter;
 use apache_avro::Schema;
 use chrono::{Datelike, Timelike};
 use num_bigint::BigInt;
+use std::collections::HashMap;
 use std::io::Write;
 use thiserror::Error;
 
@@ -109,7 +110,7 @@ impl AvroSchema {
                 .chain(std::iter::once(&s.root))
                 .collect();
             let names = ResolvedSchema::new_with_schemata(all).map_err(bad)?;
-            bounded(&s.root, names.get_names(), &mut Vec::new()).map_err(AvroError::Schema)?;
+            bounded(&s.root, names.get_names()).map_err(AvroError::Schema)?;
             let writer = GenericDatumWriter::builder(&s.root)
                 .resolved_schemata(names.clone())
                 .build()
@@ -134,14 +135,21 @@ impl AvroSchema {
     }
 
     /// Decodes `payload` and appends it to `out` as one JSON object,
-    /// straight from the bytes, led by the schema (no value tree). Bytes
-    /// left over after the record mean it was not written with this schema.
-    pub fn to_json(&self, payload: &[u8], out: &mut Vec<u8>) -> Result<(), AvroError> {
+    /// straight from the bytes, led by the schema (no value tree), of at
+    /// most about `limit` bytes (decoding stops past it). Bytes left over
+    /// after the record mean it was not written with this schema.
+    pub fn to_json(
+        &self,
+        payload: &[u8],
+        out: &mut Vec<u8>,
+        limit: usize,
+    ) -> Result<(), AvroError> {
         let (schemas, reader) = (self.0.borrow_owner(), self.0.borrow_dependent());
         let start = out.len();
         let mut json = Json {
             names: reader.names.get_names(),
             input: payload,
+            end: start.saturating_add(limit),
             out,
         };
         let mut written = json.value(&schemas.root);
@@ -169,11 +177,46 @@ impl AvroSchema {
         let json: serde_json::Value =
             serde_json::from_str(text).map_err(|e| AvroError::Unencodable(e.to_string()))?;
         let (schemas, reader) = (self.0.borrow_owner(), self.0.borrow_dependent());
+        let names = reader.names.get_names();
+        if let Some(field) = unknown_field(&json, &schemas.root, names, 0) {
+            // Avro's resolution would drop it without a word.
+            return Err(AvroError::Unencodable(format!(
+                "the schema has no field {field:?}"
+            )));
+        }
         let value = Value::try_from(json)
             .and_then(|v| v.resolve_with_names(&schemas.root, reader.names.get_names()))
             .map_err(bad)?;
         reader.writer.write_value_to_vec(value).map_err(bad)
     }
+}
+
+/// The first key of `json` (or of an object nested in it where the schema
+/// has a record) that names no field of its record.
+fn unknown_field(
+    json: &serde_json::Value,
+    schema: &Schema,
+    names: &NamesRef<'_>,
+    depth: usize,
+) -> Option<String> {
+    let schema = match schema {
+        Schema::Ref { name } => *names.get(name)?,
+        s => s,
+    };
+    let (Schema::Record(r), serde_json::Value::Object(o)) = (schema, json) else {
+        return None;
+    };
+    for (k, v) in o {
+        let Some(f) = r.fields.iter().find(|f| f.name == *k) else {
+            return Some(k.clone());
+        };
+        if depth < MAX_DEPTH {
+            if let Some(inner) = unknown_field(v, &f.schema, names, depth + 1) {
+                return Some(format!("{k}.{inner}"));
+            }
+        }
+    }
+    None
 }
 
 fn undecodable(e: impl std::fmt::Display) -> AvroError {
@@ -185,6 +228,8 @@ struct Json<'a, 's> {
     names: &'a NamesRef<'s>,
     /// What is left of the payload.
     input: &'a [u8],
+    /// Where `out` may end.
+    end: usize,
     out: &'a mut Vec<u8>,
 }
 
@@ -195,6 +240,13 @@ fn cut_short() -> AvroError {
 
 impl<'a, 's> Json<'a, 's> {
     fn value(&mut self, schema: &'s Schema) -> Result<(), AvroError> {
+        // Each value writes at most its own bytes of payload, or a few
+        // bytes of text, before the next check.
+        if self.out.len() > self.end {
+            return Err(AvroError::Undecodable(
+                "the row would be larger than a row may be".into(),
+            ));
+        }
         match self.resolve(schema)? {
             Schema::Null => self.raw(b"null"),
             Schema::Boolean => match self.take(1)? {
@@ -502,63 +554,154 @@ impl<'a, 's> Json<'a, 's> {
     }
 }
 
-/// The ClickHouse type of a value of `schema`, as the module writes it.
-/// Named types nested deeper than a few levels (a recursive schema) become
-/// `String`: ClickHouse has no recursive type.
+/// How deep values may nest: the decoder recurses once per level.
+const MAX_DEPTH: usize = 64;
+/// The most values one record may write without arrays and maps (whose
+/// items each take payload bytes).
+const MAX_WIDTH: u64 = 100_000;
+/// The largest `decimal` scale and precision (ClickHouse's `Decimal256`).
+const MAX_DECIMAL: usize = 76;
+
+/// What [`shape`] finds of a type: how deep its values nest, how many
+/// values one writes (arrays and maps counted once), and whether it is
+/// written in no bytes at all.
+#[derive(Debug, Clone, Copy)]
+struct Shape {
+    depth: usize,
+    width: u64,
+    empty: bool,
+}
+
 /// Checks that decoding a payload written with `schema` costs what the
-/// payload's size allows: no named type contains itself (the decoder
-/// recurses once per level, and a few hundred bytes would exhaust the
-/// stack), and no array holds items that take no bytes (a count of a few
-/// bytes could claim billions of them). `open`: the records being checked.
-fn bounded<'s>(
+/// payload's size allows: no named type contains itself, values nest at
+/// most [`MAX_DEPTH`] deep, a record writes at most [`MAX_WIDTH`] values
+/// besides its arrays' and maps', no array holds items that take no bytes
+/// (a count of a few bytes could claim billions of them), no decimal has a
+/// scale or precision over [`MAX_DECIMAL`], and apache-avro's own
+/// `big-decimal` is not used. Each named type is looked at once.
+fn bounded(schema: &Schema, names: &NamesRef<'_>) -> Result<(), String> {
+    let shape = shape(schema, names, &mut Vec::new(), &mut HashMap::new())?;
+    if shape.depth > MAX_DEPTH {
+        return Err(format!(
+            "values nest {} deep, more than {MAX_DEPTH}",
+            shape.depth
+        ));
+    }
+    if shape.width > MAX_WIDTH {
+        return Err(format!(
+            "a record writes {} values, more than {MAX_WIDTH}",
+            shape.width
+        ));
+    }
+    Ok(())
+}
+
+/// The [`Shape`] of `schema`; `open`: the named types being looked at,
+/// `done`: the shapes of those already seen.
+fn shape<'s>(
     schema: &'s Schema,
     names: &NamesRef<'s>,
     open: &mut Vec<&'s apache_avro::schema::Name>,
-) -> Result<(), String> {
+    done: &mut HashMap<&'s apache_avro::schema::Name, Shape>,
+) -> Result<Shape, String> {
+    let leaf = |empty| {
+        Ok(Shape {
+            depth: 1,
+            width: 1,
+            empty,
+        })
+    };
+    let deeper = |s: Shape| Shape {
+        depth: s.depth.saturating_add(1),
+        ..s
+    };
     match schema {
-        Schema::Ref { name } if open.contains(&name) => Err(format!(
-            "{name} contains itself: a row cannot hold a recursive type"
-        )),
-        Schema::Ref { name } => match names.get(name) {
-            Some(s) => bounded(s, names, open),
-            None => Err(format!("{name} is referenced but not defined")),
-        },
+        Schema::Ref { name } => {
+            if let Some(s) = done.get(name) {
+                return Ok(*s);
+            }
+            if open.contains(&name) {
+                return Err(format!(
+                    "{name} contains itself: a row cannot hold a recursive type"
+                ));
+            }
+            let s = names
+                .get(name)
+                .ok_or_else(|| format!("{name} is referenced but not defined"))?;
+            shape(s, names, open, done)
+        }
         Schema::Record(r) => {
+            if let Some(s) = done.get(&r.name) {
+                return Ok(*s);
+            }
             open.push(&r.name);
+            let mut total = Shape {
+                depth: 1,
+                width: 0,
+                empty: true,
+            };
             for f in &r.fields {
-                bounded(&f.schema, names, open)?;
+                let s = shape(&f.schema, names, open, done)?;
+                total.depth = total.depth.max(s.depth.saturating_add(1));
+                total.width = total.width.saturating_add(s.width);
+                total.empty &= s.empty;
+                if total.depth > MAX_DEPTH || total.width > MAX_WIDTH {
+                    break;
+                }
             }
             open.pop();
-            Ok(())
+            done.insert(&r.name, total);
+            Ok(total)
         }
-        Schema::Array(a) if takes_no_bytes(&a.items, names, 0) => Err(
-            "an array's items take no bytes (null, an empty record or fixed):              a record could claim any number of them"
-                .into(),
-        ),
-        Schema::Array(a) => bounded(&a.items, names, open),
-        Schema::Map(m) => bounded(&m.types, names, open),
+        Schema::Array(a) => {
+            let items = shape(&a.items, names, open, done)?;
+            if items.empty {
+                return Err("an array's items take no bytes (null, an empty record or fixed): a record could claim any number of them".into());
+            }
+            Ok(Shape {
+                width: 1,
+                empty: false,
+                ..deeper(items)
+            })
+        }
+        Schema::Map(m) => {
+            let values = shape(&m.types, names, open, done)?;
+            Ok(Shape {
+                width: 1,
+                empty: false,
+                ..deeper(values)
+            })
+        }
+        Schema::Union(u) => {
+            let mut widest = Shape {
+                depth: 1,
+                width: 1,
+                empty: false,
+            };
+            for v in u.variants() {
+                let s = shape(v, names, open, done)?;
+                widest.depth = widest.depth.max(s.depth.saturating_add(1));
+                widest.width = widest.width.max(s.width);
+            }
+            Ok(widest)
+        }
+        Schema::Decimal(d) if d.scale > MAX_DECIMAL || d.precision > MAX_DECIMAL => Err(format!(
+            "a decimal({}, {}) is wider than ClickHouse's widest, {MAX_DECIMAL} digits",
+            d.precision, d.scale
+        )),
+        Schema::Decimal(d) => match &d.inner {
+            apache_avro::schema::InnerDecimalSchema::Fixed(f) => leaf(f.size == 0),
+            apache_avro::schema::InnerDecimalSchema::Bytes => leaf(false),
+        },
         Schema::BigDecimal => Err("apache-avro's big-decimal is not read".into()),
-        Schema::Union(u) => u.variants().iter().try_for_each(|v| bounded(v, names, open)),
-        _ => Ok(()),
+        Schema::Null => leaf(true),
+        Schema::Fixed(f) => leaf(f.size == 0),
+        _ => leaf(false),
     }
 }
 
-/// Whether a value of `schema` is written in no bytes at all.
-fn takes_no_bytes(schema: &Schema, names: &NamesRef<'_>, depth: usize) -> bool {
-    match schema {
-        Schema::Null => true,
-        Schema::Fixed(f) => f.size == 0,
-        Schema::Record(r) if depth < 32 => r
-            .fields
-            .iter()
-            .all(|f| takes_no_bytes(&f.schema, names, depth + 1)),
-        Schema::Ref { name } if depth < 32 => names
-            .get(name)
-            .is_some_and(|s| takes_no_bytes(s, names, depth + 1)),
-        _ => false,
-    }
-}
-
+/// The ClickHouse type of a value of `schema`, as the module writes it.
+/// Named types nested deeper than a few levels become `String`.
 fn column_type(schema: &Schema, names: &NamesRef<'_>, depth: usize) -> String {
     if depth > 16 {
         return "String".into();

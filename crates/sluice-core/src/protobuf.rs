@@ -207,13 +207,22 @@ impl ProtoSchema {
 
     /// Decodes `payload` (the message indexes, then the message) and
     /// appends it to `out` as one JSON object.
-    pub fn to_json(&self, payload: &[u8], out: &mut Vec<u8>) -> Result<(), ProtoError> {
+    /// The row is at most about `limit` bytes: writing stops past it (a
+    /// repeated message of many fields without presence writes them all,
+    /// set or not, from two bytes a message).
+    pub fn to_json(
+        &self,
+        payload: &[u8],
+        out: &mut Vec<u8>,
+        limit: usize,
+    ) -> Result<(), ProtoError> {
         let (path, bytes) = message_indexes(payload)?;
         let desc = self.message(&path)?;
         let msg = DynamicMessage::decode(desc, bytes)
             .map_err(|e| ProtoError::Undecodable(e.to_string()))?;
         let start = out.len();
-        let written = Json { out }.message(&msg);
+        let end = start.saturating_add(limit);
+        let written = Json { out, end }.message(&msg);
         if written.is_err() {
             out.truncate(start);
         }
@@ -224,6 +233,8 @@ impl ProtoSchema {
 /// Writes messages as JSON.
 struct Json<'a> {
     out: &'a mut Vec<u8>,
+    /// Where `out` may end.
+    end: usize,
 }
 
 impl Json<'_> {
@@ -232,11 +243,10 @@ impl Json<'_> {
         match desc.full_name() {
             "google.protobuf.Timestamp" => return self.timestamp(msg),
             "google.protobuf.Duration" => return self.duration(msg),
-            name if wrapper(name) => {
-                let field = desc.get_field(1).expect("a wrapper has field 1");
-                return self.value(&msg.get_field(&field), &field.kind());
-            }
             _ => {}
+        }
+        if let Some(field) = wrapped(&desc) {
+            return self.value(&msg.get_field(&field), &field.kind());
         }
         self.out.push(b'{');
         let mut first = true;
@@ -256,6 +266,11 @@ impl Json<'_> {
     }
 
     fn value(&mut self, v: &Value, kind: &Kind) -> Result<(), ProtoError> {
+        if self.out.len() > self.end {
+            return Err(ProtoError::Undecodable(
+                "the row would be larger than a row may be".into(),
+            ));
+        }
         match v {
             Value::Bool(b) => self
                 .out
@@ -416,16 +431,10 @@ fn kind_type(kind: &Kind, depth: usize) -> String {
                 "LowCardinality(String)".into()
             }
         }
-        Kind::Message(m) => match m.full_name() {
-            "google.protobuf.Timestamp" => "DateTime64(9, 'UTC')".into(),
-            "google.protobuf.Duration" => "Decimal(38, 9)".into(),
-            name if wrapper(name) => {
-                let inner = kind_type(
-                    &m.get_field(1).expect("a wrapper has field 1").kind(),
-                    depth,
-                );
-                format!("Nullable({inner})")
-            }
+        Kind::Message(m) => match (m.full_name(), wrapped(m)) {
+            ("google.protobuf.Timestamp", _) => "DateTime64(9, 'UTC')".into(),
+            ("google.protobuf.Duration", _) => "Decimal(38, 9)".into(),
+            (_, Some(field)) => format!("Nullable({})", kind_type(&field.kind(), depth)),
             // ClickHouse has no recursive type.
             _ if depth > 16 => "String".into(),
             _ => {
@@ -439,7 +448,15 @@ fn kind_type(kind: &Kind, depth: usize) -> String {
     }
 }
 
-/// Whether `name` is one of the wrapper types, whose value is field 1.
+/// The field holding the value of a wrapper type (`Int64Value`, …): field
+/// 1 of one of them, as `google/protobuf/wrappers.proto` defines it. A
+/// message that only takes a wrapper's name is a message like any other.
+fn wrapped(m: &MessageDescriptor) -> Option<prost_reflect::FieldDescriptor> {
+    let field = m.get_field(1)?;
+    (wrapper(m.full_name()) && m.fields().len() == 1 && field.name() == "value").then_some(field)
+}
+
+/// Whether `name` is one of the wrapper types.
 fn wrapper(name: &str) -> bool {
     matches!(
         name,

@@ -18,6 +18,9 @@ use sluice_core::avro::{AvroError, AvroSchema};
 use sluice_core::protobuf::{ProtoError, ProtoSchema};
 use std::sync::Arc;
 
+/// The largest answer read from the registry.
+const MAX_ANSWER: usize = 16 << 20;
+
 /// References deeper than this are refused (a cycle, or a hostile registry).
 const MAX_REFERENCE_DEPTH: usize = 32;
 
@@ -50,6 +53,9 @@ pub enum RegistryError {
     },
     #[error("{0}")]
     Config(String),
+    /// The schema could not be compiled at all.
+    #[error("schema id {id}: {what}")]
+    BadSchema { id: u32, what: String },
 }
 
 impl RegistryError {
@@ -66,7 +72,9 @@ impl RegistryError {
             RegistryError::NotFound(_) => "not-found",
             RegistryError::Unauthorized(_) => "unauthorized",
             RegistryError::BadAnswer { .. } => "bad-answer",
-            RegistryError::Avro { .. } | RegistryError::Protobuf { .. } => "invalid",
+            RegistryError::Avro { .. }
+            | RegistryError::Protobuf { .. }
+            | RegistryError::BadSchema { .. } => "invalid",
             RegistryError::WrongType { .. } => "wrong-type",
             RegistryError::Config(_) => "config",
         }
@@ -85,6 +93,7 @@ impl RegistryError {
                 | RegistryError::WrongType { .. }
                 | RegistryError::Avro { .. }
                 | RegistryError::Protobuf { .. }
+                | RegistryError::BadSchema { .. }
         )
     }
 }
@@ -209,8 +218,7 @@ impl Registry {
                 .await
                 .map_err(|e| unavailable(format!("{e:#}")))?;
             let status = resp.status();
-            let body = resp
-                .into_body()
+            let body = http_body_util::Limited::new(resp.into_body(), MAX_ANSWER)
                 .collect()
                 .await
                 .map_err(|e| unavailable(e.to_string()))?
@@ -325,13 +333,68 @@ impl Registry {
     }
 }
 
+/// The stack of the thread that compiles a schema: parsers recurse once per
+/// level of nesting, and a registry's text may nest deep.
+const BUILD_STACK: usize = 256 << 20;
+
 /// Builds the decoder of `resolved` (schema `id`) for a route reading
-/// `expected`.
+/// `expected`, on a thread of its own with a deep stack: a schema that
+/// nests too deep for the parsers, or that makes one panic, is refused
+/// instead of taking the process down.
 pub fn build(
     id: u32,
     resolved: &Resolved,
     expected: &'static str,
 ) -> Result<Decoder, RegistryError> {
+    let resolved = resolved.clone();
+    let failed = |what: String| RegistryError::BadSchema { id, what };
+    std::thread::Builder::new()
+        .name(format!("schema-{id}"))
+        .stack_size(BUILD_STACK)
+        .spawn(move || build_here(id, &resolved, expected))
+        .map_err(|e| failed(format!("cannot start a thread to compile it: {e}")))?
+        .join()
+        .map_err(|_| failed("compiling it panicked".into()))?
+}
+
+/// How deep brackets may nest in a schema's text: deeper than any schema
+/// written by hand or by a serializer, shallow enough for the parsers.
+const MAX_NESTING: usize = 512;
+
+/// The deepest nesting of `{`, `[`, `(` and `<` in `text`, outside quotes.
+fn nesting(text: &str) -> usize {
+    let (mut depth, mut deepest, mut quoted, mut escaped) = (0usize, 0usize, None, false);
+    for c in text.chars() {
+        match (quoted, c) {
+            (Some(_), _) if escaped => escaped = false,
+            (Some(_), '\\') => escaped = true,
+            (Some(q), c) if c == q => quoted = None,
+            (Some(_), _) => {}
+            (None, '"' | '\'') => quoted = Some(c),
+            (None, '{' | '[' | '(' | '<') => {
+                depth += 1;
+                deepest = deepest.max(depth);
+            }
+            (None, '}' | ']' | ')' | '>') => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    deepest
+}
+
+fn build_here(
+    id: u32,
+    resolved: &Resolved,
+    expected: &'static str,
+) -> Result<Decoder, RegistryError> {
+    let texts =
+        std::iter::once(&resolved.schema.schema).chain(resolved.references.iter().map(|r| &r.1));
+    if let Some(n) = texts.map(|t| nesting(t)).find(|n| *n > MAX_NESTING) {
+        return Err(RegistryError::BadSchema {
+            id,
+            what: format!("its text nests {n} deep, more than {MAX_NESTING}"),
+        });
+    }
     let kind = resolved.schema.kind().to_ascii_uppercase();
     match (kind.as_str(), expected) {
         ("AVRO", "avro") => {
@@ -394,6 +457,14 @@ mod tests {
         );
         assert_eq!(registry_code(b"<html>404 Not Found</html>"), None);
         assert_eq!(registry_code(br#"{"message":"no route"}"#), None);
+    }
+
+    #[test]
+    fn nesting_counts_brackets_outside_quotes() {
+        assert_eq!(nesting(r#"{"a": [1, {"b": "}}}{{{"}]}"#), 3);
+        assert_eq!(nesting("message A { map<string, int32> m = 1; }"), 2);
+        assert_eq!(nesting(r#"{"s": "\"{"}"#), 1);
+        assert_eq!(nesting(&"{".repeat(600)), 600);
     }
 
     #[test]

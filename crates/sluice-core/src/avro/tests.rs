@@ -42,7 +42,7 @@ fn encode(schema: &str, value: V) -> Vec<u8> {
 
 fn json(schema: &AvroSchema, payload: &[u8]) -> String {
     let mut out = b"prefix ".to_vec();
-    schema.to_json(payload, &mut out).unwrap();
+    schema.to_json(payload, &mut out, usize::MAX).unwrap();
     String::from_utf8(out)
         .unwrap()
         .strip_prefix("prefix ")
@@ -124,7 +124,7 @@ fn every_type_is_written_as_clickhouse_reads_it() {
     let schema = AvroSchema::parse(EVERY_TYPE, &[]).unwrap();
     let mut out = Vec::new();
     schema
-        .to_json(&encode(EVERY_TYPE, every_type(None)), &mut out)
+        .to_json(&encode(EVERY_TYPE, every_type(None)), &mut out, usize::MAX)
         .unwrap();
     let mut expected = concat!(
         r#"{"id":-9223372036854775808,"qty":7,"paid":true,"ratio":0.1,"score":"nan","#,
@@ -207,13 +207,13 @@ fn bad_schemas_and_bad_payloads_are_named() {
     let payload = encode(EVERY_TYPE, every_type(None));
     let mut out = b"kept".to_vec();
     let e = schema
-        .to_json(&payload[..payload.len() - 3], &mut out)
+        .to_json(&payload[..payload.len() - 3], &mut out, usize::MAX)
         .unwrap_err();
     assert!(matches!(e, AvroError::Undecodable(_)), "{e}");
     assert_eq!(out, b"kept", "nothing is left half written");
     let mut longer = payload.clone();
     longer.push(0);
-    let e = schema.to_json(&longer, &mut out).unwrap_err();
+    let e = schema.to_json(&longer, &mut out, usize::MAX).unwrap_err();
     assert_eq!(
         e.to_string(),
         "the payload does not decode under its schema: 1 bytes are left after the record"
@@ -227,7 +227,7 @@ fn every_cut_of_a_payload_is_refused() {
         let payload = encode(EVERY_TYPE, every_type(note));
         for keep in 0..payload.len() {
             let mut out = Vec::new();
-            let r = schema.to_json(&payload[..keep], &mut out);
+            let r = schema.to_json(&payload[..keep], &mut out, usize::MAX);
             assert!(
                 r.is_err(),
                 "{keep} of {} bytes decoded (note {note:?})",
@@ -284,7 +284,7 @@ proptest! {
         let payload = encode(EVERY_TYPE, every_type(note.as_deref()));
         let keep = payload.len().saturating_sub(cut);
         let mut out = Vec::new();
-        prop_assert!(schema.to_json(&payload[..keep], &mut out).is_err(), "{} of {} bytes", keep, payload.len());
+        prop_assert!(schema.to_json(&payload[..keep], &mut out, usize::MAX).is_err(), "{} of {} bytes", keep, payload.len());
         prop_assert!(out.is_empty());
     }
 
@@ -292,7 +292,7 @@ proptest! {
     fn no_payload_panics(bytes in prop::collection::vec(any::<u8>(), 0..64)) {
         let schema = AvroSchema::parse(EVERY_TYPE, &[]).unwrap();
         let mut out = Vec::new();
-        let _ = schema.to_json(&bytes, &mut out);
+        let _ = schema.to_json(&bytes, &mut out, usize::MAX);
     }
 }
 
@@ -327,6 +327,7 @@ fn json_resolved_by_avros_rules_encodes_to_what_decodes_back() {
         r#"{"id":6,"at":"1970-01-01T00:00:00.000Z","status":"NEW","note":null,"tags":[]}"#
     );
     for bad in [
+        r#"{"id": 1, "at": 0, "status": "NEW", "stauts": "PAID"}"#,
         r#"{"id": "x", "at": 0, "status": "NEW"}"#,
         r#"{"id": 1, "at": 0, "status": "GONE"}"#,
         r#"{"at": 0, "status": "NEW"}"#,
@@ -397,10 +398,86 @@ proptest! {
         let end = (at + bytes.len()).min(payload.len());
         payload.splice(at..end, bytes);
         let mut out = Vec::new();
-        if schema.to_json(&payload, &mut out).is_ok() {
+        if schema.to_json(&payload, &mut out, usize::MAX).is_ok() {
             prop_assert!(apache_avro_reads(&payload), "{payload:?}");
         } else {
             prop_assert!(out.is_empty());
         }
     }
+}
+
+/// A schema of named records: `R0` holds an int, each `Rk` holds `fields`
+/// fields of `R(k-1)` (defined as siblings, so the text stays flat).
+fn chain(levels: usize, fields: usize) -> String {
+    let mut defs =
+        vec![r#"{"type":"record","name":"R0","fields":[{"name":"x","type":"int"}]}"#.to_string()];
+    for k in 1..=levels {
+        let fs: Vec<String> = (0..fields)
+            .map(|i| format!(r#"{{"name":"f{i}","type":"R{}"}}"#, k - 1))
+            .collect();
+        defs.push(format!(
+            r#"{{"type":"record","name":"R{k}","fields":[{}]}}"#,
+            fs.join(",")
+        ));
+    }
+    let fs: Vec<String> = defs
+        .iter()
+        .enumerate()
+        .map(|(i, d)| format!(r#"{{"name":"d{i}","type":["null",{d}]}}"#))
+        .collect();
+    format!(
+        r#"{{"type":"record","name":"Top","fields":[{}]}}"#,
+        fs.join(",")
+    )
+}
+
+#[test]
+fn schemas_that_nest_too_deep_or_write_too_wide_are_refused_quickly() {
+    let t = std::time::Instant::now();
+    let e = AvroSchema::parse(&chain(200, 1), &[])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("nest"), "{e}");
+    let e = AvroSchema::parse(&chain(30, 2), &[])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("values, more than"), "{e}");
+    assert!(
+        t.elapsed() < std::time::Duration::from_secs(5),
+        "{:?}",
+        t.elapsed()
+    );
+    AvroSchema::parse(&chain(20, 1), &[]).unwrap();
+    let decimal = |p: u32, s: u32| {
+        format!(
+            r#"{{"type":"record","name":"D","fields":[{{"name":"d","type":{{"type":"bytes","logicalType":"decimal","precision":{p},"scale":{s}}}}}]}}"#
+        )
+    };
+    assert!(AvroSchema::parse(&decimal(65535, 65535), &[]).is_err());
+    AvroSchema::parse(&decimal(76, 76), &[]).unwrap();
+    let zero_decimals = r#"{"type":"record","name":"Z","fields":[{"name":"a","type":{"type":"array","items":{"type":"fixed","name":"F0","size":0,"logicalType":"decimal","precision":4,"scale":0}}}]}"#;
+    assert!(AvroSchema::parse(zero_decimals, &[]).is_err());
+}
+
+#[test]
+fn a_row_stops_at_its_limit() {
+    // An array of records of an int and 200 nulls: 200 values a byte.
+    let nulls: Vec<String> = (0..200)
+        .map(|i| format!(r#"{{"name":"n{i}","type":"null"}}"#))
+        .collect();
+    let s = format!(
+        r#"{{"type":"record","name":"W","fields":[{{"name":"a","type":{{"type":"array","items":{{"type":"record","name":"I","fields":[{{"name":"x","type":"int"}},{}]}}}}}}]}}"#,
+        nulls.join(",")
+    );
+    let schema = AvroSchema::parse(&s, &[]).unwrap();
+    // 1000 items of one byte each.
+    let mut payload = vec![0xd0, 0x0f];
+    payload.extend(std::iter::repeat_n(0u8, 1000));
+    payload.push(0);
+    let mut out = b"kept".to_vec();
+    let e = schema.to_json(&payload, &mut out, 100_000).unwrap_err();
+    assert!(e.to_string().contains("larger than a row may be"), "{e}");
+    assert_eq!(out, b"kept");
+    schema.to_json(&payload, &mut out, usize::MAX).unwrap();
+    assert!(out.len() > 1_000_000);
 }

@@ -95,7 +95,7 @@ fn payload(indexes: &[u8], m: &DynamicMessage) -> Vec<u8> {
 
 fn json(s: &ProtoSchema, payload: &[u8]) -> Vec<u8> {
     let mut out = Vec::new();
-    s.to_json(payload, &mut out).unwrap();
+    s.to_json(payload, &mut out, usize::MAX).unwrap();
     out
 }
 
@@ -157,7 +157,7 @@ fn a_nested_message_is_found_by_its_indexes() {
     // Two indexes (zigzag 2 = 4), then 0 and 1 (zigzag 2).
     assert_eq!(json(&s, &payload(&[4, 0, 2], &line)), br#"{"sku":"Y"}"#);
     let e = s
-        .to_json(&payload(&[4, 0, 4], &line), &mut Vec::new())
+        .to_json(&payload(&[4, 0, 4], &line), &mut Vec::new(), usize::MAX)
         .unwrap_err();
     assert_eq!(
         e.to_string(),
@@ -195,9 +195,14 @@ fn bad_schemas_and_payloads_are_named() {
     );
     let s = schema();
     let mut out = b"kept".to_vec();
-    let e = s.to_json(&[0, 0x0a, 0x05, b'a'], &mut out).unwrap_err();
+    let e = s
+        .to_json(&[0, 0x0a, 0x05, b'a'], &mut out, usize::MAX)
+        .unwrap_err();
     assert!(matches!(e, ProtoError::Undecodable(_)), "{e}");
-    assert!(s.to_json(&[], &mut out).is_err(), "no message indexes");
+    assert!(
+        s.to_json(&[], &mut out, usize::MAX).is_err(),
+        "no message indexes"
+    );
     assert_eq!(out, b"kept");
 }
 
@@ -206,7 +211,7 @@ proptest! {
     fn no_payload_panics(bytes in prop::collection::vec(any::<u8>(), 0..64)) {
         let s = schema();
         let mut out = Vec::new();
-        let _ = s.to_json(&bytes, &mut out);
+        let _ = s.to_json(&bytes, &mut out, usize::MAX);
     }
 
     #[test]
@@ -249,4 +254,20 @@ fn json_in_the_protobuf_mapping_encodes_to_what_decodes_back() {
         let e = s.from_json(&[0], bad).unwrap_err();
         assert!(matches!(e, ProtoError::Unencodable(_)), "{bad}: {e}");
     }
+}
+
+#[test]
+fn a_message_that_only_takes_a_wrappers_name_is_a_message() {
+    let fake = r#"syntax = "proto3"; package google.protobuf; message BoolValue { string s = 2; } message M { BoolValue b = 1; }"#;
+    let s = ProtoSchema::parse(fake, &[]).unwrap();
+    let mut b = DynamicMessage::new(s.message(&[0]).unwrap());
+    b.set_field_by_name("s", Value::String("x".into()));
+    let mut m = DynamicMessage::new(s.message(&[1]).unwrap());
+    m.set_field_by_name("b", Value::Message(b));
+    // Message index [1]: a count of 1 (zigzag 2), then 1 (zigzag 2).
+    assert_eq!(json(&s, &payload(&[2, 2], &m)), br#"{"b":{"s":"x"}}"#);
+    assert_eq!(
+        s.columns(&[1]).unwrap(),
+        [("b".to_string(), "Tuple(`s` String)".to_string())]
+    );
 }

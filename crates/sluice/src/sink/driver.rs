@@ -141,7 +141,12 @@ pub async fn run(
         ),
         _ => None,
     };
-    let schemas = Schemas::new(registry, &routes, cfg.sink.max_record_bytes);
+    let schemas = Schemas::new(
+        registry,
+        &routes,
+        cfg.sink.max_record_bytes,
+        cfg.sink.batch_buffer_bytes(),
+    );
     let owners = Owners::new(&cfg.kafka, routes.clone())
         .context("creating the client of the register of owners")?;
     // Before the sink: it looks its counters up in the installed recorder.

@@ -34,7 +34,8 @@ use tokio_util::sync::CancellationToken;
 pub const UNKNOWN_AFTER: Duration = Duration::from_secs(10);
 /// How long an id refused stays refused before the registry is asked again.
 pub const REFUSED_FOR: Duration = Duration::from_secs(60);
-/// A row may be at most this many times `max_record_bytes` once decoded.
+/// A row may be at most this many times `max_record_bytes` once decoded,
+/// and at most an eighth of the memory bound: decoding stops there.
 pub const MAX_EXPANSION: usize = 16;
 
 /// What a record value decodes to.
@@ -67,13 +68,18 @@ pub(super) struct Schemas {
     routes: Vec<Option<RouteSchemas>>,
     /// The largest record value decoded (`sink.max_record_bytes`).
     max_bytes: usize,
+    /// The largest row one may decode to.
+    max_row_bytes: usize,
 }
 
 impl Schemas {
+    /// `max_bytes`: `sink.max_record_bytes`; `buffer`: the batches' share
+    /// of `max_buffered_bytes`.
     pub fn new(
         registry: Option<Registry>,
         routes: &[std::sync::Arc<Route>],
         max_bytes: usize,
+        buffer: usize,
     ) -> Self {
         let routes = routes
             .iter()
@@ -88,6 +94,10 @@ impl Schemas {
             registry,
             routes,
             max_bytes,
+            max_row_bytes: max_bytes
+                .saturating_mul(MAX_EXPANSION)
+                .min(buffer / 8)
+                .max(max_bytes),
         }
     }
 
@@ -132,19 +142,16 @@ impl Schemas {
             }
             _ => return Decoded::Missing(id),
         };
+        let cap = self.max_row_bytes;
         let decoded = match decoder {
-            Decoder::Avro(s) => s.to_json(framed.payload, out).map_err(|e| e.to_string()),
-            Decoder::Protobuf(s) => s.to_json(framed.payload, out).map_err(|e| e.to_string()),
+            Decoder::Avro(s) => s
+                .to_json(framed.payload, out, cap)
+                .map_err(|e| e.to_string()),
+            Decoder::Protobuf(s) => s
+                .to_json(framed.payload, out, cap)
+                .map_err(|e| e.to_string()),
         };
-        let cap = self.max_bytes.saturating_mul(MAX_EXPANSION);
         match decoded {
-            Ok(()) if out.len() > cap => {
-                let n = out.len();
-                out.clear();
-                Decoded::Refused(RowError::Undecodable(format!(
-                    "schema id {id}: the row decodes to {n} bytes, over {MAX_EXPANSION} × sink.max_record_bytes"
-                )))
-            }
             Ok(()) => Decoded::Row,
             Err(e) => {
                 out.clear();

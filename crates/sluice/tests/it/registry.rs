@@ -319,7 +319,7 @@ async fn avro_values_come_back_from_clickhouse_as_they_went_in() {
     for r in rows {
         let record = V::Record(r.into_iter().map(|(k, v)| (k.to_string(), v)).collect());
         let payload = writer.write_value_to_vec(record).unwrap();
-        schema.to_json(&payload, &mut body).unwrap();
+        schema.to_json(&payload, &mut body, usize::MAX).unwrap();
         body.push(b'\n');
     }
     ch_post(
@@ -442,7 +442,7 @@ async fn protobuf_values_come_back_from_clickhouse_as_they_went_in() {
     for m in [full, empty] {
         let mut payload = vec![0u8]; // message indexes: [0]
         payload.extend(m.encode_to_vec());
-        schema.to_json(&payload, &mut body).unwrap();
+        schema.to_json(&payload, &mut body, usize::MAX).unwrap();
         body.push(b'\n');
     }
     ch_post(

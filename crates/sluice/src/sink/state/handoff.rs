@@ -67,13 +67,13 @@ impl Sink {
         let dedup = keys.iter().any(|k| self.routes[k.0].dedup.is_some());
         if !exactly_once && !dedup {
             for &(ri, p) in &keys {
-                let mut part = self.new_part(ri, p, Phase::Active);
-                // librdkafka keeps a partition paused across an unassign
-                // and an assign: backpressure resumes it unless it must wait.
-                part.paused = true;
+                let part = self.new_part(ri, p, Phase::Active);
                 self.parts.insert((ri, p), part);
             }
-            return Ok(());
+            // librdkafka keeps a partition paused across an unassign and an
+            // assign (a schema wait or backpressure when it was revoked);
+            // backpressure pauses it again if it must.
+            return consumer.resume(tpl);
         }
         consumer.pause(tpl)?;
         self.prepare(&keys, Duration::ZERO, false);
