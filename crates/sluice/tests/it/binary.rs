@@ -186,14 +186,20 @@ async fn protobuf_from_the_official_serializer_lands_exactly_once_across_schema_
 const SCHEMA_V1: &str = r#"{"type":"record","name":"Event","fields":[{"name":"id","type":"long"},{"name":"payload","type":"string"}]}"#;
 const SCHEMA_V2: &str = r#"{"type":"record","name":"Event","fields":[{"name":"id","type":"long"},{"name":"payload","type":"string"},{"name":"extra","type":"int","default":0}]}"#;
 
-/// Records `ids` written with `schema` (registered as `id`).
+/// Records `ids` written with `schema` (registered as `id`); version 2's
+/// carry its field `extra`.
 fn framed(schema: &str, id: u32, ids: std::ops::Range<u64>) -> Vec<Vec<u8>> {
     let s = AvroSchema::parse(schema, &[]).unwrap();
+    let extra = if schema == SCHEMA_V2 {
+        r#","extra":1"#
+    } else {
+        ""
+    };
     ids.map(|i| {
         let mut v = Vec::new();
         write_header(id, &mut v);
         v.extend(
-            s.from_json(&format!(r#"{{"id":{i},"payload":"p{i}","extra":1}}"#))
+            s.from_json(&format!(r#"{{"id":{i},"payload":"p{i}"{extra}}}"#))
                 .unwrap(),
         );
         v
