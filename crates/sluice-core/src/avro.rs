@@ -150,6 +150,7 @@ impl AvroSchema {
             names: reader.names.get_names(),
             input: payload,
             end: start.saturating_add(limit),
+            depth: 0,
             out,
         };
         let mut written = json.value(&schemas.root);
@@ -230,6 +231,8 @@ struct Json<'a, 's> {
     input: &'a [u8],
     /// Where `out` may end.
     end: usize,
+    /// How deep the value being read nests.
+    depth: usize,
     out: &'a mut Vec<u8>,
 }
 
@@ -240,6 +243,18 @@ fn cut_short() -> AvroError {
 
 impl<'a, 's> Json<'a, 's> {
     fn value(&mut self, schema: &'s Schema) -> Result<(), AvroError> {
+        self.depth += 1;
+        let written = self.value_at(schema);
+        self.depth -= 1;
+        written
+    }
+
+    fn value_at(&mut self, schema: &'s Schema) -> Result<(), AvroError> {
+        // What `shape` lets through nests at most MAX_DEPTH deep: a second
+        // guard, for the stack's sake.
+        if self.depth > 2 * MAX_DEPTH {
+            return Err(AvroError::Undecodable("values nest too deep".into()));
+        }
         // Each value writes at most its own bytes of payload, or a few
         // bytes of text, before the next check.
         if self.out.len() > self.end {
@@ -296,6 +311,13 @@ impl<'a, 's> Json<'a, 's> {
                     apache_avro::schema::InnerDecimalSchema::Bytes => self.bytes()?,
                     apache_avro::schema::InnerDecimalSchema::Fixed(f) => self.take(f.size)?,
                 };
+                let b = significant(b);
+                if b.len() > MAX_DECIMAL_BYTES {
+                    return Err(AvroError::Undecodable(format!(
+                        "a decimal of {} bytes, over {MAX_DECIMAL} digits",
+                        b.len()
+                    )));
+                }
                 self.quoted(decimal(&BigInt::from_signed_bytes_be(b), d.scale))
             }
             Schema::Uuid(u) => {
@@ -372,23 +394,23 @@ impl<'a, 's> Json<'a, 's> {
             }
             Schema::Map(m) => {
                 // Written sorted by key, the last of equal keys kept: one
-                // row per map whatever order the producer wrote.
-                let mut entries: Vec<(&'a [u8], Vec<u8>)> = Vec::new();
+                // row per map whatever order the producer wrote. Values are
+                // written in place (the row's limit holds), then reordered.
+                let start = self.out.len();
+                let mut entries: Vec<(&'a [u8], std::ops::Range<usize>)> = Vec::new();
                 while let Some(n) = self.block()? {
                     for _ in 0..n {
                         let key = self.text()?;
-                        let mut value = Vec::new();
-                        std::mem::swap(self.out, &mut value);
-                        let written = self.value(&m.types);
-                        std::mem::swap(self.out, &mut value);
-                        written?;
-                        entries.push((key, value));
+                        let at = self.out.len() - start;
+                        self.value(&m.types)?;
+                        entries.push((key, at..self.out.len() - start));
                     }
                 }
                 entries.sort_by(|a, b| a.0.cmp(b.0));
+                let values = self.out.split_off(start);
                 self.raw(b"{")?;
                 let mut first = true;
-                for (i, (key, value)) in entries.iter().enumerate() {
+                for (i, (key, range)) in entries.iter().enumerate() {
                     if entries.get(i + 1).is_some_and(|next| next.0 == *key) {
                         continue;
                     }
@@ -397,7 +419,7 @@ impl<'a, 's> Json<'a, 's> {
                     }
                     self.string(key)?;
                     self.raw(b":")?;
-                    self.raw(value)?;
+                    self.raw(&values[range.clone()])?;
                 }
                 self.raw(b"}")
             }
@@ -435,6 +457,10 @@ impl<'a, 's> Json<'a, 's> {
         let mut n: u64 = 0;
         for shift in (0..64).step_by(7) {
             let b = self.take(1)?[0];
+            // The tenth byte holds bit 63 only.
+            if shift == 63 && b > 1 {
+                break;
+            }
             n |= u64::from(b & 0x7f) << shift;
             if b & 0x80 == 0 {
                 return Ok((n >> 1) as i64 ^ -((n & 1) as i64));
@@ -562,6 +588,21 @@ const MAX_WIDTH: u64 = 100_000;
 /// The largest `decimal` scale and precision (ClickHouse's `Decimal256`).
 const MAX_DECIMAL: usize = 76;
 
+/// The most bytes of a two's complement decimal: 76 digits take 32.
+const MAX_DECIMAL_BYTES: usize = 33;
+
+/// A two's complement number without the bytes that only extend its sign.
+fn significant(mut b: &[u8]) -> &[u8] {
+    while let [first, second, ..] = b {
+        let extends = (*first == 0 && second & 0x80 == 0) || (*first == 0xff && second & 0x80 != 0);
+        if !extends {
+            break;
+        }
+        b = &b[1..];
+    }
+    b
+}
+
 /// What [`shape`] finds of a type: how deep its values nest, how many
 /// values one writes (arrays and maps counted once), and whether it is
 /// written in no bytes at all.
@@ -580,20 +621,25 @@ struct Shape {
 /// scale or precision over [`MAX_DECIMAL`], and apache-avro's own
 /// `big-decimal` is not used. Each named type is looked at once.
 fn bounded(schema: &Schema, names: &NamesRef<'_>) -> Result<(), String> {
-    let shape = shape(schema, names, &mut Vec::new(), &mut HashMap::new())?;
-    if shape.depth > MAX_DEPTH {
+    shape(schema, names, &mut Vec::new(), &mut HashMap::new()).map(|_| ())
+}
+
+/// `s`, if it is within [`MAX_DEPTH`] and [`MAX_WIDTH`]: checked at every
+/// type, so that no part of a schema goes unlooked at.
+fn within(s: Shape) -> Result<Shape, String> {
+    if s.depth > MAX_DEPTH {
         return Err(format!(
             "values nest {} deep, more than {MAX_DEPTH}",
-            shape.depth
+            s.depth
         ));
     }
-    if shape.width > MAX_WIDTH {
+    if s.width > MAX_WIDTH {
         return Err(format!(
             "a record writes {} values, more than {MAX_WIDTH}",
-            shape.width
+            s.width
         ));
     }
-    Ok(())
+    Ok(s)
 }
 
 /// The [`Shape`] of `schema`; `open`: the named types being looked at,
@@ -645,9 +691,7 @@ fn shape<'s>(
                 total.depth = total.depth.max(s.depth.saturating_add(1));
                 total.width = total.width.saturating_add(s.width);
                 total.empty &= s.empty;
-                if total.depth > MAX_DEPTH || total.width > MAX_WIDTH {
-                    break;
-                }
+                within(total)?;
             }
             open.pop();
             done.insert(&r.name, total);
@@ -658,7 +702,7 @@ fn shape<'s>(
             if items.empty {
                 return Err("an array's items take no bytes (null, an empty record or fixed): a record could claim any number of them".into());
             }
-            Ok(Shape {
+            within(Shape {
                 width: 1,
                 empty: false,
                 ..deeper(items)
@@ -666,7 +710,7 @@ fn shape<'s>(
         }
         Schema::Map(m) => {
             let values = shape(&m.types, names, open, done)?;
-            Ok(Shape {
+            within(Shape {
                 width: 1,
                 empty: false,
                 ..deeper(values)
@@ -682,6 +726,7 @@ fn shape<'s>(
                 let s = shape(v, names, open, done)?;
                 widest.depth = widest.depth.max(s.depth.saturating_add(1));
                 widest.width = widest.width.max(s.width);
+                within(widest)?;
             }
             Ok(widest)
         }

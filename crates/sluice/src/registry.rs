@@ -364,7 +364,26 @@ const MAX_NESTING: usize = 512;
 /// The deepest nesting of `{`, `[`, `(` and `<` in `text`, outside quotes.
 fn nesting(text: &str) -> usize {
     let (mut depth, mut deepest, mut quoted, mut escaped) = (0usize, 0usize, None, false);
-    for c in text.chars() {
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        // Comments (Protobuf's `//` and `/* */`) hold no brackets.
+        if quoted.is_none() && c == '/' {
+            match chars.peek() {
+                Some('/') => {
+                    chars.by_ref().find(|c| *c == '\n');
+                    continue;
+                }
+                Some('*') => {
+                    chars.next();
+                    let mut last = ' ';
+                    chars
+                        .by_ref()
+                        .find(|c| std::mem::replace(&mut last, *c) == '*' && *c == '/');
+                    continue;
+                }
+                _ => {}
+            }
+        }
         match (quoted, c) {
             (Some(_), _) if escaped => escaped = false,
             (Some(_), '\\') => escaped = true,
@@ -465,6 +484,8 @@ mod tests {
         assert_eq!(nesting("message A { map<string, int32> m = 1; }"), 2);
         assert_eq!(nesting(r#"{"s": "\"{"}"#), 1);
         assert_eq!(nesting(&"{".repeat(600)), 600);
+        let commented = "// don't < ( {\n/* it's { { */ message A { int32 a = 1; } // {";
+        assert_eq!(nesting(commented), 1);
     }
 
     #[test]

@@ -481,3 +481,56 @@ fn a_row_stops_at_its_limit() {
     schema.to_json(&payload, &mut out, usize::MAX).unwrap();
     assert!(out.len() > 1_000_000);
 }
+
+#[test]
+fn no_part_of_a_schema_hides_behind_a_wide_record() {
+    let wide: Vec<String> = (0..100_001)
+        .map(|i| format!(r#"{{"name":"n{i}","type":"null"}}"#))
+        .collect();
+    let s = format!(
+        r#"{{"type":"record","name":"Root","fields":[{{"name":"xs","type":{{"type":"array","items":{{"type":"record","name":"A","fields":[
+            {{"name":"w","type":["int",{{"type":"record","name":"Wide","fields":[{}]}}]}},
+            {{"name":"next","type":["null","A"]}}]}}}}}}]}}"#,
+        wide.join(",")
+    );
+    let e = AvroSchema::parse(&s, &[]).unwrap_err().to_string();
+    assert!(e.contains("more than 100000"), "{e}");
+}
+
+#[test]
+fn maps_decimals_and_varints_are_held_to_their_bounds() {
+    // A map of 1000 entries whose values write a long field name each.
+    let name = "n".repeat(10_000);
+    let s = format!(
+        r#"{{"type":"record","name":"R","fields":[{{"name":"m","type":{{"type":"map","values":{{"type":"record","name":"V","fields":[{{"name":"{name}","type":"null"}}]}}}}}}]}}"#
+    );
+    let schema = AvroSchema::parse(&s, &[]).unwrap();
+    let mut payload = vec![0xd0, 0x0f];
+    payload.extend(std::iter::repeat_n(0u8, 1000)); // empty keys
+    payload.push(0);
+    let e = schema
+        .to_json(&payload, &mut Vec::new(), 1 << 20)
+        .unwrap_err();
+    assert!(e.to_string().contains("larger than a row may be"), "{e}");
+
+    let dec = AvroSchema::parse(
+        r#"{"type":"record","name":"D","fields":[{"name":"d","type":{"type":"bytes","logicalType":"decimal","precision":10,"scale":2}}]}"#,
+        &[],
+    )
+    .unwrap();
+    let mut long = vec![0x80, 0x10]; // 1024 bytes
+    long.extend(std::iter::repeat_n(0x7f, 1024));
+    let e = dec.to_json(&long, &mut Vec::new(), usize::MAX).unwrap_err();
+    assert!(e.to_string().contains("decimal of 1024 bytes"), "{e}");
+    // Sign extension does not count: -1 written in 40 bytes.
+    let mut minus_one = vec![80];
+    minus_one.extend(std::iter::repeat_n(0xff, 40));
+    assert_eq!(json(&dec, &minus_one), r#"{"d":"-0.01"}"#);
+
+    let long_schema = r#"{"type":"record","name":"L","fields":[{"name":"l","type":"long"}]}"#;
+    let l = AvroSchema::parse(long_schema, &[]).unwrap();
+    let overlong = [0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f];
+    assert!(l.to_json(&overlong, &mut Vec::new(), usize::MAX).is_err());
+    let max = [0xfe, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01];
+    assert_eq!(json(&l, &max), format!(r#"{{"l":{}}}"#, i64::MAX));
+}
