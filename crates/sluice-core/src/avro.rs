@@ -34,7 +34,6 @@ use apache_avro::schema::{NamesRef, ResolvedSchema};
 use apache_avro::types::Value;
 use apache_avro::writer::datum::GenericDatumWriter;
 use apache_avro::Schema;
-use chrono::{Datelike, Timelike};
 use num_bigint::BigInt;
 use std::collections::HashMap;
 use std::io::Write;
@@ -544,39 +543,13 @@ impl<'a, 's> Json<'a, 's> {
     fn time(&mut self, per: i64, places: usize, utc: bool) -> Result<(), AvroError> {
         let t = self.long()?;
         let (secs, frac) = (t.div_euclid(per), t.rem_euclid(per));
-        let at = chrono::DateTime::from_timestamp(secs, 0).ok_or_else(|| {
-            AvroError::Undecodable(format!("timestamp {t} is out of any calendar's range"))
-        })?;
-        if (0..10_000).contains(&at.year()) {
-            {
-                use crate::json_text::digits;
-                let year = at.year() as u64;
-                let out = &mut *self.out;
-                out.push(b'"');
-                digits(out, year, 4);
-                out.push(b'-');
-                digits(out, u64::from(at.month()), 2);
-                out.push(b'-');
-                digits(out, u64::from(at.day()), 2);
-                out.push(if utc { b'T' } else { b' ' });
-                digits(out, u64::from(at.hour()), 2);
-                out.push(b':');
-                digits(out, u64::from(at.minute()), 2);
-                out.push(b':');
-                digits(out, u64::from(at.second()), 2);
-                out.push(b'.');
-                digits(out, frac as u64, places);
-                out.extend_from_slice(if utc { b"Z\"" } else { b"\"" });
-                return Ok(());
-            }
-        }
-        let zone = if utc { "Z" } else { "" };
-        let date = at.format(if utc {
-            "%Y-%m-%dT%H:%M:%S"
+        if crate::json_text::datetime(self.out, secs, frac as u64, places, utc) {
+            Ok(())
         } else {
-            "%Y-%m-%d %H:%M:%S"
-        });
-        self.quoted(format!("{date}.{frac:0places$}{zone}"))
+            Err(AvroError::Undecodable(format!(
+                "timestamp {t} is out of any calendar's range"
+            )))
+        }
     }
 }
 

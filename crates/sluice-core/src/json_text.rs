@@ -4,6 +4,8 @@
 //! numbers and timestamps.
 
 use std::io::Write;
+use std::ops::RangeInclusive;
+use std::sync::LazyLock;
 
 /// A JSON string of `bytes`: `"`, `\` and control characters escaped, every
 /// other byte as it is (ClickHouse keeps bytes that are not UTF-8 as they
@@ -13,10 +15,7 @@ pub(crate) fn string(out: &mut Vec<u8>, bytes: &[u8]) {
     out.push(b'"');
     let mut rest = bytes;
     // Runs of bytes that need no escape are copied whole.
-    while let Some(at) = rest
-        .iter()
-        .position(|&b| b == b'"' || b == b'\\' || b < 0x20)
-    {
+    while let Some(at) = needs_escape(rest) {
         out.extend_from_slice(&rest[..at]);
         match rest[at] {
             b'"' => out.extend_from_slice(b"\\\""),
@@ -29,11 +28,39 @@ pub(crate) fn string(out: &mut Vec<u8>, bytes: &[u8]) {
     out.push(b'"');
 }
 
+/// Where the first byte that [`string`] escapes is, eight bytes at a time.
+fn needs_escape(bytes: &[u8]) -> Option<usize> {
+    const ONES: u64 = u64::from_ne_bytes([0x01; 8]);
+    const HIGHS: u64 = u64::from_ne_bytes([0x80; 8]);
+    let escaped = |b: u8| b == b'"' || b == b'\\' || b < 0x20;
+    let mut chunks = bytes.chunks_exact(8);
+    for (i, chunk) in chunks.by_ref().enumerate() {
+        let x = u64::from_ne_bytes(chunk.try_into().expect("eight bytes"));
+        // A byte's high bit is set where it is below 0x20, or equal to `"`
+        // or `\` (the classic "has a zero byte" test on x - 0x20 and on
+        // x xor the quote); bytes with their own high bit set are masked.
+        let zero = |v: u64| v.wrapping_sub(ONES) & !v & HIGHS;
+        let below = x.wrapping_sub(ONES * 0x20) & !x & HIGHS;
+        let hit = below | zero(x ^ (ONES * u64::from(b'"'))) | zero(x ^ (ONES * u64::from(b'\\')));
+        if hit != 0 {
+            if let Some(j) = chunk.iter().position(|&b| escaped(b)) {
+                return Some(i * 8 + j);
+            }
+        }
+    }
+    let done = bytes.len() - chunks.remainder().len();
+    chunks
+        .remainder()
+        .iter()
+        .position(|&b| escaped(b))
+        .map(|j| done + j)
+}
+
 /// A `float`: its shortest exact text; NaN and ±∞ as the strings
 /// ClickHouse reads them from.
 pub(crate) fn f32(out: &mut Vec<u8>, x: f32) {
     if x.is_finite() {
-        write!(out, "{x}").expect("writing to a Vec");
+        out.extend_from_slice(zmij::Buffer::new().format_finite(x).as_bytes());
     } else {
         not_finite(out, f64::from(x));
     }
@@ -42,7 +69,7 @@ pub(crate) fn f32(out: &mut Vec<u8>, x: f32) {
 /// A `double`, as [`f32`] writes a `float`.
 pub(crate) fn f64(out: &mut Vec<u8>, x: f64) {
     if x.is_finite() {
-        write!(out, "{x:?}").expect("writing to a Vec");
+        out.extend_from_slice(zmij::Buffer::new().format_finite(x).as_bytes());
     } else {
         not_finite(out, x);
     }
@@ -68,5 +95,115 @@ pub(crate) fn digits(out: &mut Vec<u8>, mut v: u64, width: usize) {
     for slot in out[start..].iter_mut().rev() {
         *slot = b'0' + (v % 10) as u8;
         v /= 10;
+    }
+}
+
+/// A quoted date and time, `secs` after the epoch and `frac` units of
+/// `places` digits past it: `"2024-05-01T12:00:00.250Z"` in UTC, or
+/// `"2024-05-01 12:00:00.250"` for a local time (`utc` false). False, and
+/// nothing written, when no calendar reaches that far.
+pub(crate) fn datetime(out: &mut Vec<u8>, secs: i64, frac: u64, places: usize, utc: bool) -> bool {
+    // The instants chrono can name: the same range as before this was
+    // written without it.
+    static RANGE: LazyLock<RangeInclusive<i64>> = LazyLock::new(|| {
+        let utc = |t: chrono::DateTime<chrono::Utc>| t.timestamp();
+        utc(chrono::DateTime::<chrono::Utc>::MIN_UTC)
+            ..=utc(chrono::DateTime::<chrono::Utc>::MAX_UTC)
+    });
+    if !RANGE.contains(&secs) {
+        return false;
+    }
+    let (days, time) = (secs.div_euclid(86_400), secs.rem_euclid(86_400) as u32);
+    let (year, month, day) = civil(days);
+    let (hour, minute, second) = (time / 3600, time / 60 % 60, time % 60);
+    out.push(b'"');
+    if (0..10_000).contains(&year) {
+        digits(out, year as u64, 4);
+    } else {
+        // chrono's way: a sign and at least five digits.
+        write!(out, "{year:+05}").expect("writing to a Vec");
+    }
+    for (sep, v) in [
+        (b'-', month),
+        (b'-', day),
+        (if utc { b'T' } else { b' ' }, hour),
+        (b':', minute),
+        (b':', second),
+    ] {
+        out.push(sep);
+        digits(out, u64::from(v), 2);
+    }
+    out.push(b'.');
+    digits(out, frac, places);
+    out.extend_from_slice(if utc { b"Z\"" } else { b"\"" });
+    true
+}
+
+/// The proleptic Gregorian (year, month, day) `days` after 1970-01-01
+/// (Howard Hinnant's `civil_from_days`), for any `days` chrono accepts.
+fn civil(days: i64) -> (i32, u32, u32) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097); // [0, 146096]
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365; // [0, 399]
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100); // [0, 365]
+    let mp = (5 * doy + 2) / 153; // [0, 11], from March
+    let day = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    (year as i32, month, day)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::Datelike;
+    use proptest::prelude::*;
+
+    #[test]
+    fn the_calendars_ends_are_chronos() {
+        let min = chrono::DateTime::<chrono::Utc>::MIN_UTC.timestamp();
+        let max = chrono::DateTime::<chrono::Utc>::MAX_UTC.timestamp();
+        for secs in [
+            min - 1,
+            min,
+            min + 86_399,
+            -1,
+            0,
+            max - 86_400,
+            max,
+            max + 1,
+        ] {
+            let mut out = Vec::new();
+            let named = chrono::DateTime::from_timestamp(secs, 0)
+                .map(|at| format!("\"{}.0Z\"", at.format("%Y-%m-%dT%H:%M:%S")));
+            let written =
+                datetime(&mut out, secs, 0, 1, true).then(|| String::from_utf8(out).unwrap());
+            assert_eq!(written, named, "{secs}");
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn escapes_are_found_where_a_byte_by_byte_scan_finds_them(
+            bytes in prop::collection::vec(prop_oneof![any::<u8>(), Just(b'"'), Just(b'\\'), 0u8..0x20, 0x20u8..0x7f], 0..40)
+        ) {
+            let naive = bytes.iter().position(|&b| b == b'"' || b == b'\\' || b < 0x20);
+            prop_assert_eq!(needs_escape(&bytes), naive);
+        }
+
+        #[test]
+        fn dates_are_chronos(secs in -8_334_632_851_300i64..8_210_298_412_900) {
+            let Some(at) = chrono::DateTime::from_timestamp(secs, 0) else {
+                prop_assert!(!datetime(&mut Vec::new(), secs, 0, 3, true));
+                return Ok(());
+            };
+            prop_assert_eq!(civil(secs.div_euclid(86_400)), (at.year(), at.month(), at.day()));
+            let mut out = Vec::new();
+            prop_assert!(datetime(&mut out, secs, 7, 3, true));
+            let text = String::from_utf8(out).unwrap();
+            let want = format!("\"{}.007Z\"", at.format("%Y-%m-%dT%H:%M:%S"));
+            prop_assert_eq!(text, want);
+        }
     }
 }

@@ -63,6 +63,7 @@ impl From<FrameError> for ProtoError {
 #[derive(Debug, Clone)]
 pub struct ProtoSchema {
     file: FileDescriptor,
+    plans: direct::Plans,
 }
 
 /// The name the schema's own file compiles under when its text does not
@@ -127,7 +128,8 @@ impl ProtoSchema {
         if file.messages().len() == 0 {
             return Err(ProtoError::Schema("the file defines no message".into()));
         }
-        Ok(ProtoSchema { file })
+        let plans = direct::Plans::compile(&file);
+        Ok(ProtoSchema { file, plans })
     }
 
     /// The ClickHouse columns that hold the fields of the message type at
@@ -217,7 +219,22 @@ impl ProtoSchema {
         limit: usize,
     ) -> Result<(), ProtoError> {
         let (path, bytes) = message_indexes(payload)?;
-        let desc = self.message(&path)?;
+        if self.plans.write(&path, bytes, out, limit).is_some() {
+            return Ok(());
+        }
+        self.slow_json(&path, bytes, out, limit)
+    }
+
+    /// [`Self::to_json`] through a `DynamicMessage`: the reference the
+    /// direct path is held to, and the one that decides what it leaves.
+    fn slow_json(
+        &self,
+        path: &[i32],
+        bytes: &[u8],
+        out: &mut Vec<u8>,
+        limit: usize,
+    ) -> Result<(), ProtoError> {
+        let desc = self.message(path)?;
         let msg = DynamicMessage::decode(desc, bytes)
             .map_err(|e| ProtoError::Undecodable(e.to_string()))?;
         let start = out.len();
@@ -338,25 +355,19 @@ impl Json<'_> {
                 "a Timestamp with nanos {nanos}"
             )));
         }
-        let at = chrono::DateTime::from_timestamp(secs, 0).ok_or_else(|| {
-            ProtoError::Undecodable(format!("timestamp {secs} s is out of any calendar's range"))
-        })?;
-        let date = at.format("%Y-%m-%dT%H:%M:%S");
-        self.quoted(format!("{date}.{nanos:09}Z"));
-        Ok(())
+        if crate::json_text::datetime(self.out, secs, nanos as u64, 9, true) {
+            Ok(())
+        } else {
+            Err(ProtoError::Undecodable(format!(
+                "timestamp {secs} s is out of any calendar's range"
+            )))
+        }
     }
 
     /// `google.protobuf.Duration` as exact seconds.
     fn duration(&mut self, msg: &DynamicMessage) -> Result<(), ProtoError> {
         let (secs, nanos) = seconds_and_nanos(msg)?;
-        // Seconds and nanos share a sign; -0.5 s is (0, -500000000).
-        let negative = secs < 0 || nanos < 0;
-        let sign = if negative { "-" } else { "" };
-        self.quoted(format!(
-            "{sign}{}.{:09}",
-            secs.unsigned_abs(),
-            nanos.unsigned_abs()
-        ));
+        duration_text(self.out, secs, nanos);
         Ok(())
     }
 
@@ -372,6 +383,20 @@ impl Json<'_> {
     fn string(&mut self, bytes: &[u8]) {
         crate::json_text::string(self.out, bytes);
     }
+}
+
+/// A Duration of `secs` and `nanos` (checked) as its exact seconds, quoted.
+fn duration_text(out: &mut Vec<u8>, secs: i64, nanos: i32) {
+    // Seconds and nanos share a sign; -0.5 s is (0, -500000000).
+    if secs < 0 || nanos < 0 {
+        out.extend_from_slice(b"\"-");
+    } else {
+        out.push(b'"');
+    }
+    crate::json_text::int(out, secs.unsigned_abs());
+    out.push(b'.');
+    crate::json_text::digits(out, u64::from(nanos.unsigned_abs()), 9);
+    out.push(b'"');
 }
 
 /// The ClickHouse type of `field` as the module writes it: `Nullable` where
@@ -485,5 +510,6 @@ fn seconds_and_nanos(msg: &DynamicMessage) -> Result<(i64, i32), ProtoError> {
     }
 }
 
+mod direct;
 #[cfg(test)]
 mod tests;

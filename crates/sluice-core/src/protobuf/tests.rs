@@ -271,3 +271,258 @@ fn a_message_that_only_takes_a_wrappers_name_is_a_message() {
         [("b".to_string(), "Tuple(`s` String)".to_string())]
     );
 }
+
+/// Every kind of field, for comparing the direct path with the slow one.
+const ALL: &str = r#"
+syntax = "proto3";
+package diff;
+import "google/protobuf/timestamp.proto";
+import "google/protobuf/wrappers.proto";
+import "google/protobuf/duration.proto";
+enum Color { option allow_alias = true; RED = 0; GREEN = 1; VERDE = 1; BLUE = -3; }
+message All {
+  double d = 1; float f = 2; int32 i32 = 3; int64 i64 = 4; uint32 u32 = 5; uint64 u64 = 6;
+  sint32 s32 = 7; sint64 s64 = 8; fixed32 x32 = 9; fixed64 x64 = 10; sfixed32 sx32 = 11;
+  sfixed64 sx64 = 12; bool b = 13; string s = 14; bytes by = 15; Color c = 16;
+  All child = 17;
+  repeated int32 ri = 18; repeated string rs = 19; repeated All rm = 20;
+  map<string, int32> ms = 21; map<int64, All> mm = 22; map<bool, string> mb = 23;
+  map<sint32, Color> mc = 24;
+  google.protobuf.Timestamp t = 25; google.protobuf.Duration du = 26;
+  google.protobuf.Int32Value w = 27;
+  optional int64 o = 28;
+  oneof one { string a = 29; int32 n = 30; }
+  repeated double rd = 31 [packed = false];
+  repeated fixed32 rx = 32;
+  google.protobuf.StringValue ws = 33;
+  map<fixed64, string> mf = 34;
+  repeated Color rc = 35;
+  uint32 big = 5000;
+}
+"#;
+
+/// What a field's value is on the wire, for the generator.
+#[derive(Debug, Clone, Copy)]
+enum P {
+    Varint,
+    F64,
+    F32,
+    Str,
+    Msg(Ty),
+    Packed(u8),
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Ty {
+    All,
+    Time,
+    WrapI32,
+    WrapStr,
+    /// A map entry: the key's and the value's wire form.
+    Entry(&'static P, &'static P),
+}
+
+fn table(t: Ty) -> Vec<(u32, P)> {
+    use P::*;
+    match t {
+        Ty::All => vec![
+            (1, F64),
+            (2, F32),
+            (3, Varint),
+            (4, Varint),
+            (5, Varint),
+            (6, Varint),
+            (7, Varint),
+            (8, Varint),
+            (9, F32),
+            (10, F64),
+            (11, F32),
+            (12, F64),
+            (13, Varint),
+            (14, Str),
+            (15, Str),
+            (16, Varint),
+            (17, Msg(Ty::All)),
+            (18, Varint),
+            (18, Packed(0)),
+            (19, Str),
+            (20, Msg(Ty::All)),
+            (21, Msg(Ty::Entry(&Str, &Varint))),
+            (22, Msg(Ty::Entry(&Varint, &Msg(Ty::All)))),
+            (23, Msg(Ty::Entry(&Varint, &Str))),
+            (24, Msg(Ty::Entry(&Varint, &Varint))),
+            (25, Msg(Ty::Time)),
+            (26, Msg(Ty::Time)),
+            (27, Msg(Ty::WrapI32)),
+            (28, Varint),
+            (29, Str),
+            (30, Varint),
+            (31, F64),
+            (31, Packed(1)),
+            (32, F32),
+            (32, Packed(5)),
+            (33, Msg(Ty::WrapStr)),
+            (34, Msg(Ty::Entry(&F64, &Str))),
+            (35, Packed(0)),
+            (35, Varint),
+            (5000, Varint),
+        ],
+        Ty::Time => vec![(1, Varint), (2, Varint)],
+        Ty::WrapI32 => vec![(1, Varint)],
+        Ty::WrapStr => vec![(1, Str)],
+        Ty::Entry(k, v) => vec![(1, *k), (2, *v)],
+    }
+}
+
+fn wire_type(p: P) -> u8 {
+    match p {
+        P::Varint => 0,
+        P::F64 => 1,
+        P::F32 => 5,
+        _ => 2,
+    }
+}
+
+fn varint_bytes(mut v: u64) -> Vec<u8> {
+    let mut out = Vec::new();
+    loop {
+        let b = (v & 0x7f) as u8;
+        v >>= 7;
+        if v == 0 {
+            out.push(b);
+            return out;
+        }
+        out.push(b | 0x80);
+    }
+}
+
+fn len_prefixed(bytes: Vec<u8>) -> Vec<u8> {
+    let mut out = varint_bytes(bytes.len() as u64);
+    out.extend(bytes);
+    out
+}
+
+/// A value of wire form `p`, encoded (a length-delimited one with its length).
+fn wire_value(p: P, depth: u32) -> BoxedStrategy<Vec<u8>> {
+    let small_or_any = prop_oneof![
+        0u64..300,
+        any::<u64>(),
+        (0u64..4).prop_map(|v| v.wrapping_sub(2))
+    ];
+    match p {
+        P::Varint => small_or_any.prop_map(varint_bytes).boxed(),
+        P::F64 => any::<u64>().prop_map(|v| v.to_le_bytes().to_vec()).boxed(),
+        P::F32 => any::<u32>().prop_map(|v| v.to_le_bytes().to_vec()).boxed(),
+        P::Str => prop_oneof![
+            "[a-zé\"\\\\\n]{0,6}".prop_map(|s| s.into_bytes()),
+            prop::collection::vec(any::<u8>(), 0..6),
+        ]
+        .prop_map(len_prefixed)
+        .boxed(),
+        P::Msg(t) if depth > 0 => wire_message(t, depth - 1).prop_map(len_prefixed).boxed(),
+        P::Msg(_) => Just(vec![0]).boxed(),
+        P::Packed(w) => {
+            let item = match w {
+                0 => P::Varint,
+                1 => P::F64,
+                _ => P::F32,
+            };
+            prop::collection::vec(wire_value(item, 0), 0..4)
+                .prop_map(|items| len_prefixed(items.concat()))
+                .boxed()
+        }
+    }
+}
+
+/// A message of type `t` on the wire: its fields in any order, some
+/// repeated, some unknown, a few with a wire type that does not fit.
+fn wire_message(t: Ty, depth: u32) -> BoxedStrategy<Vec<u8>> {
+    let fields = table(t);
+    let n = fields.len();
+    let one = (0..n + 1, 0u8..40).prop_flat_map(move |(i, twist)| {
+        let (number, p) = if i == n { (99, P::Varint) } else { fields[i] };
+        let p = match twist {
+            0 => P::Str,
+            1 => P::F32,
+            2 => P::F64,
+            3 => P::Varint,
+            _ => p,
+        };
+        let key = varint_bytes(u64::from(number) << 3 | u64::from(wire_type(p)));
+        wire_value(p, depth).prop_map(move |v| [key.clone(), v].concat())
+    });
+    prop::collection::vec(one, 0..8)
+        .prop_map(|fields| fields.concat())
+        .boxed()
+}
+
+/// Runs both paths on `bytes` (a message of the file's first type) with a
+/// row limit; true when the direct path took it.
+fn both_paths(s: &ProtoSchema, bytes: &[u8], limit: usize) -> Result<bool, TestCaseError> {
+    let mut slow = b"prefix".to_vec();
+    let slow_result = s.slow_json(&[0], bytes, &mut slow, limit);
+    let mut fast = b"prefix".to_vec();
+    let taken = s.plans.write(&[0], bytes, &mut fast, limit).is_some();
+    if taken {
+        prop_assert!(slow_result.is_ok(), "{:?}", slow_result);
+        prop_assert_eq!(
+            String::from_utf8_lossy(&fast),
+            String::from_utf8_lossy(&slow)
+        );
+        prop_assert_eq!(&fast, &slow);
+    } else {
+        prop_assert_eq!(fast, b"prefix".to_vec());
+    }
+    Ok(taken)
+}
+
+#[test]
+fn the_direct_path_writes_what_the_slow_one_does() {
+    use proptest::test_runner::{Config, TestRunner};
+    let s = ProtoSchema::parse(ALL, &[]).unwrap();
+    let taken = std::cell::Cell::new(0u32);
+    let mut runner = TestRunner::new(Config::with_cases(4000));
+    runner
+        .run(
+            &(wire_message(Ty::All, 3), 0usize..800),
+            |(bytes, limit)| {
+                let limit = if limit < 600 { usize::MAX } else { limit - 600 };
+                taken.set(taken.get() + u32::from(both_paths(&s, &bytes, limit)?));
+                Ok(())
+            },
+        )
+        .unwrap();
+    // The generator must reach the direct path, not only its refusals.
+    assert!(
+        taken.get() > 800,
+        "the direct path took {} of 4000",
+        taken.get()
+    );
+}
+
+proptest! {
+    #[test]
+    fn the_direct_path_refuses_or_matches_any_bytes(bytes in prop::collection::vec(any::<u8>(), 0..64)) {
+        let s = ProtoSchema::parse(ALL, &[]).unwrap();
+        both_paths(&s, &bytes, usize::MAX)?;
+    }
+}
+
+#[test]
+fn the_example_order_takes_the_direct_path() {
+    let s = schema();
+    let o = order(&s);
+    let mut out = Vec::new();
+    assert!(s
+        .plans
+        .write(&[0], &o.encode_to_vec(), &mut out, usize::MAX)
+        .is_some());
+    // A message field given twice merges: the slow path's.
+    let mut twice = o.encode_to_vec();
+    twice.extend(o.encode_to_vec());
+    assert!(s.plans.write(&[0], &twice, &mut out, usize::MAX).is_none());
+    let mut slow = Vec::new();
+    s.to_json(&[&[0u8][..], &twice].concat(), &mut slow, usize::MAX)
+        .unwrap();
+    assert!(slow.starts_with(b"{\"id\":"));
+}
