@@ -9,6 +9,7 @@
 
 use crate::dedup::KeyHash;
 use std::borrow::Cow;
+use std::collections::HashSet;
 use xxhash_rust::xxh3::Xxh3;
 
 /// The most fields a business key may have.
@@ -62,6 +63,10 @@ pub enum RowError {
     /// The bytes do not decode under the schema their id names.
     #[error("{0}")]
     Undecodable(String),
+    /// The value has a top-level field the table has no column for, on a
+    /// route that sends such records to the DLQ ([`extra_field`]).
+    #[error("the value has a field `{0}`, which the table has no column for")]
+    ExtraField(String),
 }
 
 impl RowError {
@@ -77,6 +82,7 @@ impl RowError {
             RowError::NotFramed(_) => "not-registry-framed",
             RowError::UnknownSchema(_) => "unknown-schema",
             RowError::Undecodable(_) => "undecodable",
+            RowError::ExtraField(_) => "extra-field",
         }
     }
 }
@@ -332,6 +338,31 @@ impl RowEncoder {
     }
 }
 
+/// The first top-level field of `value`, a JSON object, that is not one of
+/// `columns`. `None` when each one is, or when `value` is not a JSON object
+/// (the encoder says what is wrong with it).
+pub fn extra_field(value: &[u8], columns: &HashSet<String>) -> Option<String> {
+    struct Extra<'c>(&'c HashSet<String>);
+    impl<'de> Visitor<'de> for Extra<'_> {
+        type Value = Option<String>;
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            f.write_str("a JSON object")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Option<String>, A::Error> {
+            let mut extra = None;
+            while let Some(FieldName(key)) = map.next_key()? {
+                if extra.is_none() && !self.0.contains(&*key) {
+                    extra = Some(key.into_owned());
+                }
+                map.next_value::<IgnoredAny>()?;
+            }
+            Ok(extra)
+        }
+    }
+    let mut de = serde_json::Deserializer::from_slice(value);
+    de.deserialize_map(Extra(columns)).ok().flatten()
+}
+
 const RESERVED: &str = "reserved:";
 
 /// Walks the top-level keys of an object, skipping values except the key
@@ -484,6 +515,24 @@ mod tests {
         let mut out = b"prefix|".to_vec();
         e.encode(Some(v.as_bytes()), 3, 42, &mut out)?;
         Ok(String::from_utf8(out).unwrap())
+    }
+
+    #[test]
+    fn a_field_the_table_lacks_is_named() {
+        let columns: HashSet<String> = ["id", "name", "_offset"].map(String::from).into();
+        let extra = |v: &str| extra_field(v.as_bytes(), &columns);
+        assert_eq!(extra(r#"{"id":1,"name":"a"}"#), None);
+        assert_eq!(extra(r#"{}"#), None);
+        // Nested objects are the column's business, not extra fields.
+        assert_eq!(extra(r#"{"id":{"deep":1}}"#), None);
+        assert_eq!(extra(r#"{"id":1,"price":2,"qty":3}"#), Some("price".into()));
+        // A key spelled with escapes is the name it decodes to.
+        assert_eq!(extra(r#"{"\u0069d":1}"#), None);
+        assert_eq!(extra(r#"{"n\u00e4me":1}"#), Some("näme".into()));
+        // Not an object, or not JSON: the encoder's to refuse.
+        assert_eq!(extra("[1]"), None);
+        assert_eq!(extra(r#"{"price":"#), None);
+        assert_eq!(RowError::ExtraField("price".into()).kind(), "extra-field");
     }
 
     #[test]

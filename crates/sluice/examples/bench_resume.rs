@@ -103,6 +103,7 @@ async fn main() -> anyhow::Result<()> {
         required: Vec::new(),
         format: sluice::config::Format::Json,
         subject: None,
+        extra_to_dlq: false,
     };
     let mut with = Vec::new();
     for _ in 0..20 {

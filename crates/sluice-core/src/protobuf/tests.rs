@@ -526,3 +526,336 @@ fn the_example_order_takes_the_direct_path() {
         .unwrap();
     assert!(slow.starts_with(b"{\"id\":"));
 }
+
+// ---------------------------------------------------------------------------
+// Review (attacker's tests). Tests marked `// FINDING:` fail on 7667351.
+// ---------------------------------------------------------------------------
+
+fn lossy(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// The contract for one input: the direct path declines (and leaves `out`
+/// as it was), or the slow path accepts and writes the same bytes. Returns
+/// whether the direct path took it.
+fn held(s: &ProtoSchema, path: &[i32], bytes: &[u8], limit: usize) -> bool {
+    let mut slow = b"prefix".to_vec();
+    let slow_result = s.slow_json(path, bytes, &mut slow, limit);
+    let mut fast = b"prefix".to_vec();
+    if s.plans.write(path, bytes, &mut fast, limit).is_none() {
+        assert_eq!(lossy(&fast), "prefix");
+        return false;
+    }
+    assert!(
+        slow_result.is_ok(),
+        "the direct path wrote {} where the slow path refuses: {:?}",
+        lossy(&fast),
+        slow_result.unwrap_err()
+    );
+    assert_eq!(lossy(&fast), lossy(&slow));
+    assert_eq!(fast, slow);
+    true
+}
+
+/// Runs the test `name` of this module in a child process (for inputs that
+/// overflow the stack, which aborts the whole test binary): passes when the
+/// child does.
+fn in_child(name: &str, f: impl FnOnce()) {
+    const CHILD: &str = "SLUICE_REVIEW_CHILD";
+    if std::env::var_os(CHILD).is_some() {
+        f();
+        return;
+    }
+    let module = module_path!().split_once("::").unwrap().1;
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            &format!("{module}::{name}"),
+            "--exact",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(CHILD, "1")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "the child died ({:?}): {}",
+        out.status,
+        stderr.lines().rev().take(4).collect::<Vec<_>>().join(" | ")
+    );
+}
+
+// FINDING: a field key over u32::MAX (a field number of 2^29 .. 2^32, which
+// prost's decode_key refuses: "invalid key value") is skipped as an unknown
+// field by the direct path, which then writes the row; the slow path refuses
+// the payload. The same inside a map entry.
+#[test]
+fn finding_a_key_past_u32_max_is_refused_by_the_slow_path_only() {
+    let s = ProtoSchema::parse(ALL, &[]).unwrap();
+    // Field number 2^29 (key 2^32, a varint), value 0; then i32 = 7.
+    let mut bytes = varint_bytes(1u64 << 32);
+    bytes.push(0);
+    bytes.extend([0x18, 7]);
+    let mut slow = Vec::new();
+    assert!(s.slow_json(&[0], &bytes, &mut slow, usize::MAX).is_err());
+    // In a map entry of `ms` (21): key "k", value 1, and the bad key.
+    let mut entry = vec![0x0a, 1, b'k', 0x10, 1];
+    entry.extend(varint_bytes((1u64 << 32) | 0));
+    entry.push(0);
+    let map_bytes = [vec![0xaa, 0x01], len_prefixed(entry)].concat();
+    let r1 = std::panic::catch_unwind(|| held(&s, &[0], &bytes, usize::MAX));
+    let r2 = std::panic::catch_unwind(|| held(&s, &[0], &map_bytes, usize::MAX));
+    assert!(
+        r1.is_ok() && r2.is_ok(),
+        "top level: {}, map entry: {}",
+        r1.is_ok(),
+        r2.is_ok()
+    );
+}
+
+/// A file that defines its own `google.protobuf.Timestamp` (or that a
+/// registry reference named `google/protobuf/timestamp.proto` supplies).
+fn fake_time(body: &str, name: &str) -> ProtoSchema {
+    let file = format!(
+        r#"syntax = "proto3"; package google.protobuf; message {name} {{ {body} }} message M {{ {name} t = 1; }}"#
+    );
+    ProtoSchema::parse(&file, &[]).unwrap()
+}
+
+// FINDING: `Form::Timestamp`/`Form::Duration` take the message's first
+// field as `seconds` and any other as `nanos`, by position and without
+// looking at kinds, while the slow path reads the fields by name and
+// refuses a Timestamp without them. A Timestamp with no fields: the direct
+// path writes "1970-01-01T00:00:00.000000000Z", the slow path refuses.
+#[test]
+fn finding_a_timestamp_without_seconds_is_written_by_the_direct_path() {
+    let s = fake_time("", "Timestamp");
+    held(&s, &[1], &[0x0a, 0x00], usize::MAX);
+}
+
+// FINDING: nanos declared first (number 1): the direct path writes nanos as
+// the seconds and the seconds as the nanos.
+#[test]
+fn finding_a_timestamp_with_nanos_first_is_read_by_position() {
+    let s = fake_time("int32 nanos = 1; int64 seconds = 2;", "Timestamp");
+    // nanos = 5, seconds = 7.
+    held(&s, &[1], &[0x0a, 0x04, 0x08, 5, 0x10, 7], usize::MAX);
+}
+
+// FINDING: a Duration whose seconds are sint64: the slow path unzigzags
+// (3 → -2), the direct path writes the raw varint ("3.000000000"). A third
+// int32 field is taken for the nanos as well.
+#[test]
+fn finding_a_duration_of_other_kinds_is_read_raw() {
+    let s = fake_time("sint64 seconds = 1; int32 nanos = 2;", "Duration");
+    let zigzag = std::panic::catch_unwind(|| held(&s, &[1], &[0x0a, 0x02, 0x08, 3], usize::MAX));
+    let s = fake_time(
+        "int64 seconds = 1; int32 nanos = 2; int32 extra = 3;",
+        "Duration",
+    );
+    let extra = std::panic::catch_unwind(|| held(&s, &[1], &[0x0a, 0x02, 0x18, 9], usize::MAX));
+    assert!(
+        zigzag.is_ok() && extra.is_ok(),
+        "sint64: {}, extra: {}",
+        zigzag.is_ok(),
+        extra.is_ok()
+    );
+}
+
+// FINDING: the same through a registry reference: a schema that imports
+// "google/protobuf/timestamp.proto" gets the reference's text, not the
+// compiler's, when the registry lists one under that name.
+#[test]
+fn finding_a_timestamp_from_a_reference_is_read_by_position() {
+    let fake = r#"syntax = "proto3"; package google.protobuf; message Timestamp { int32 nanos = 1; int64 seconds = 2; }"#;
+    let main = r#"syntax = "proto3"; import "google/protobuf/timestamp.proto"; message M { google.protobuf.Timestamp t = 1; }"#;
+    let s = ProtoSchema::parse(main, &[("google/protobuf/timestamp.proto", fake)]).unwrap();
+    held(&s, &[0], &[0x0a, 0x04, 0x08, 5, 0x10, 7], usize::MAX);
+}
+
+// FINDING: a wrapper type whose one `value` field is repeated (or a map):
+// `wrapped` takes it for a wrapper, the direct path writes one occurrence as
+// a scalar ({"w":5}), the slow path the list ({"w":[5]}).
+#[test]
+fn finding_a_repeated_wrapper_value_is_written_as_a_scalar() {
+    let file = r#"syntax = "proto3"; package google.protobuf; message Int64Value { repeated int64 value = 1; } message M { Int64Value w = 1; }"#;
+    let s = ProtoSchema::parse(file, &[]).unwrap();
+    held(&s, &[1], &[0x0a, 0x02, 0x08, 5], usize::MAX);
+}
+
+#[test]
+fn finding_a_map_wrapper_value_is_written_as_its_entry() {
+    let file = r#"syntax = "proto3"; package google.protobuf; message StringValue { map<string, string> value = 1; } message M { StringValue w = 1; }"#;
+    let s = ProtoSchema::parse(file, &[]).unwrap();
+    // w { value { key "k" value "v" } }
+    let entry = [0x0a, 1, b'k', 0x12, 1, b'v'];
+    let wrapper = [vec![0x0a], len_prefixed(entry.to_vec())].concat();
+    let m = [vec![0x0a], len_prefixed(wrapper)].concat();
+    held(&s, &[1], &m, usize::MAX);
+}
+
+// FINDING: a wrapper type whose `value` is itself (or another such wrapper):
+// `Builder::compile` writes each field's unset text through `Json::value`
+// on its default, and the wrapper's default's value is the wrapper's
+// default, without end: `ProtoSchema::parse` overflows the stack (the whole
+// process aborts; before 7667351 parse returned and `to_json` overflowed).
+#[test]
+fn finding_a_recursive_wrapper_overflows_the_stack_in_parse() {
+    in_child(
+        "finding_a_recursive_wrapper_overflows_the_stack_in_parse",
+        || {
+            let file = r#"syntax = "proto3"; package google.protobuf; message StringValue { StringValue value = 1; } message M { int32 a = 1; }"#;
+            let _ = ProtoSchema::parse(file, &[]);
+        },
+    );
+}
+
+/// Bytes allocated and not freed, by the thread that allocated them (for
+/// measuring what a parsed schema holds).
+mod counting {
+    use std::alloc::{GlobalAlloc, Layout, System};
+    use std::cell::Cell;
+
+    thread_local! {
+        static NET: Cell<isize> = const { Cell::new(0) };
+    }
+
+    fn add(n: isize) {
+        let _ = NET.try_with(|c| c.set(c.get() + n));
+    }
+
+    pub struct Counting;
+
+    unsafe impl GlobalAlloc for Counting {
+        unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+            add(l.size() as isize);
+            unsafe { System.alloc(l) }
+        }
+        unsafe fn alloc_zeroed(&self, l: Layout) -> *mut u8 {
+            add(l.size() as isize);
+            unsafe { System.alloc_zeroed(l) }
+        }
+        unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+            add(-(l.size() as isize));
+            unsafe { System.dealloc(p, l) }
+        }
+        unsafe fn realloc(&self, p: *mut u8, l: Layout, new: usize) -> *mut u8 {
+            add(new as isize - l.size() as isize);
+            unsafe { System.realloc(p, l, new) }
+        }
+    }
+
+    #[global_allocator]
+    static A: Counting = Counting;
+
+    /// Bytes this thread holds.
+    pub fn net() -> isize {
+        NET.with(|c| c.get())
+    }
+}
+
+/// What compiling `text` costs without the plans: protox's pool, as
+/// `ProtoSchema::parse` builds it. Returns (bytes held, seconds).
+fn pool_only(text: &str) -> (isize, f64) {
+    let before = counting::net();
+    let t = std::time::Instant::now();
+    let files = Files([(MAIN.to_string(), File::from_source(MAIN, text).unwrap())].into());
+    let mut compiler = protox::Compiler::with_file_resolver(files);
+    compiler.include_imports(true);
+    compiler.open_file(MAIN).unwrap();
+    let pool = compiler.descriptor_pool();
+    drop(compiler);
+    let secs = t.elapsed().as_secs_f64();
+    let held = counting::net() - before;
+    drop(pool);
+    (held, secs)
+}
+
+/// What `ProtoSchema::parse` of `text` costs: (bytes held, seconds).
+fn parsed(text: &str) -> (isize, f64) {
+    let before = counting::net();
+    let t = std::time::Instant::now();
+    let s = ProtoSchema::parse(text, &[]).unwrap();
+    let secs = t.elapsed().as_secs_f64();
+    let held = counting::net() - before;
+    drop(s);
+    (held, secs)
+}
+
+// FINDING: every field's `unset` text is kept, also for the fields with
+// presence that never write it; for a message field it is the whole default
+// object of its type. N fields of a message type of N fields hold N² texts:
+// a schema of ~60 KB holds tens of MB (quadratic in the schema's size;
+// the registry's answers may be 16 MiB).
+#[test]
+fn finding_unset_texts_grow_with_the_square_of_the_schema() {
+    let n = 1500;
+    let mut text = String::from("syntax = \"proto3\"; message User {");
+    for i in 1..=n {
+        text += &format!("Big b{i}={i};");
+    }
+    text += "} message Big {";
+    for i in 1..=n {
+        text += &format!("int32 f{i}={i};");
+    }
+    text += "}";
+    let (pool, pool_secs) = pool_only(&text);
+    let (all, secs) = parsed(&text);
+    eprintln!(
+        "schema {} B: the pool holds {pool} B ({pool_secs:.3} s), parse {all} B ({secs:.3} s)",
+        text.len()
+    );
+    assert!(
+        all < 2 * pool,
+        "the plans hold {} B more than the pool's {pool} B",
+        all - pool
+    );
+}
+
+// FINDING: each plan's `dense` table is sized by its highest field number
+// under 1024: 4 KiB for a message of one field numbered 1023, ~150 times
+// the 28 bytes of text that declare it.
+#[test]
+fn finding_dense_tables_cost_4_kib_a_message() {
+    let mut text = String::from("syntax = \"proto3\";");
+    for i in 0..3000 {
+        text += &format!("message M{i}{{int32 a=1023;}}");
+    }
+    let (pool, pool_secs) = pool_only(&text);
+    let (all, secs) = parsed(&text);
+    eprintln!(
+        "schema {} B: the pool holds {pool} B ({pool_secs:.3} s), parse {all} B ({secs:.3} s)",
+        text.len()
+    );
+    assert!(
+        all < 2 * pool,
+        "the plans hold {} B more than the pool's {pool} B",
+        all - pool
+    );
+}
+
+// FINDING?: each field's oneof is found by a linear search of the message's
+// oneofs by name: compiling a message of K one-member oneofs costs K²
+// comparisons.
+#[test]
+fn finding_many_oneofs_compile_in_quadratic_time() {
+    let k = 20_000;
+    let mut text = String::from("syntax = \"proto3\"; message M {");
+    for i in 1..=k {
+        // 19000 to 19999 are reserved.
+        let n = if i < 19_000 { i } else { i + 1000 };
+        text += &format!("oneof o{i}{{int32 f{i}={n};}}");
+    }
+    text += "}";
+    let (_, pool_secs) = pool_only(&text);
+    let (_, secs) = parsed(&text);
+    eprintln!(
+        "schema {} B: the pool {pool_secs:.3} s, parse {secs:.3} s",
+        text.len()
+    );
+    assert!(
+        secs < 2.0 * pool_secs + 0.1,
+        "parse {secs:.3} s, the pool {pool_secs:.3} s"
+    );
+}

@@ -234,7 +234,7 @@ impl ClickHouse {
     }
 
     /// The column names of `route`'s table (empty: no such table).
-    async fn columns_of(&self, route: &Route) -> Result<Vec<String>, ChError> {
+    pub async fn columns_of(&self, route: &Route) -> Result<Vec<String>, ChError> {
         self.bounded(
             self.client
                 .query("SELECT name FROM system.columns WHERE database = ? AND table = ?")

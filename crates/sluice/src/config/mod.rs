@@ -531,6 +531,16 @@ mod tests {
             e.starts_with("route[0].subject: expected nothing for a json route"),
             "{e}"
         );
+        assert!(!load(MIN).unwrap().routes[0].extra_to_dlq);
+        assert!(load(&route("extra_fields = 'dlq'")).unwrap().routes[0].extra_to_dlq);
+        assert!(!load(&route("extra_fields = 'ignore'")).unwrap().routes[0].extra_to_dlq);
+        let e = load(&route("extra_fields = 'drop'"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("route[0].extra_fields: expected ignore or dlq"),
+            "{e}"
+        );
         let e = load(&route("format = 'csv'")).unwrap_err().to_string();
         assert!(
             e.starts_with("route[0].format: expected json, avro or protobuf"),

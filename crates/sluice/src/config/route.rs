@@ -44,6 +44,9 @@ pub struct RawRoute {
     /// The registry subject whose schemas `check-config` and `schema` read.
     /// Default `<topic>-value`. Only for `avro` and `protobuf`.
     pub subject: Option<String>,
+    /// What becomes of a record with a top-level field the table has no
+    /// column for: `ignore` (default: the row lands without it) or `dlq`.
+    pub extra_fields: Option<String>,
 }
 
 /// How a route's record values are written.
@@ -107,6 +110,9 @@ pub struct Route {
     pub format: Format,
     /// The registry subject of the route's schemas (`avro`, `protobuf`).
     pub subject: Option<String>,
+    /// Records with a top-level field the table lacks go to the DLQ
+    /// (`extra_fields = "dlq"`) rather than land without it.
+    pub extra_to_dlq: bool,
 }
 
 /// Key-level dedup settings of a route.
@@ -200,6 +206,17 @@ impl RawRoute {
             }
             (_, s) => Some(s.unwrap_or_else(|| format!("{}-value", r.topic))),
         };
+        let extra_to_dlq = match r.extra_fields.as_deref() {
+            None | Some("ignore") => false,
+            Some("dlq") => true,
+            Some(other) => {
+                return Err(invalid(
+                    &format!("route[{i}].extra_fields"),
+                    "ignore or dlq",
+                    other,
+                ))
+            }
+        };
         Ok(Route {
             topic: r.topic,
             database: db,
@@ -208,6 +225,7 @@ impl RawRoute {
             required: r.required,
             format,
             subject,
+            extra_to_dlq,
         })
     }
 }

@@ -50,6 +50,8 @@ pub struct RunSpec {
     /// the registry at `schema_registry`.
     pub format: &'static str,
     pub schema_registry: Option<String>,
+    /// The route's `extra_fields` (`ignore` when unset).
+    pub extra_fields: Option<&'static str>,
 }
 
 /// A running `sluice run`.
@@ -99,6 +101,7 @@ topic = "{topic}"
 table = "{table}"
 format = "{format}"
 required = {required:?}
+extra_fields = "{extra}"
 {dedup}{registry}"#,
                 brokers = self.brokers,
                 group = self.group,
@@ -130,6 +133,7 @@ required = {required:?}
                     .map(|t| format!("[dlq]\ntopic = \"{t}\"\n"))
                     .unwrap_or_default(),
                 required = self.required,
+                extra = self.extra_fields.unwrap_or("ignore"),
                 max_record = self
                     .max_record_bytes
                     .map(|b| format!("max_record_bytes = {b}\n"))

@@ -243,6 +243,7 @@ impl Run {
             kafka_properties: Vec::new(),
             format: if avro { "avro" } else { "json" },
             schema_registry: registry,
+            extra_fields: None,
         };
         Ok(Self {
             stack: stack.clone(),

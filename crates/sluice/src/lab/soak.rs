@@ -145,6 +145,7 @@ pub async fn run(clickhouse_url: &str, o: SoakOptions) -> anyhow::Result<SoakRep
         kafka_properties: Vec::new(),
         format: "json",
         schema_registry: None,
+        extra_fields: None,
     };
 
     // The producer: `rate` records a second until told to stop; paused

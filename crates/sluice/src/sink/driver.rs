@@ -15,6 +15,7 @@
 //! the group id) stops the process with the cause: it abandons its work,
 //! inserts nothing more and exits non-zero.
 
+use super::columns::TableColumns;
 use super::dlq::Dlq;
 use super::lease::renew;
 use super::lease::Lease;
@@ -147,6 +148,9 @@ pub async fn run(
         cfg.sink.max_record_bytes,
         cfg.sink.batch_buffer_bytes(),
     );
+    let columns = TableColumns::read(ctx.ch.clone(), &routes)
+        .await
+        .context("reading the columns of the tables of the routes with extra_fields = \"dlq\"")?;
     let owners = Owners::new(&cfg.kafka, routes.clone())
         .context("creating the client of the register of owners")?;
     // Before the sink: it looks its counters up in the installed recorder.
@@ -168,6 +172,7 @@ pub async fn run(
         me,
         stopping.clone(),
         schemas,
+        columns,
     );
     if cfg.sink.delivery.is_exactly_once() {
         tracing::info!(

@@ -9,8 +9,11 @@
 //! may still write a partition, on its own clock; [`dedup`] rebuilds a
 //! partition's key dedup window when it changes hands; [`schemas`] decodes
 //! the records of Avro and Protobuf routes with the registry's schemas;
-//! [`dlq`] sends records that cannot become rows to the dead-letter topic.
+//! [`columns`] knows the tables' columns where a route refuses records
+//! with fields its table lacks; [`dlq`] sends records that cannot become
+//! rows to the dead-letter topic.
 
+mod columns;
 mod dedup;
 mod dlq;
 mod driver;

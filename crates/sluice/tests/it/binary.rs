@@ -41,7 +41,7 @@ async fn produce_official(topic: &str, format: &str, start: u64, n: u64, version
 }
 
 /// Produces raw values to `partition` of `topic` on `brokers`.
-fn produce_raw(brokers: &str, topic: &str, partition: i32, values: &[Vec<u8>]) {
+pub(crate) fn produce_raw(brokers: &str, topic: &str, partition: i32, values: &[Vec<u8>]) {
     let p: BaseProducer = ClientConfig::new()
         .set("bootstrap.servers", brokers)
         .set("enable.idempotence", "true")
@@ -183,12 +183,12 @@ async fn protobuf_from_the_official_serializer_lands_exactly_once_across_schema_
     official_records_land_exactly("protobuf").await;
 }
 
-const SCHEMA_V1: &str = r#"{"type":"record","name":"Event","fields":[{"name":"id","type":"long"},{"name":"payload","type":"string"}]}"#;
-const SCHEMA_V2: &str = r#"{"type":"record","name":"Event","fields":[{"name":"id","type":"long"},{"name":"payload","type":"string"},{"name":"extra","type":"int","default":0}]}"#;
+pub(crate) const SCHEMA_V1: &str = r#"{"type":"record","name":"Event","fields":[{"name":"id","type":"long"},{"name":"payload","type":"string"}]}"#;
+pub(crate) const SCHEMA_V2: &str = r#"{"type":"record","name":"Event","fields":[{"name":"id","type":"long"},{"name":"payload","type":"string"},{"name":"extra","type":"int","default":0}]}"#;
 
 /// Records `ids` written with `schema` (registered as `id`); version 2's
 /// carry its field `extra`.
-fn framed(schema: &str, id: u32, ids: std::ops::Range<u64>) -> Vec<Vec<u8>> {
+pub(crate) fn framed(schema: &str, id: u32, ids: std::ops::Range<u64>) -> Vec<Vec<u8>> {
     let s = AvroSchema::parse(schema, &[]).unwrap();
     let extra = if schema == SCHEMA_V2 {
         r#","extra":1"#

@@ -291,6 +291,8 @@ pub struct SinkSpec {
     /// The route's `format`, and the registry of `avro` / `protobuf`.
     pub format: &'static str,
     pub schema_registry: Option<String>,
+    /// The route's `extra_fields`.
+    pub extra_fields: Option<&'static str>,
 }
 
 impl SinkSpec {
@@ -318,6 +320,7 @@ impl SinkSpec {
             kafka_properties: Vec::new(),
             format: "json",
             schema_registry: None,
+            extra_fields: None,
         }
     }
 
@@ -347,6 +350,7 @@ impl SinkSpec {
             kafka_properties: self.kafka_properties.clone(),
             format: self.format,
             schema_registry: self.schema_registry.clone(),
+            extra_fields: self.extra_fields,
         }
         .start_with(env!("CARGO_BIN_EXE_sluice").as_ref())
         .expect("starting sluice")

@@ -18,6 +18,7 @@ mod dedup;
 mod delivery;
 mod dlq;
 mod errors;
+mod extra;
 mod faults;
 mod handoff;
 mod metrics;

@@ -17,6 +17,7 @@
 mod handoff;
 mod record;
 
+use super::columns::TableColumns;
 use super::dlq::Letter;
 use super::event::{Completion, Event, Outcome};
 use super::fates::Fates;
@@ -32,7 +33,9 @@ use rdkafka::message::Message;
 use rdkafka::{Offset as KOffset, TopicPartitionList};
 use record::{Fate, Record, Value};
 use sluice_core::dedup::KeyWindow;
-use sluice_core::{AckTracker, BatchBuilder, BatchLimits, NextOffset, Offset, PartitionId};
+use sluice_core::{
+    AckTracker, BatchBuilder, BatchLimits, NextOffset, Offset, PartitionId, RowError,
+};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::mpsc;
 use std::sync::Arc;
@@ -167,6 +170,8 @@ pub(super) struct Sink {
     taken: HashMap<Key, u32>,
     /// The registry routes' decoders, by schema id.
     schemas: Schemas,
+    /// The tables' columns, on routes that refuse fields their table lacks.
+    columns: TableColumns,
     /// A registry route's decoded row, before the encoder takes it.
     decoded: Vec<u8>,
 }
@@ -182,6 +187,7 @@ impl Sink {
         me: u64,
         stopping: CancellationToken,
         schemas: Schemas,
+        columns: TableColumns,
     ) -> Self {
         let (tx, rx) = mpsc::channel();
         Self {
@@ -208,6 +214,7 @@ impl Sink {
             me,
             taken: HashMap::new(),
             schemas,
+            columns,
             decoded: Vec::new(),
         }
     }
@@ -302,6 +309,15 @@ impl Sink {
                     return;
                 }
             }
+        };
+        let row = match &value {
+            Value::Json => rec.payload,
+            Value::Decoded(row) => Some(*row),
+            Value::Refused(_) => None,
+        };
+        let value = match row.and_then(|row| self.columns.extra_field(ri, row, &self.handle)) {
+            Some(field) => Value::Refused(RowError::ExtraField(field)),
+            None => value,
         };
         let fate = part.take(
             &self.ctx.encoders[ri],
