@@ -21,7 +21,7 @@ use super::lease::renew;
 use super::lease::Lease;
 use super::owners::{new_owner, register_group, Owners};
 use super::schemas::Schemas;
-use super::state::{Sink, Stats};
+use super::state::{RowChecks, Sink, Stats};
 use super::writer::WriterCtx;
 use super::SinkContext;
 use crate::ch::ClickHouse;
@@ -171,8 +171,7 @@ pub async fn run(
         owners.clone(),
         me,
         stopping.clone(),
-        schemas,
-        columns,
+        RowChecks { schemas, columns },
     );
     if cfg.sink.delivery.is_exactly_once() {
         tracing::info!(

@@ -176,6 +176,13 @@ pub(super) struct Sink {
     decoded: Vec<u8>,
 }
 
+/// What a route's records are read and checked with besides its encoder:
+/// the registry's schemas, and the tables' columns.
+pub(super) struct RowChecks {
+    pub schemas: Schemas,
+    pub columns: TableColumns,
+}
+
 impl Sink {
     /// A sink with no partitions yet, on the current tokio runtime. Tasks
     /// report to it through [`Sink::events`].
@@ -186,9 +193,9 @@ impl Sink {
         owners: Owners,
         me: u64,
         stopping: CancellationToken,
-        schemas: Schemas,
-        columns: TableColumns,
+        checks: RowChecks,
     ) -> Self {
+        let RowChecks { schemas, columns } = checks;
         let (tx, rx) = mpsc::channel();
         Self {
             counters: routes
