@@ -11,6 +11,7 @@
 //! varint count, then that many zigzag varint indexes (a single `0` byte
 //! stands for `[0]`, the file's first message).
 
+use std::borrow::Cow;
 use thiserror::Error;
 
 /// A record value that is not in the registry's wire format.
@@ -51,10 +52,10 @@ const MAX_INDEXES: u64 = 64;
 /// Reads the message indexes at the start of a Protobuf payload: the path
 /// to the message type (`[0]`: the file's first message; `[1, 0]`: the
 /// first message nested in the second). Returns it and the message bytes.
-pub fn message_indexes(payload: &[u8]) -> Result<(Vec<i32>, &[u8]), FrameError> {
+pub fn message_indexes(payload: &[u8]) -> Result<(Cow<'static, [i32]>, &[u8]), FrameError> {
     let (count, mut rest) = zigzag(payload)?;
     if count == 0 {
-        return Ok((vec![0], rest));
+        return Ok((Cow::Borrowed(&[0]), rest));
     }
     if !(1..=MAX_INDEXES as i64).contains(&count) {
         return Err(FrameError::Indexes);
@@ -65,7 +66,7 @@ pub fn message_indexes(payload: &[u8]) -> Result<(Vec<i32>, &[u8]), FrameError> 
         path.push(i32::try_from(i).map_err(|_| FrameError::Indexes)?);
         rest = r;
     }
-    Ok((path, rest))
+    Ok((Cow::Owned(path), rest))
 }
 
 /// Writes the header of a value written with schema `id`: the magic byte
@@ -144,12 +145,14 @@ mod tests {
 
     #[test]
     fn message_indexes_follow_the_confluent_layout() {
-        assert_eq!(message_indexes(&[0, 8, 1]).unwrap(), (vec![0], &[8, 1][..]));
+        let (path, rest) = message_indexes(&[0, 8, 1]).unwrap();
+        assert_eq!((&*path, rest), (&[0][..], &[8, 1][..]));
         let mut v = zz(2);
         v.extend(zz(1));
         v.extend(zz(0));
         v.push(9);
-        assert_eq!(message_indexes(&v).unwrap(), (vec![1, 0], &[9][..]));
+        let (path, rest) = message_indexes(&v).unwrap();
+        assert_eq!((&*path, rest), (&[1, 0][..], &[9][..]));
         assert_eq!(message_indexes(&[]), Err(FrameError::Indexes));
         assert_eq!(
             message_indexes(&zz(3)),

@@ -18,6 +18,7 @@
 
 use super::{wrapped, Json};
 use prost_reflect::{FieldDescriptor, FileDescriptor, Kind, MessageDescriptor};
+use std::cell::RefCell;
 use std::collections::HashMap;
 
 /// Every message type a schema's file defines or reaches, compiled.
@@ -26,8 +27,9 @@ pub(super) struct Plans {
     plans: Vec<Plan>,
     /// Each enum's values: (number, the name as a JSON string), by number.
     enums: Vec<Vec<(i32, Box<[u8]>)>>,
-    /// The plan of each message the file defines, by its message indexes.
-    roots: HashMap<Vec<i32>, u32>,
+    /// The plan of each message the file defines, by its message indexes
+    /// (sorted).
+    roots: Vec<(Vec<i32>, u32)>,
 }
 
 #[derive(Debug, Clone)]
@@ -125,7 +127,7 @@ impl Plans {
     /// Compiles every message `file` defines and every one they reach.
     pub(super) fn compile(file: &FileDescriptor) -> Plans {
         let mut b = Builder::default();
-        let mut roots = HashMap::new();
+        let mut roots = Vec::new();
         let mut stack: Vec<(Vec<i32>, MessageDescriptor)> = file
             .messages()
             .enumerate()
@@ -137,11 +139,13 @@ impl Plans {
                 p.push(i as i32);
                 stack.push((p, child));
             }
-            roots.insert(path, b.plan(&m));
+            let plan = b.plan(&m);
+            roots.push((path, plan));
         }
         while let Some((at, m)) = b.todo.pop() {
             b.plans[at as usize] = b.compile(&m);
         }
+        roots.sort();
         Plans {
             plans: b.plans,
             enums: b.enums,
@@ -159,21 +163,31 @@ impl Plans {
         out: &mut Vec<u8>,
         limit: usize,
     ) -> Option<()> {
-        let plan = *self.roots.get(path)?;
+        let at = self
+            .roots
+            .binary_search_by(|(p, _)| p.as_slice().cmp(path))
+            .ok()?;
+        let plan = self.roots[at].1;
         let start = out.len();
-        let mut w = Writer {
-            plans: self,
-            out,
-            end: start.saturating_add(limit),
-            seen: Vec::new(),
-            entries: Vec::new(),
-        };
-        // Past the limit is the slow path's to refuse (it stops sooner).
-        let written = w.message(plan, bytes, 0).filter(|_| w.out.len() <= w.end);
-        if written.is_none() {
-            w.out.truncate(start);
-        }
-        written
+        SCRATCH.with(|scratch| {
+            let mut scratch = scratch.borrow_mut();
+            let (seen, entries) = &mut *scratch;
+            seen.clear();
+            entries.clear();
+            let mut w = Writer {
+                plans: self,
+                out,
+                end: start.saturating_add(limit),
+                seen,
+                entries,
+            };
+            // Past the limit is the slow path's to refuse (it stops sooner).
+            let written = w.message(plan, bytes, 0).filter(|_| w.out.len() <= w.end);
+            if written.is_none() {
+                w.out.truncate(start);
+            }
+            written
+        })
     }
 }
 
@@ -347,15 +361,23 @@ enum MapKey {
     Str(u32, u32),
 }
 
+/// A map's entry while they are sorted: the key, where the entry's bytes
+/// start and end, and its value.
+type Entry = (MapKey, u32, u32, Seen);
+
+thread_local! {
+    /// The writers' lists, kept from one message to the next on a thread.
+    static SCRATCH: RefCell<(Vec<Seen>, Vec<Entry>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+}
+
 struct Writer<'a> {
     plans: &'a Plans,
     out: &'a mut Vec<u8>,
     end: usize,
     /// Occurrences of the messages being written, innermost last.
-    seen: Vec<Seen>,
-    /// A map's entries while they are sorted: the key, where the entry's
-    /// bytes start and end, and its value.
-    entries: Vec<(MapKey, u32, u32, Seen)>,
+    seen: &'a mut Vec<Seen>,
+    /// The entries of the maps being written, innermost last.
+    entries: &'a mut Vec<Entry>,
 }
 
 /// Reads a varint as prost does: at most ten bytes, the tenth at most 1.
