@@ -14,8 +14,18 @@ use sluice_core::{MetadataColumns, RowEncoder};
 use std::time::Instant;
 
 const N: u64 = 100_000;
-const EVENTS: [&str; 7] = ["view", "click", "add_to_cart", "purchase", "search", "login", "logout"];
-const COUNTRIES: [&str; 12] = ["US", "DE", "FR", "GB", "JP", "BR", "IN", "CN", "CA", "AU", "ES", "IT"];
+const EVENTS: [&str; 7] = [
+    "view",
+    "click",
+    "add_to_cart",
+    "purchase",
+    "search",
+    "login",
+    "logout",
+];
+const COUNTRIES: [&str; 12] = [
+    "US", "DE", "FR", "GB", "JP", "BR", "IN", "CN", "CA", "AU", "ES", "IT",
+];
 const DEVICES: [&str; 3] = ["desktop", "mobile", "tablet"];
 
 const AVRO: &str = r#"{"type":"record","name":"Event","namespace":"bench","fields":[
@@ -51,11 +61,18 @@ fn record(i: u64, ts: impl Fn(u64) -> String) -> String {
     )
 }
 
+/// Turns a record (its value, its offset) into its row, appended.
+type ToRow<'a> = dyn FnMut(&[u8], i64, &mut Vec<u8>) + 'a;
+
 /// The best of five passes of `one` over every record, in ns a record.
-fn cost(records: &[Vec<u8>], one: &mut dyn FnMut(&[u8], i64, &mut Vec<u8>)) -> f64 {
+fn cost(records: &[Vec<u8>], one: &mut ToRow) -> f64 {
     let mut out = Vec::with_capacity(1 << 20);
     let mut best = f64::MAX;
-    let passes = if std::env::args().nth(1).is_some() { 50 } else { 5 };
+    let passes = if std::env::args().nth(1).is_some() {
+        50
+    } else {
+        5
+    };
     for _ in 0..passes {
         let t = Instant::now();
         for (i, r) in records.iter().enumerate() {
@@ -88,7 +105,10 @@ fn main() {
         .map(|i| {
             let text = record(i, |ms| {
                 let at = chrono::DateTime::from_timestamp_millis(ms as i64).unwrap();
-                format!("\"{}\"", at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
+                format!(
+                    "\"{}\"",
+                    at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+                )
             });
             proto.from_json(&[0], &text).unwrap()
         })
@@ -98,13 +118,13 @@ fn main() {
     let decoded = RowEncoder::new("bench", MetadataColumns::default()).for_decoded();
     let mut row = Vec::new();
     let only = std::env::args().nth(1);
-    let cost = |name: &str, records: &[Vec<u8>], one: &mut dyn FnMut(&[u8], i64, &mut Vec<u8>)| {
-        match only.as_deref() {
-            Some(o) if o != name => f64::NAN,
-            _ => cost(records, one),
-        }
+    let cost = |name: &str, records: &[Vec<u8>], one: &mut ToRow| match only.as_deref() {
+        Some(o) if o != name => f64::NAN,
+        _ => cost(records, one),
     };
-    let j = cost("json", &json, &mut |r, o, out| plain.encode(Some(r), 0, o, out).unwrap());
+    let j = cost("json", &json, &mut |r, o, out| {
+        plain.encode(Some(r), 0, o, out).unwrap()
+    });
     let a = cost("avro", &avro_records, &mut |r, o, out| {
         row.clear();
         avro.to_json(r, &mut row, usize::MAX).unwrap();
@@ -118,7 +138,11 @@ fn main() {
     let bytes = |rs: &[Vec<u8>]| rs.iter().map(Vec::len).sum::<usize>() as f64 / rs.len() as f64;
     println!("| format | bytes/record | ns/record to its row | × JSON |");
     println!("| --- | --- | --- | --- |");
-    for (name, rs, ns) in [("json", &json, j), ("avro", &avro_records, a), ("protobuf", &proto_records, p)] {
+    for (name, rs, ns) in [
+        ("json", &json, j),
+        ("avro", &avro_records, a),
+        ("protobuf", &proto_records, p),
+    ] {
         println!("| {name} | {:.0} | {ns:.0} | {:.2} |", bytes(rs), ns / j);
     }
 }

@@ -206,4 +206,128 @@ mod tests {
             prop_assert_eq!(text, want);
         }
     }
+
+    fn naive(bytes: &[u8]) -> Option<usize> {
+        bytes
+            .iter()
+            .position(|&b| b == b'"' || b == b'\\' || b < 0x20)
+    }
+
+    #[test]
+    fn every_byte_at_every_place_is_found_as_a_byte_by_byte_scan_finds_it() {
+        // Fillers around the byte: just above the control range, next to the
+        // quote and the backslash, and bytes with their high bit set (which
+        // the word test masks, and whose borrows could spill).
+        let fillers = [
+            0x20u8, 0x21, 0x23, 0x5b, 0x5d, 0x7f, 0x80, 0xa2, 0xdc, 0xff, 0xa0, 0x9f,
+        ];
+        for len in 0..=24 {
+            for filler in fillers {
+                let mut bytes = vec![filler; len];
+                assert_eq!(needs_escape(&bytes), None);
+                for at in 0..len {
+                    for b in 0..=255u8 {
+                        bytes[at] = b;
+                        assert_eq!(needs_escape(&bytes), naive(&bytes), "{bytes:02x?}");
+                    }
+                    bytes[at] = filler;
+                }
+            }
+        }
+        // Two bytes of one word: every pair, with a high filler.
+        for filler in [0x20u8, 0x80, 0xff] {
+            for p in 0..8 {
+                for q in 0..8 {
+                    for a in 0..=255u8 {
+                        for b in 0..=255u8 {
+                            let mut w = [filler; 8];
+                            w[p] = a;
+                            w[q] = b;
+                            assert_eq!(needs_escape(&w), naive(&w), "{w:02x?}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn zmij_writes_the_shortest_text_that_reads_back() {
+        // f32: every value was checked outside the suite (4.3e9, all read
+        // back exactly); here a sample, with Rust's shortest as the reference.
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        for _ in 0..2_000_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            for v in [f64::from_bits(x), f64::from(f32::from_bits(x as u32))] {
+                if !v.is_finite() {
+                    continue;
+                }
+                let mut out = Vec::new();
+                f64(&mut out, v);
+                let text = String::from_utf8(out).unwrap();
+                assert_eq!(
+                    text.parse::<f64>().unwrap().to_bits(),
+                    v.to_bits(),
+                    "{text}"
+                );
+                let sig = |s: &str| {
+                    let m = s.split(['e', 'E']).next().unwrap();
+                    let d: String = m.chars().filter(|c| c.is_ascii_digit()).collect();
+                    d.trim_start_matches('0').trim_end_matches('0').len()
+                };
+                assert_eq!(sig(&text), sig(&format!("{v:e}")), "{text} vs {v:e}");
+            }
+            let v = f32::from_bits(x as u32);
+            if v.is_finite() {
+                let mut out = Vec::new();
+                f32(&mut out, v);
+                let text = String::from_utf8(out).unwrap();
+                assert_eq!(
+                    text.parse::<f32>().unwrap().to_bits(),
+                    v.to_bits(),
+                    "{text}"
+                );
+            }
+        }
+        for (v, want) in [
+            (-0.0f64, "-0.0"),
+            (5e-324, "5e-324"),
+            (f64::MAX, "1.7976931348623157e+308"),
+        ] {
+            let mut out = Vec::new();
+            f64(&mut out, v);
+            assert_eq!(out, want.as_bytes());
+        }
+    }
+
+    #[test]
+    fn local_and_utc_times_at_chronos_ends_are_chronos() {
+        let min = chrono::DateTime::<chrono::Utc>::MIN_UTC.timestamp();
+        let max = chrono::DateTime::<chrono::Utc>::MAX_UTC.timestamp();
+        for secs in [
+            min,
+            min + 1,
+            min + 86_400 * 366,
+            -62_167_219_200 - 1,
+            -62_167_219_200,
+            -62_135_596_800,
+            253_402_300_799,
+            253_402_300_800,
+            max - 1,
+            max,
+        ] {
+            let at = chrono::DateTime::from_timestamp(secs, 0).unwrap();
+            for (utc, fmt, zone) in [
+                (true, "%Y-%m-%dT%H:%M:%S", "Z"),
+                (false, "%Y-%m-%d %H:%M:%S", ""),
+            ] {
+                let mut out = Vec::new();
+                assert!(datetime(&mut out, secs, 999_999, 6, utc));
+                let want = format!("\"{}.999999{zone}\"", at.format(fmt));
+                assert_eq!(String::from_utf8(out).unwrap(), want);
+            }
+        }
+    }
 }

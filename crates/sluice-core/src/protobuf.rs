@@ -257,10 +257,10 @@ struct Json<'a> {
 impl Json<'_> {
     fn message(&mut self, msg: &DynamicMessage) -> Result<(), ProtoError> {
         let desc = msg.descriptor();
-        match desc.full_name() {
-            "google.protobuf.Timestamp" => return self.timestamp(msg),
-            "google.protobuf.Duration" => return self.duration(msg),
-            _ => {}
+        match well_known(&desc) {
+            Some(WellKnown::Timestamp) => return self.timestamp(msg),
+            Some(WellKnown::Duration) => return self.duration(msg),
+            None => {}
         }
         if let Some(field) = wrapped(&desc) {
             return self.value(&msg.get_field(&field), &field.kind());
@@ -349,12 +349,7 @@ impl Json<'_> {
 
     /// `google.protobuf.Timestamp` as RFC 3339 in UTC with 9 digits.
     fn timestamp(&mut self, msg: &DynamicMessage) -> Result<(), ProtoError> {
-        let (secs, nanos) = seconds_and_nanos(msg)?;
-        if nanos < 0 {
-            return Err(ProtoError::Undecodable(format!(
-                "a Timestamp with nanos {nanos}"
-            )));
-        }
+        let (secs, nanos) = seconds_and_nanos(msg, WellKnown::Timestamp)?;
         if crate::json_text::datetime(self.out, secs, nanos as u64, 9, true) {
             Ok(())
         } else {
@@ -366,7 +361,7 @@ impl Json<'_> {
 
     /// `google.protobuf.Duration` as exact seconds.
     fn duration(&mut self, msg: &DynamicMessage) -> Result<(), ProtoError> {
-        let (secs, nanos) = seconds_and_nanos(msg)?;
+        let (secs, nanos) = seconds_and_nanos(msg, WellKnown::Duration)?;
         duration_text(self.out, secs, nanos);
         Ok(())
     }
@@ -456,9 +451,9 @@ fn kind_type(kind: &Kind, depth: usize) -> String {
                 "LowCardinality(String)".into()
             }
         }
-        Kind::Message(m) => match (m.full_name(), wrapped(m)) {
-            ("google.protobuf.Timestamp", _) => "DateTime64(9, 'UTC')".into(),
-            ("google.protobuf.Duration", _) => "Decimal(38, 9)".into(),
+        Kind::Message(m) => match (well_known(m), wrapped(m)) {
+            (Some(WellKnown::Timestamp), _) => "DateTime64(9, 'UTC')".into(),
+            (Some(WellKnown::Duration), _) => "Decimal(38, 9)".into(),
             (_, Some(field)) => format!("Nullable({})", kind_type(&field.kind(), depth)),
             // ClickHouse has no recursive type.
             _ if depth > 16 => "String".into(),
@@ -474,39 +469,81 @@ fn kind_type(kind: &Kind, depth: usize) -> String {
 }
 
 /// The field holding the value of a wrapper type (`Int64Value`, …): field
-/// 1 of one of them, as `google/protobuf/wrappers.proto` defines it. A
-/// message that only takes a wrapper's name is a message like any other.
+/// 1 of one of them, of the kind `google/protobuf/wrappers.proto` gives it.
+/// A message that only takes a wrapper's name is a message like any other.
 fn wrapped(m: &MessageDescriptor) -> Option<prost_reflect::FieldDescriptor> {
     let field = m.get_field(1)?;
-    (wrapper(m.full_name()) && m.fields().len() == 1 && field.name() == "value").then_some(field)
+    let kind = match m.full_name() {
+        "google.protobuf.DoubleValue" => Kind::Double,
+        "google.protobuf.FloatValue" => Kind::Float,
+        "google.protobuf.Int64Value" => Kind::Int64,
+        "google.protobuf.UInt64Value" => Kind::Uint64,
+        "google.protobuf.Int32Value" => Kind::Int32,
+        "google.protobuf.UInt32Value" => Kind::Uint32,
+        "google.protobuf.BoolValue" => Kind::Bool,
+        "google.protobuf.StringValue" => Kind::String,
+        "google.protobuf.BytesValue" => Kind::Bytes,
+        _ => return None,
+    };
+    let plain = m.fields().len() == 1 && field.name() == "value";
+    (plain && field.kind() == kind && !field.is_list() && !field.is_map()).then_some(field)
 }
 
-/// Whether `name` is one of the wrapper types.
-fn wrapper(name: &str) -> bool {
-    matches!(
-        name,
-        "google.protobuf.DoubleValue"
-            | "google.protobuf.FloatValue"
-            | "google.protobuf.Int64Value"
-            | "google.protobuf.UInt64Value"
-            | "google.protobuf.Int32Value"
-            | "google.protobuf.UInt32Value"
-            | "google.protobuf.BoolValue"
-            | "google.protobuf.StringValue"
-            | "google.protobuf.BytesValue"
-    )
+/// The well-known types written as one value rather than an object.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum WellKnown {
+    Timestamp,
+    Duration,
 }
 
-/// A Timestamp's or a Duration's `seconds` and `nanos`, checked.
-fn seconds_and_nanos(msg: &DynamicMessage) -> Result<(i64, i32), ProtoError> {
+/// Whether `m` is `google.protobuf.Timestamp` or `Duration` as
+/// `google/protobuf/*.proto` define them (`int64 seconds = 1; int32 nanos =
+/// 2;`). A message that only takes the name is a message like any other.
+fn well_known(m: &MessageDescriptor) -> Option<WellKnown> {
+    let which = match m.full_name() {
+        "google.protobuf.Timestamp" => WellKnown::Timestamp,
+        "google.protobuf.Duration" => WellKnown::Duration,
+        _ => return None,
+    };
+    let is = |n: u32, name: &str, kind: Kind| {
+        m.get_field(n)
+            .is_some_and(|f| f.name() == name && f.kind() == kind && !f.is_list() && !f.is_map())
+    };
+    (m.fields().len() == 2 && is(1, "seconds", Kind::Int64) && is(2, "nanos", Kind::Int32))
+        .then_some(which)
+}
+
+/// A Timestamp's or a Duration's `seconds` and `nanos`, checked
+/// ([`nanos_fit`]).
+fn seconds_and_nanos(msg: &DynamicMessage, which: WellKnown) -> Result<(i64, i32), ProtoError> {
     let secs = msg.get_field_by_name("seconds").and_then(|v| v.as_i64());
     let nanos = msg.get_field_by_name("nanos").and_then(|v| v.as_i32());
     match (secs, nanos) {
-        (Some(s), Some(n)) if (-999_999_999..=999_999_999).contains(&n) => Ok((s, n)),
+        (Some(s), Some(n)) if nanos_fit(which, s, n) => Ok((s, n)),
+        (Some(s), Some(n)) => Err(ProtoError::Undecodable(format!(
+            "a {which:?} of {s} s and {n} ns: protobuf's rules want nanos within a second{}",
+            match which {
+                WellKnown::Timestamp => ", not negative",
+                WellKnown::Duration => ", of the seconds' sign",
+            }
+        ))),
         _ => Err(ProtoError::Undecodable(format!(
-            "{} has nanos out of range",
+            "{} lacks its seconds or nanos",
             msg.descriptor().full_name()
         ))),
+    }
+}
+
+/// Whether `nanos` fit `secs` as protobuf's rules want: a Timestamp's count
+/// forward within the second; a Duration's are within a second and of the
+/// seconds' sign (-0.5 s is 0 s and -500,000,000 ns).
+fn nanos_fit(which: WellKnown, secs: i64, nanos: i32) -> bool {
+    match which {
+        WellKnown::Timestamp => (0..=999_999_999).contains(&nanos),
+        WellKnown::Duration => {
+            (-999_999_999..=999_999_999).contains(&nanos)
+                && !(secs > 0 && nanos < 0 || secs < 0 && nanos > 0)
+        }
     }
 }
 

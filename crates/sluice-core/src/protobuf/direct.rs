@@ -16,7 +16,7 @@
 //! [`MAX_DEPTH`], a row past its limit. Tests compare both paths on random
 //! messages and random bytes.
 
-use super::{wrapped, Json};
+use super::{nanos_fit, well_known, wrapped, Json, WellKnown};
 use prost_reflect::{FieldDescriptor, FileDescriptor, Kind, MessageDescriptor};
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -49,8 +49,8 @@ struct Plan {
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Form {
     Object,
-    Timestamp,
-    Duration,
+    /// A Timestamp or a Duration: one text.
+    Time(WellKnown),
     /// A wrapper type: its one field's value.
     Wrapper,
 }
@@ -186,6 +186,10 @@ impl Plans {
             if written.is_none() {
                 w.out.truncate(start);
             }
+            // A huge message does not keep its lists' room on the thread.
+            if seen.capacity() > 1 << 12 || entries.capacity() > 1 << 12 {
+                *scratch = Default::default();
+            }
             written
         })
     }
@@ -220,14 +224,24 @@ impl Builder {
     }
 
     fn compile(&mut self, m: &MessageDescriptor) -> Plan {
-        let form = match (m.full_name(), wrapped(m)) {
-            ("google.protobuf.Timestamp", _) => Form::Timestamp,
-            ("google.protobuf.Duration", _) => Form::Duration,
+        let form = match (well_known(m), wrapped(m)) {
+            (Some(which), _) => Form::Time(which),
             (_, Some(_)) => Form::Wrapper,
             _ => Form::Object,
         };
-        let oneofs: Vec<String> = m.oneofs().map(|o| o.full_name().to_string()).collect();
-        let mut direct = m.extensions().len() == 0 && oneofs.len() <= 64;
+        // A oneof's index by name; more than a mask holds leaves the
+        // message to the slow path.
+        let oneofs: HashMap<String, u8> = match m.oneofs().len() {
+            0..=64 => m
+                .oneofs()
+                .zip(0..)
+                .map(|(o, i)| (o.full_name().to_string(), i))
+                .collect(),
+            _ => HashMap::new(),
+        };
+        let mut direct = m.extensions().len() == 0 && m.oneofs().len() <= 64;
+        // Field numbers in a table when it is not mostly holes.
+        let dense_up_to = DENSE.min(4 * m.fields().len() as u32 + 16);
         let mut fields = Vec::new();
         let (mut dense, mut sparse) = (Vec::new(), HashMap::new());
         let descriptors: Vec<FieldDescriptor> = match form {
@@ -249,19 +263,21 @@ impl Builder {
             } else {
                 Shape::One
             };
-            let oneof = f.containing_oneof().and_then(|o| {
-                let at = oneofs.iter().position(|n| n == o.full_name())?;
-                u8::try_from(at).ok()
-            });
+            let oneof = f
+                .containing_oneof()
+                .and_then(|o| oneofs.get(o.full_name()).copied());
             let mut unset = Vec::new();
-            // The slow path's own text for the field's default.
-            let _ = Json {
-                out: &mut unset,
-                end: usize::MAX,
+            if !f.supports_presence() {
+                // The slow path's own text for the field's default (a
+                // scalar's, or an empty list or map).
+                let _ = Json {
+                    out: &mut unset,
+                    end: usize::MAX,
+                }
+                .value(&f.default_value(), &f.kind());
             }
-            .value(&f.default_value(), &f.kind());
             let at = fields.len() as u32;
-            if f.number() < DENSE {
+            if f.number() < dense_up_to {
                 let n = f.number() as usize;
                 if dense.len() <= n {
                     dense.resize(n + 1, u32::MAX);
@@ -401,8 +417,9 @@ fn varint(bytes: &[u8], at: &mut usize) -> Option<u64> {
 /// start, end), where a varint's value is in `value` and any other value
 /// is `bytes[start..end]`.
 fn field(bytes: &[u8], at: &mut usize) -> Option<(u32, u8, u64, usize, usize)> {
-    let key = varint(bytes, at)?;
-    let (number, wire) = (u32::try_from(key >> 3).ok()?, (key & 7) as u8);
+    // prost refuses a key over u32::MAX.
+    let key = u32::try_from(varint(bytes, at)?).ok()?;
+    let (number, wire) = (key >> 3, (key & 7) as u8);
     if number == 0 {
         return None;
     }
@@ -442,13 +459,9 @@ impl Writer<'_> {
         let mut at = 0;
         while at < bytes.len() {
             let (number, wire, value, start, end) = field(bytes, &mut at)?;
-            let known = if number < DENSE {
-                p.dense
-                    .get(number as usize)
-                    .copied()
-                    .filter(|&f| f != u32::MAX)
-            } else {
-                p.sparse.get(&number).copied()
+            let known = match p.dense.get(number as usize) {
+                Some(&f) => (f != u32::MAX).then_some(f),
+                None => p.sparse.get(&number).copied(),
             };
             if let Some(field) = known {
                 self.seen.push(Seen {
@@ -475,7 +488,7 @@ impl Writer<'_> {
                 [s] => self.one(p.fields[0].kind, s, bytes, depth),
                 _ => None,
             },
-            Form::Timestamp | Form::Duration => self.time(p.form, base),
+            Form::Time(which) => self.time(which, base),
         };
         self.seen.truncate(base);
         written
@@ -702,7 +715,7 @@ impl Writer<'_> {
 
     /// A Timestamp or a Duration from its occurrences `seen[base..]`
     /// (seconds: field 0, nanos: field 1), as the slow path writes them.
-    fn time(&mut self, form: Form, base: usize) -> Option<()> {
+    fn time(&mut self, which: WellKnown, base: usize) -> Option<()> {
         let (mut secs, mut nanos) = (0i64, 0i32);
         for s in &self.seen[base..] {
             if s.wire != VARINT {
@@ -713,14 +726,14 @@ impl Writer<'_> {
                 _ => nanos = s.value as i32,
             }
         }
-        if !(-999_999_999..=999_999_999).contains(&nanos) {
+        if !nanos_fit(which, secs, nanos) {
             return None;
         }
-        match form {
-            Form::Timestamp => (nanos >= 0
-                && crate::json_text::datetime(self.out, secs, nanos as u64, 9, true))
-            .then_some(()),
-            _ => {
+        match which {
+            WellKnown::Timestamp => {
+                crate::json_text::datetime(self.out, secs, nanos as u64, 9, true).then_some(())
+            }
+            WellKnown::Duration => {
                 super::duration_text(self.out, secs, nanos);
                 Some(())
             }

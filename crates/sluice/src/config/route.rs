@@ -75,7 +75,10 @@ impl Format {
 
     /// The insert settings this format's rows rely on, over the user's:
     /// the registry decoders write timestamps as RFC 3339 in UTC
-    /// (`sluice_core::avro`), which only `best_effort` reads exactly; a
+    /// (`sluice_core::avro`), which only `best_effort` reads exactly, and
+    /// floats as their shortest text, which only the precise parser reads
+    /// exactly when it has an exponent (the fast one, the default before
+    /// 26.7, reads `3.4028235e38` one unit off); a
     /// field the table lacks (a newer schema's) is ignored and one the row
     /// lacks takes the column's default, on every version. JSON routes keep
     /// the server's defaults, so that a user's rows mean what they meant
@@ -85,6 +88,7 @@ impl Format {
             Format::Json => &[],
             Format::Avro | Format::Protobuf => &[
                 ("date_time_input_format", "best_effort"),
+                ("precise_float_parsing", "1"),
                 ("input_format_skip_unknown_fields", "1"),
                 ("input_format_defaults_for_omitted_fields", "1"),
             ],
