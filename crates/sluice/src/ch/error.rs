@@ -179,7 +179,24 @@ impl ChError {
             ChErrorKind::Client => false,
         }
     }
+
+    /// The DLQ kind of a row this error names: `extra-field` when the row
+    /// has a field the table has no column for (a route with
+    /// `extra_fields = "dlq"` inserts without skipping unknown fields),
+    /// `rejected` for any other refusal.
+    pub fn row_kind(&self) -> &'static str {
+        let unknown_field = self.code == Some(INCORRECT_DATA)
+            && self.message.contains("Unknown field found while parsing");
+        if unknown_field {
+            "extra-field"
+        } else {
+            "rejected"
+        }
+    }
 }
+
+/// `INCORRECT_DATA`: among others, a field the table has no column for.
+const INCORRECT_DATA: u32 = 117;
 
 /// Whether a retry can fix server code `code` ([`RETRIABLE`]).
 fn retriable_code(code: u32) -> bool {
@@ -263,6 +280,18 @@ mod tests {
         answer(&format!(
             "Code: {code}. DB::Exception: something. (SOMETHING)"
         ))
+    }
+
+    #[test]
+    fn a_field_the_table_lacks_is_an_extra_field() {
+        let e = answer(
+            "Code: 117. DB::Exception: Unknown field found while parsing JSONEachRow format: extra: (at row 2)\n\
+             : While executing JSONEachRowRowInputFormat. (INCORRECT_DATA) (version 26.9.2.1 (official build))",
+        );
+        assert_eq!((e.row, e.row_kind()), (Some(2), "extra-field"));
+        let e = answer("Code: 117. DB::Exception: Cannot parse JSON object here: (at row 3)");
+        assert_eq!(e.row_kind(), "rejected");
+        assert_eq!(server(53).row_kind(), "rejected");
     }
 
     #[test]

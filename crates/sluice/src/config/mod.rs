@@ -534,6 +534,22 @@ mod tests {
         assert!(!load(MIN).unwrap().routes[0].extra_to_dlq);
         assert!(load(&route("extra_fields = 'dlq'")).unwrap().routes[0].extra_to_dlq);
         assert!(!load(&route("extra_fields = 'ignore'")).unwrap().routes[0].extra_to_dlq);
+        // The server refuses what the early check let through.
+        let skip = |c: &Config| {
+            c.routes[0]
+                .insert_settings()
+                .iter()
+                .find(|(k, _)| *k == "input_format_skip_unknown_fields")
+                .map(|(_, v)| *v)
+        };
+        assert_eq!(skip(&load(MIN).unwrap()), None);
+        assert_eq!(
+            skip(&load(&route("extra_fields = 'dlq'")).unwrap()),
+            Some("0")
+        );
+        let avro = |more: &str| load(&with_registry(&format!("format = 'avro'\n{more}"))).unwrap();
+        assert_eq!(skip(&avro("")), Some("1"));
+        assert_eq!(skip(&avro("extra_fields = 'dlq'")), Some("0"));
         let e = load(&route("extra_fields = 'drop'"))
             .unwrap_err()
             .to_string();

@@ -73,25 +73,31 @@ impl Format {
         self != Format::Json
     }
 
-    /// The insert settings this format's rows rely on, over the user's:
-    /// the registry decoders write timestamps as RFC 3339 in UTC
-    /// (`sluice_core::avro`), which only `best_effort` reads exactly, and
-    /// floats as their shortest text, which only the precise parser reads
-    /// exactly when it has an exponent (the fast one, the default before
-    /// 26.7, reads `3.4028235e38` one unit off); a
-    /// field the table lacks (a newer schema's) is ignored and one the row
-    /// lacks takes the column's default, on every version. JSON routes keep
-    /// the server's defaults, so that a user's rows mean what they meant
-    /// before.
-    pub fn insert_settings(self) -> &'static [(&'static str, &'static str)] {
-        match self {
-            Format::Json => &[],
-            Format::Avro | Format::Protobuf => &[
-                ("date_time_input_format", "best_effort"),
-                ("precise_float_parsing", "1"),
-                ("input_format_skip_unknown_fields", "1"),
-                ("input_format_defaults_for_omitted_fields", "1"),
-            ],
+    /// The insert settings this format's rows rely on, over the user's
+    /// (`extra_to_dlq`: the route's `extra_fields = "dlq"`). The registry
+    /// decoders write timestamps as RFC 3339 in UTC (`sluice_core::avro`),
+    /// which only `best_effort` reads exactly, and floats as their shortest
+    /// text, which only the precise parser reads exactly when it has an
+    /// exponent (the fast one, the default before 26.7, reads
+    /// `3.4028235e38` one unit off); a field the row lacks takes the
+    /// column's default. A field the table lacks (a newer schema's) is
+    /// ignored, or, with `extra_to_dlq`, makes ClickHouse refuse the row,
+    /// which then goes to the DLQ: the server's columns at the time of the
+    /// insert decide. JSON routes otherwise keep the server's defaults, so
+    /// that a user's rows mean what they meant before.
+    pub fn insert_settings(self, extra_to_dlq: bool) -> &'static [(&'static str, &'static str)] {
+        const REGISTRY: [(&str, &str); 3] = [
+            ("date_time_input_format", "best_effort"),
+            ("precise_float_parsing", "1"),
+            ("input_format_defaults_for_omitted_fields", "1"),
+        ];
+        const IGNORE: (&str, &str) = ("input_format_skip_unknown_fields", "1");
+        const REFUSE: (&str, &str) = ("input_format_skip_unknown_fields", "0");
+        match (self, extra_to_dlq) {
+            (Format::Json, false) => &[],
+            (Format::Json, true) => &[REFUSE],
+            (_, false) => &[REGISTRY[0], REGISTRY[1], REGISTRY[2], IGNORE],
+            (_, true) => &[REGISTRY[0], REGISTRY[1], REGISTRY[2], REFUSE],
         }
     }
 }
@@ -128,6 +134,12 @@ pub struct KeyDedup {
 }
 
 impl Route {
+    /// The settings of the route's inserts, over the user's
+    /// ([`Format::insert_settings`]).
+    pub fn insert_settings(&self) -> &'static [(&'static str, &'static str)] {
+        self.format.insert_settings(self.extra_to_dlq)
+    }
+
     /// The route's table.
     pub fn table_ref(&self) -> TableRef {
         TableRef::new(&self.database, &self.table)

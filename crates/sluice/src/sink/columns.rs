@@ -5,9 +5,18 @@
 //! ([`TableColumns::extra_field`]): the first top-level field the table has
 //! no column for, if any; the record then goes to the DLQ as an
 //! `extra-field`. The columns are read when the sink starts, and read again
-//! before a record is refused, at most once per [`REREAD_AFTER`] per route:
-//! a column added that long before the record is read is seen. If that
-//! read fails, the columns last read decide.
+//! before a record is refused, at most once per [`REREAD_AFTER`] per route
+//! (a column added that long before the record is read is seen), within
+//! [`READ_WITHIN`] so that a server that does not answer holds the consumer
+//! thread only that long; after a failed read the columns last read decide
+//! for [`AFTER_FAILURE`].
+//!
+//! This check is early, not final: the route's inserts do not skip unknown
+//! fields ([`crate::config::Format::insert_settings`]), so a field the
+//! cache took for a column (one dropped since, or one that cannot be
+//! inserted) makes ClickHouse refuse the row, which goes to the DLQ under
+//! the same kind. Refusing here spares the inserts: ClickHouse names one
+//! refused row per attempt.
 
 use crate::ch::ClickHouse;
 use crate::config::Route;
@@ -18,6 +27,10 @@ use tokio::runtime::Handle;
 
 /// How old the columns may be before a record is refused on their word.
 pub const REREAD_AFTER: Duration = Duration::from_secs(1);
+/// How long a read of the columns may hold the consumer thread.
+pub const READ_WITHIN: Duration = Duration::from_secs(2);
+/// How long the columns last read decide after a read failed.
+pub const AFTER_FAILURE: Duration = Duration::from_secs(10);
 
 /// The known columns of each route's table (`None`: the route ignores
 /// extra fields).
@@ -29,7 +42,8 @@ pub(super) struct TableColumns {
 struct Known {
     route: Arc<Route>,
     names: HashSet<String>,
-    read_at: Instant,
+    /// When the columns may be read again.
+    reread_at: Instant,
 }
 
 impl TableColumns {
@@ -42,7 +56,7 @@ impl TableColumns {
                 true => Some(Known {
                     route: route.clone(),
                     names: ch.columns_of(route).await?.into_iter().collect(),
-                    read_at: Instant::now(),
+                    reread_at: Instant::now() + REREAD_AFTER,
                 }),
             });
         }
@@ -54,19 +68,31 @@ impl TableColumns {
     pub fn extra_field(&mut self, ri: usize, row: &[u8], handle: &Handle) -> Option<String> {
         let known = self.routes.get_mut(ri)?.as_mut()?;
         let extra = sluice_core::row::extra_field(row, &known.names)?;
-        if known.read_at.elapsed() < REREAD_AFTER {
+        let now = Instant::now();
+        if now < known.reread_at {
             return Some(extra);
         }
-        known.read_at = Instant::now();
-        match handle.block_on(self.ch.columns_of(&known.route)) {
-            Ok(names) if !names.is_empty() => known.names = names.into_iter().collect(),
-            Ok(_) => {
-                tracing::warn!(table = %known.route.table_ref(), "the table has no columns now; keeping the ones last read")
+        let read = handle.block_on(tokio::time::timeout(
+            READ_WITHIN,
+            self.ch.columns_of(&known.route),
+        ));
+        let failed = match read {
+            Ok(Ok(names)) if !names.is_empty() => {
+                known.names = names.into_iter().collect();
+                None
             }
-            Err(e) => {
-                tracing::warn!(table = %known.route.table_ref(), error = %e, "cannot read the table's columns again; the ones last read decide")
+            Ok(Ok(_)) => Some("the table has no columns now".to_string()),
+            Ok(Err(e)) => Some(e.to_string()),
+            Err(_) => Some(format!("no answer within {READ_WITHIN:?}")),
+        };
+        known.reread_at = match failed {
+            None => now + REREAD_AFTER,
+            Some(e) => {
+                let table = known.route.table_ref();
+                tracing::warn!(%table, error = %e, "cannot read the table's columns again; the ones last read decide for {AFTER_FAILURE:?}");
+                now + AFTER_FAILURE
             }
-        }
+        };
         sluice_core::row::extra_field(row, &known.names)
     }
 }

@@ -227,7 +227,7 @@ async fn attempt_until_done(job: &Job, ctx: &WriterCtx, letters: &mut Vec<Pendin
             token,
             query_id: qid.clone(),
             deadline_ms,
-            format_settings: job.route.format.insert_settings(),
+            format_settings: job.route.insert_settings(),
         };
         let result = ctx.ch.insert(req).await;
         let answered = answer(&result);
@@ -270,7 +270,7 @@ async fn attempt_until_done(job: &Job, ctx: &WriterCtx, letters: &mut Vec<Pendin
                     timestamp: None,
                     key: None,
                     value: Some(value),
-                    kind: "rejected",
+                    kind: e.row_kind(),
                     reason: e.to_string(),
                 };
                 match d.send(&letter, &job.abandon).await {

@@ -391,7 +391,7 @@ async fn floats_come_back_bit_for_bit_through_the_registry_settings() {
         body.push(b'\n');
     }
     let settings: Vec<String> = sluice::config::Format::Avro
-        .insert_settings()
+        .insert_settings(false)
         .iter()
         .map(|(k, v)| format!("{k} = '{v}'"))
         .collect();

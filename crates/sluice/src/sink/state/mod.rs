@@ -295,11 +295,14 @@ impl Sink {
         let Some(part) = self.parts.get_mut(&key) else {
             return;
         };
-        let value = if !self.schemas.is_registry(ri) {
-            Value::Json
-        } else if let Some(fate) = part.admit(&rec) {
+        // A record this partition does not take now (paused, or read
+        // again below its position) is neither decoded nor checked.
+        if let Some(fate) = part.admit(&rec) {
             self.note(ri, &rec, fate);
             return;
+        }
+        let value = if !self.schemas.is_registry(ri) {
+            Value::Json
         } else {
             match self.schemas.decode(ri, rec.payload, &mut self.decoded, now) {
                 Decoded::Row => Value::Decoded(&self.decoded),
