@@ -234,10 +234,28 @@ impl ClickHouse {
     }
 
     /// The column names of `route`'s table (empty: no such table).
-    pub async fn columns_of(&self, route: &Route) -> Result<Vec<String>, ChError> {
+    async fn columns_of(&self, route: &Route) -> Result<Vec<String>, ChError> {
         self.bounded(
             self.client
                 .query("SELECT name FROM system.columns WHERE database = ? AND table = ?")
+                .bind(&route.database)
+                .bind(&route.table)
+                .fetch_all(),
+        )
+        .await
+    }
+
+    /// The columns of `route`'s table a sluice INSERT takes a value for:
+    /// all but the `MATERIALIZED` and `ALIAS` ones, and the `EPHEMERAL` ones
+    /// (`SELECT * FROM input()`, the shape of the exactly-once insert, has
+    /// no place for them).
+    pub async fn insertable_columns(&self, route: &Route) -> Result<Vec<String>, ChError> {
+        self.bounded(
+            self.client
+                .query(
+                    "SELECT name FROM system.columns WHERE database = ? AND table = ? \
+                     AND default_kind NOT IN ('MATERIALIZED', 'ALIAS', 'EPHEMERAL')",
+                )
                 .bind(&route.database)
                 .bind(&route.table)
                 .fetch_all(),

@@ -55,7 +55,7 @@ impl TableColumns {
                 false => None,
                 true => Some(Known {
                     route: route.clone(),
-                    names: ch.columns_of(route).await?.into_iter().collect(),
+                    names: ch.insertable_columns(route).await?.into_iter().collect(),
                     reread_at: Instant::now() + REREAD_AFTER,
                 }),
             });
@@ -72,10 +72,11 @@ impl TableColumns {
         if now < known.reread_at {
             return Some(extra);
         }
-        let read = handle.block_on(tokio::time::timeout(
-            READ_WITHIN,
-            self.ch.columns_of(&known.route),
-        ));
+        // The timer is made inside the runtime: the consumer thread is not.
+        let (ch, route) = (&self.ch, &known.route);
+        let read = handle.block_on(async {
+            tokio::time::timeout(READ_WITHIN, ch.insertable_columns(route)).await
+        });
         let failed = match read {
             Ok(Ok(names)) if !names.is_empty() => {
                 known.names = names.into_iter().collect();

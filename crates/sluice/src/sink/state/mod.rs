@@ -320,7 +320,12 @@ impl Sink {
                 }
             }
         };
+        // Below `check_through` a record may be stored already (the
+        // writer finds out): only ClickHouse judges its fields, on the rows
+        // it still has to take. Refusing it here could send a stored row
+        // to the DLQ, after a column was dropped.
         let row = match &value {
+            _ if part.check_through.is_some_and(|c| rec.offset <= c) => None,
             Value::Json => rec.payload,
             Value::Decoded(row) => Some(*row),
             Value::Refused(_) => None,
