@@ -363,6 +363,28 @@ pub fn extra_field(value: &[u8], columns: &HashSet<String>) -> Option<String> {
     de.deserialize_map(Extra(columns)).ok().flatten()
 }
 
+/// Whether `value`, a JSON object, has the top-level field `name` (false
+/// when it is not a JSON object).
+pub fn has_field(value: &[u8], name: &str) -> bool {
+    struct Has<'n>(&'n str);
+    impl<'de> Visitor<'de> for Has<'_> {
+        type Value = bool;
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            f.write_str("a JSON object")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<bool, A::Error> {
+            let mut has = false;
+            while let Some(FieldName(key)) = map.next_key()? {
+                has |= *key == *self.0;
+                map.next_value::<IgnoredAny>()?;
+            }
+            Ok(has)
+        }
+    }
+    let mut de = serde_json::Deserializer::from_slice(value);
+    de.deserialize_map(Has(name)).unwrap_or(false)
+}
+
 const RESERVED: &str = "reserved:";
 
 /// Walks the top-level keys of an object, skipping values except the key
@@ -533,6 +555,10 @@ mod tests {
         assert_eq!(extra("[1]"), None);
         assert_eq!(extra(r#"{"price":"#), None);
         assert_eq!(RowError::ExtraField("price".into()).kind(), "extra-field");
+        assert!(has_field(br#"{"id":1,"price":{"x":2}}"#, "price"));
+        assert!(has_field(br#"{"\u0070rice":1}"#, "price"));
+        assert!(!has_field(br#"{"id":{"price":2}}"#, "price"));
+        assert!(!has_field(b"[1]", "price"));
     }
 
     #[test]

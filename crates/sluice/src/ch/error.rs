@@ -185,13 +185,24 @@ impl ChError {
     /// `extra_fields = "dlq"` inserts without skipping unknown fields),
     /// `rejected` for any other refusal.
     pub fn row_kind(&self) -> &'static str {
-        let unknown_field = self.code == Some(INCORRECT_DATA)
-            && self.message.contains("Unknown field found while parsing");
-        if unknown_field {
+        if self.unknown_field().is_some() {
             "extra-field"
         } else {
             "rejected"
         }
+    }
+
+    /// The field a refusal of kind `extra-field` names: ClickHouse writes
+    /// `Unknown field found while parsing JSONEachRow format: NAME: (at row N)`.
+    pub fn unknown_field(&self) -> Option<&str> {
+        if self.code != Some(INCORRECT_DATA) {
+            return None;
+        }
+        let (_, rest) = self
+            .message
+            .split_once("Unknown field found while parsing ")?;
+        let (_, rest) = rest.split_once(" format: ")?;
+        rest.rsplit_once(": (at row ").map(|(name, _)| name)
     }
 }
 
@@ -289,6 +300,7 @@ mod tests {
              : While executing JSONEachRowRowInputFormat. (INCORRECT_DATA) (version 26.9.2.1 (official build))",
         );
         assert_eq!((e.row, e.row_kind()), (Some(2), "extra-field"));
+        assert_eq!(e.unknown_field(), Some("extra"));
         let e = answer("Code: 117. DB::Exception: Cannot parse JSON object here: (at row 3)");
         assert_eq!(e.row_kind(), "rejected");
         assert_eq!(server(53).row_kind(), "rejected");

@@ -15,8 +15,10 @@
 //! fields ([`crate::config::Format::insert_settings`]), so a field the
 //! cache took for a column (one dropped since, or one that cannot be
 //! inserted) makes ClickHouse refuse the row, which goes to the DLQ under
-//! the same kind. Refusing here spares the inserts: ClickHouse names one
-//! refused row per attempt.
+//! the same kind, with every row of its batch that has the field; the
+//! writer then marks the columns [`TableColumns::stale`], and they are read
+//! again at the next record. Refusing here spares the inserts: ClickHouse
+//! names one refused row per attempt.
 
 use crate::ch::ClickHouse;
 use crate::config::Route;
@@ -44,6 +46,9 @@ struct Known {
     names: HashSet<String>,
     /// When the columns may be read again.
     reread_at: Instant,
+    /// ClickHouse refused a field these columns hold: read them again at
+    /// the next record, extra-looking or not.
+    stale: bool,
 }
 
 impl TableColumns {
@@ -57,43 +62,65 @@ impl TableColumns {
                     route: route.clone(),
                     names: ch.insertable_columns(route).await?.into_iter().collect(),
                     reread_at: Instant::now() + REREAD_AFTER,
+                    stale: false,
                 }),
             });
         }
         Ok(Self { ch, routes: known })
     }
 
+    /// Marks route `ri`'s columns out of date: ClickHouse refused a field
+    /// they hold (a column dropped since they were read).
+    pub fn stale(&mut self, ri: usize) {
+        if let Some(Some(known)) = self.routes.get_mut(ri) {
+            known.stale = true;
+        }
+    }
+
     /// The first top-level field of `row` that route `ri`'s table has no
     /// column for, once the columns are fresh (see the module's header).
     pub fn extra_field(&mut self, ri: usize, row: &[u8], handle: &Handle) -> Option<String> {
+        let ch = &self.ch;
         let known = self.routes.get_mut(ri)?.as_mut()?;
-        let extra = sluice_core::row::extra_field(row, &known.names)?;
         let now = Instant::now();
+        if known.stale && now >= known.reread_at {
+            known.read(ch, handle, now);
+        }
+        let extra = sluice_core::row::extra_field(row, &known.names)?;
         if now < known.reread_at {
             return Some(extra);
         }
+        known.read(ch, handle, now);
+        sluice_core::row::extra_field(row, &known.names)
+    }
+}
+
+impl Known {
+    /// Reads the columns again, within [`READ_WITHIN`]; on failure the ones
+    /// last read stay, for [`AFTER_FAILURE`].
+    fn read(&mut self, ch: &ClickHouse, handle: &Handle, now: Instant) {
         // The timer is made inside the runtime: the consumer thread is not.
-        let (ch, route) = (&self.ch, &known.route);
+        let route = &self.route;
         let read = handle.block_on(async {
             tokio::time::timeout(READ_WITHIN, ch.insertable_columns(route)).await
         });
         let failed = match read {
             Ok(Ok(names)) if !names.is_empty() => {
-                known.names = names.into_iter().collect();
+                self.names = names.into_iter().collect();
+                self.stale = false;
                 None
             }
             Ok(Ok(_)) => Some("the table has no columns now".to_string()),
             Ok(Err(e)) => Some(e.to_string()),
             Err(_) => Some(format!("no answer within {READ_WITHIN:?}")),
         };
-        known.reread_at = match failed {
+        self.reread_at = match failed {
             None => now + REREAD_AFTER,
             Some(e) => {
-                let table = known.route.table_ref();
+                let table = self.route.table_ref();
                 tracing::warn!(%table, error = %e, "cannot read the table's columns again; the ones last read decide for {AFTER_FAILURE:?}");
                 now + AFTER_FAILURE
             }
         };
-        sluice_core::row::extra_field(row, &known.names)
     }
 }

@@ -47,6 +47,9 @@ pub(super) enum Outcome {
         rejected: Vec<(Offset, Option<KeyHash>)>,
         /// Conditional rows left out: a copy of their key is stored.
         excluded: usize,
+        /// ClickHouse refused a field the route's cached columns hold
+        /// (`super::columns`): they must be read again.
+        stale_columns: bool,
     },
     Abandoned,
     Failed(ChError),

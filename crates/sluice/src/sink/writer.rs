@@ -155,6 +155,8 @@ async fn attempt_until_done(job: &Job, ctx: &WriterCtx, letters: &mut Vec<Pendin
     let mut delays = Delays::new(Duration::from_millis(100));
     // Rows ClickHouse rejected, sent to the DLQ: never inserted.
     let mut rejected: Vec<Offset> = Vec::new();
+    // ClickHouse refused a field the route's cached columns hold.
+    let mut stale_columns = false;
     let p = &job.batch.partition;
     let table = job.route.table_ref();
     let label = table.to_string();
@@ -196,7 +198,7 @@ async fn attempt_until_done(job: &Job, ctx: &WriterCtx, letters: &mut Vec<Pendin
             base
         };
         if batch.is_empty() {
-            return durable(job, ctx, 0, &rejected, excluded.len());
+            return durable(job, ctx, 0, &rejected, excluded.len(), stale_columns);
         }
         // Reconciliation takes time: check again right before the insert,
         // and let the deadline end with the lease.
@@ -236,7 +238,14 @@ async fn attempt_until_done(job: &Job, ctx: &WriterCtx, letters: &mut Vec<Pendin
             (_, Ok(())) => {
                 tracing::debug!(partition = %p, rows = batch.len(), attempt, "inserted");
                 telemetry::batch_inserted(&label, batch.len(), started.elapsed());
-                return durable(job, ctx, batch.len(), &rejected, excluded.len());
+                return durable(
+                    job,
+                    ctx,
+                    batch.len(),
+                    &rejected,
+                    excluded.len(),
+                    stale_columns,
+                );
             }
             (Answer::TooLate, Err(_)) => {
                 // It reached the server too late and stored nothing: the
@@ -258,36 +267,50 @@ async fn attempt_until_done(job: &Job, ctx: &WriterCtx, letters: &mut Vec<Pendin
                 let Some(d) = &ctx.dlq else {
                     return Outcome::Failed(e);
                 };
-                let encoder = &ctx.encoders[job.route_idx];
-                let value = match job.originals.get(offset) {
-                    Some(v) => v.to_vec(),
-                    None => encoder.original(row).unwrap_or_else(|| row.to_vec()),
-                };
-                let letter = Letter {
-                    topic: p.topic.clone(),
-                    partition: p.partition,
-                    offset: offset.0,
-                    timestamp: None,
-                    key: None,
-                    value: Some(value),
-                    kind: e.row_kind(),
-                    reason: e.to_string(),
-                };
-                match d.send(&letter, &job.abandon).await {
-                    Ok(Some(pending)) => letters.push(pending),
-                    Ok(None) => return Outcome::Abandoned,
-                    Err(source) => {
-                        return Outcome::DlqFailed(DlqError::Queue {
-                            what: format!("record {p}@{}", offset.0),
-                            why: format!("was rejected by ClickHouse ({e})"),
-                            topic: d.topic().to_string(),
-                            source,
-                        })
-                    }
+                // ClickHouse names one refused row per attempt: the other
+                // rows with the field it has no column for go with it, or a
+                // batch of them would cost an attempt each.
+                let mut refused = vec![(offset, row)];
+                if let Some(field) = e.unknown_field() {
+                    refused.extend(
+                        (0..batch.len())
+                            .filter_map(|i| batch.row(i))
+                            .filter(|&(o, r)| o != offset && sluice_core::row::has_field(r, field)),
+                    );
                 }
-                tracing::warn!(partition = %p, offset = offset.0, error = %e, "ClickHouse rejected a row; sent it to the DLQ");
-                let at = rejected.partition_point(|o| *o < offset);
-                rejected.insert(at, offset);
+                let encoder = &ctx.encoders[job.route_idx];
+                tracing::warn!(partition = %p, offset = offset.0, rows = refused.len(), error = %e, "ClickHouse rejected rows; sending them to the DLQ");
+                for (offset, row) in refused {
+                    let value = match job.originals.get(offset) {
+                        Some(v) => v.to_vec(),
+                        None => encoder.original(row).unwrap_or_else(|| row.to_vec()),
+                    };
+                    let letter = Letter {
+                        topic: p.topic.clone(),
+                        partition: p.partition,
+                        offset: offset.0,
+                        timestamp: None,
+                        key: None,
+                        value: Some(value),
+                        kind: e.row_kind(),
+                        reason: e.to_string(),
+                    };
+                    match d.send(&letter, &job.abandon).await {
+                        Ok(Some(pending)) => letters.push(pending),
+                        Ok(None) => return Outcome::Abandoned,
+                        Err(source) => {
+                            return Outcome::DlqFailed(DlqError::Queue {
+                                what: format!("record {p}@{}", offset.0),
+                                why: format!("was rejected by ClickHouse ({e})"),
+                                topic: d.topic().to_string(),
+                                source,
+                            })
+                        }
+                    }
+                    let at = rejected.partition_point(|o| *o < offset);
+                    rejected.insert(at, offset);
+                }
+                stale_columns |= e.unknown_field().is_some();
             }
             (answered, Err(e)) => {
                 telemetry::insert_retried(&label, e.kind.name());
@@ -366,6 +389,7 @@ fn durable(
     inserted: usize,
     rejected: &[Offset],
     excluded: usize,
+    stale_columns: bool,
 ) -> Outcome {
     let encoder = &ctx.encoders[job.route_idx];
     let batch = &job.batch;
@@ -392,6 +416,7 @@ fn durable(
         inserted,
         rejected,
         excluded,
+        stale_columns,
     }
 }
 

@@ -542,7 +542,11 @@ impl Sink {
                 inserted,
                 rejected,
                 excluded,
+                stale_columns,
             } => {
+                if stale_columns {
+                    self.columns.stale(c.route_idx);
+                }
                 self.stats.rows_inserted += inserted as u64;
                 self.stats.dlq += c.dlq as u64;
                 self.stats.dedup_dropped += excluded as u64;
