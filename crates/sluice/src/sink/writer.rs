@@ -261,25 +261,30 @@ async fn attempt_until_done(job: &Job, ctx: &WriterCtx, letters: &mut Vec<Pendin
                 delays.wait(&job.abandon).await;
             }
             (Answer::Rejected, Err(e)) => {
-                let Some((offset, row)) = rejected_row(&e, &batch) else {
-                    return Outcome::Failed(e);
-                };
                 let Some(d) = &ctx.dlq else {
                     return Outcome::Failed(e);
                 };
-                // ClickHouse names one refused row per attempt: the other
-                // rows with the field it has no column for go with it, or a
-                // batch of them would cost an attempt each.
-                let mut refused = vec![(offset, row)];
-                if let Some(field) = e.unknown_field() {
-                    refused.extend(
-                        (0..batch.len())
-                            .filter_map(|i| batch.row(i))
-                            .filter(|&(o, r)| o != offset && sluice_core::row::has_field(r, field)),
-                    );
+                // ClickHouse names one refused row per attempt. For a field
+                // it has no column for, every row with that field goes (or a
+                // batch of them would cost an attempt each), and only those:
+                // a field's name can hold text that reads as another row's
+                // number.
+                let mut refused: Vec<(Offset, &[u8])> = match e.unknown_field() {
+                    Some(field) => (0..batch.len())
+                        .filter_map(|i| batch.row(i))
+                        .filter(|&(_, r)| sluice_core::row::has_field(r, field))
+                        .collect(),
+                    None => Vec::new(),
+                };
+                if refused.is_empty() {
+                    match rejected_row(&e, &batch) {
+                        Some(named) => refused.push(named),
+                        None => return Outcome::Failed(e),
+                    }
                 }
                 let encoder = &ctx.encoders[job.route_idx];
-                tracing::warn!(partition = %p, offset = offset.0, rows = refused.len(), error = %e, "ClickHouse rejected rows; sending them to the DLQ");
+                let named_at = refused[0].0;
+                tracing::warn!(partition = %p, offset = named_at.0, rows = refused.len(), error = %e, "ClickHouse rejected rows; sending them to the DLQ");
                 for (offset, row) in refused {
                     let value = match job.originals.get(offset) {
                         Some(v) => v.to_vec(),
