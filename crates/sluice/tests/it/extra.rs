@@ -524,3 +524,50 @@ async fn rows_with_a_dropped_column_cost_a_few_attempts_not_one_each() {
         entries.len()
     );
 }
+
+/// ClickHouse's refusal names the field and then the row (`…: <field>: (at
+/// row N)`); a field whose own name reads `(at row 1)` must not send row 1
+/// to the DLQ in its place. Only the rows that carry the field go, and every
+/// other row of the batch lands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_field_named_like_a_row_number_sends_only_the_rows_that_carry_it() {
+    let ch = ch();
+    let topic = unique("xatk_named");
+    let dlq = unique("xatk_named_dlq");
+    create_topic(&topic, 1).await;
+    create_topic(&dlq, 1).await;
+    let table = create_table(&ch, &unique("xatk")).await;
+    exec(
+        &ch,
+        &format!("ALTER TABLE {table} ADD COLUMN `z (at row 1)` Int32"),
+    )
+    .await;
+    let b = brokers();
+    produce_raw(&b, &topic, 0, &json_records(0..1, r#","z (at row 1)":1"#));
+    let mut spec = SinkSpec::new(&topic, &table);
+    spec.dlq_topic = Some(dlq.clone());
+    spec.extra_fields = Some("dlq");
+    spec.max_batch_rows = 100;
+    let mut sink = spec.start();
+    let got = wait_for(&ch, &table, 1, Duration::from_secs(60)).await;
+    assert_eq!(got.distinct_offsets, 1, "{}", sink.log_tail());
+    exec(
+        &ch,
+        &format!("ALTER TABLE {table} DROP COLUMN `z (at row 1)`"),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Offsets 1..=5 lack the field; offset 6 carries it.
+    let mut records = json_records(1..6, "");
+    records.extend(json_records(6..7, r#","z (at row 1)":7"#));
+    produce_raw(&b, &topic, 0, &records);
+    let got = wait_for(&ch, &table, 6, Duration::from_secs(30)).await;
+    let entries = dlq_entries(&dlq, 1, Duration::from_secs(10)).await;
+    sink.stop(Duration::from_secs(30));
+    let in_dlq: Vec<i64> = entries.iter().map(|e| e.offset).collect();
+    assert_eq!((got.distinct_offsets, in_dlq), (6, vec![6]), "{entries:?}");
+    assert!(
+        entries.iter().all(|e| e.kind == "extra-field"),
+        "{entries:?}"
+    );
+}
