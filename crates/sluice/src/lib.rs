@@ -23,4 +23,5 @@ pub mod registry;
 pub mod retry;
 pub mod send;
 pub mod sink;
+pub mod status;
 pub mod telemetry;

@@ -56,7 +56,15 @@ enum Command {
         /// Serve /metrics, /health and /ready on this host:port; overrides the file.
         #[arg(long)]
         metrics_listen: Option<String>,
+        /// Stop once every partition this process holds is in ClickHouse up
+        /// to the high watermark seen at start: flush, commit, hand off
+        /// cleanly and exit 0 (backfills, batch jobs).
+        #[arg(long)]
+        until_caught_up: bool,
     },
+    /// How far behind ClickHouse is, per route and partition: watermarks,
+    /// committed offsets, lag in records and time, owners. Reads only.
+    Status(sluice::status::StatusArgs),
     /// Validate a config file and check that both ends can be reached.
     CheckConfig {
         #[command(flatten)]
@@ -88,6 +96,9 @@ fn main() -> ExitCode {
         // The lab's own clients reconnect through faults it injects on
         // purpose; their librdkafka warnings are noise there.
         Command::Lab(_) => format!("{},librdkafka=off,rdkafka=off", cli.log),
+        // A broker that cannot describe groups drops the connection; the
+        // status says so once, without librdkafka's reports of it.
+        Command::Status(_) => format!("{},librdkafka=off,rdkafka=off", cli.log),
         _ => cli.log.clone(),
     };
     init_logging(&filter, cli.log_format);
@@ -110,6 +121,7 @@ fn run(command: Command) -> anyhow::Result<Outcome> {
             delivery,
             max_batch_rows,
             metrics_listen,
+            until_caught_up,
         } => {
             let cfg = config.load(Overrides {
                 group_id,
@@ -123,7 +135,11 @@ fn run(command: Command) -> anyhow::Result<Outcome> {
                 shutdown_signal().await;
                 tracing::info!("shutdown requested: flushing, committing and leaving the group");
             };
-            rt.block_on(sluice::sink::run(cfg, stop))?;
+            let until = match until_caught_up {
+                true => sluice::sink::Until::CaughtUp,
+                false => sluice::sink::Until::Stopped,
+            };
+            rt.block_on(sluice::sink::run(cfg, until, stop))?;
             Ok(Outcome::Clean)
         }
         Command::Lab(a) => {
@@ -138,6 +154,7 @@ fn run(command: Command) -> anyhow::Result<Outcome> {
             println!("config {}: valid", config.config.display());
             Ok(runtime()?.block_on(sluice::check::main(&cfg)))
         }
+        Command::Status(a) => runtime()?.block_on(sluice::status::main(a, shutdown_signal())),
         Command::Send(a) => sluice::send::main(a),
         Command::Resend(a) => runtime()?.block_on(sluice::send::resend::main(a)),
         Command::Window(a) => tool(&a.ch.clone(), |c| ops::window::run(a, c)),

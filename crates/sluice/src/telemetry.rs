@@ -94,8 +94,38 @@ fn describe() {
     );
     describe_gauge!(
         "sluice_consumer_lag_records",
-        "Records between the high watermark and the consumer's position, by topic and partition."
+        "Records between the high watermark and the group's committed offset, by topic and partition (0 once the partition leaves this process)."
     );
+    describe_gauge!(
+        "sluice_consumer_lag_seconds",
+        "Age, by its Kafka timestamp, of the oldest record read but not yet durable, by topic and partition (0 when every record read is durable)."
+    );
+    describe_gauge!(
+        "sluice_committed_offset",
+        "The offset committed for the partition (the next record to read), by topic and partition; refreshed every commit interval while this process holds it."
+    );
+    describe_gauge!(
+        "sluice_buffer_limit_bytes",
+        "The bytes batches being built or inserted may hold before every partition pauses (the batches' share of sink.max_buffered_bytes)."
+    );
+    describe_gauge!("sluice_ready", "1 while /ready answers 200, else 0.");
+    describe_gauge!(
+        "process_start_time_seconds",
+        "When the process started, in seconds since the Unix epoch."
+    );
+}
+
+/// The series set once at start: the buffer's bound and the start time.
+pub fn started(buffer_limit_bytes: usize) {
+    gauge!("sluice_buffer_limit_bytes").set(buffer_limit_bytes as f64);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    gauge!("process_start_time_seconds").set(now.as_secs_f64().floor());
+}
+
+pub fn ready(ready: bool) {
+    gauge!("sluice_ready").set(if ready { 1.0 } else { 0.0 });
 }
 
 /// The per-record counters of one topic, looked up once: bumping them is
@@ -161,6 +191,29 @@ pub fn in_flight_bytes(bytes: usize) {
 pub fn consumer_lag(topic: &str, partition: i32, lag: i64) {
     gauge!("sluice_consumer_lag_records", "topic" => topic.to_string(), "partition" => partition.to_string())
         .set(lag.max(0) as f64);
+}
+
+/// A held partition's progress, every commit interval: its committed
+/// offset, if any, and how long its oldest pending record has waited.
+pub fn partition_progress(topic: &str, partition: i32, committed: Option<i64>, lag: Duration) {
+    let labels = [
+        ("topic", topic.to_string()),
+        ("partition", partition.to_string()),
+    ];
+    if let Some(c) = committed {
+        gauge!("sluice_committed_offset", &labels).set(c as f64);
+    }
+    gauge!("sluice_consumer_lag_seconds", &labels).set(lag.as_secs_f64());
+}
+
+/// A partition this process no longer holds: its lag is someone else's.
+pub fn partition_left(topic: &str, partition: i32) {
+    let labels = [
+        ("topic", topic.to_string()),
+        ("partition", partition.to_string()),
+    ];
+    gauge!("sluice_consumer_lag_records", &labels).set(0.0);
+    gauge!("sluice_consumer_lag_seconds", &labels).set(0.0);
 }
 
 /// A record the DLQ acknowledged; `reason` is the error kind.

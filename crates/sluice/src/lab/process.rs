@@ -52,12 +52,16 @@ pub struct RunSpec {
     pub schema_registry: Option<String>,
     /// The route's `extra_fields` (`ignore` when unset).
     pub extra_fields: Option<&'static str>,
+    /// More arguments to `sluice run`.
+    pub args: Vec<String>,
 }
 
 /// A running `sluice run`.
 pub struct SinkProcess {
     child: Option<Child>,
     pub log: PathBuf,
+    /// The config file it runs with.
+    pub config: PathBuf,
 }
 
 impl RunSpec {
@@ -170,6 +174,7 @@ extra_fields = "{extra}"
         let child = Command::new(exe)
             .args(["run", "--config"])
             .arg(&cfg)
+            .args(&self.args)
             .env(
                 "SLUICE_LOG",
                 std::env::var("SLUICE_TEST_LOG").unwrap_or_else(|_| "info".into()),
@@ -185,6 +190,7 @@ extra_fields = "{extra}"
         Ok(SinkProcess {
             child: Some(child),
             log,
+            config: cfg,
         })
     }
 }

@@ -214,6 +214,7 @@ impl Run {
         let keepalive = Keepalive::start(stack, &group).await?;
         let (delivery, dedup_key) = mode_settings(mode);
         let spec = RunSpec {
+            args: Vec::new(),
             brokers: stack.brokers.clone(),
             clickhouse_url: proxy
                 .as_ref()

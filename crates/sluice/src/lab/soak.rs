@@ -120,6 +120,7 @@ pub async fn run(clickhouse_url: &str, o: SoakOptions) -> anyhow::Result<SoakRep
     let group = Stack::unique("soak");
     let _keepalive = Keepalive::start(&own, &group).await?;
     let spec = RunSpec {
+        args: Vec::new(),
         brokers: own.brokers.clone(),
         clickhouse_url: proxy.url.clone(),
         topic: topic.clone(),

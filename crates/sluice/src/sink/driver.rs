@@ -19,7 +19,7 @@ use super::columns::TableColumns;
 use super::dlq::Dlq;
 use super::lease::renew;
 use super::lease::Lease;
-use super::owners::{new_owner, register_group, Owners};
+use super::owners::{client_id, new_owner, register_group, Key, Owners};
 use super::schemas::Schemas;
 use super::state::{RowChecks, Sink, Stats};
 use super::writer::WriterCtx;
@@ -36,6 +36,7 @@ use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::types::{RDKafkaErrorCode, RDKafkaRespErr};
 use sluice_core::RowEncoder;
+use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -79,9 +80,21 @@ impl rdkafka::consumer::ConsumerContext for SinkContext {
     }
 }
 
-/// Runs the sink until `shutdown` resolves or a permanent error occurs.
+/// When `sluice run` stops of its own accord.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Until {
+    /// Only on a signal (or a permanent error): the daemon.
+    Stopped,
+    /// Once every partition it holds is durable up to the high watermark
+    /// seen at start (a backfill, a batch job); or on a signal first.
+    CaughtUp,
+}
+
+/// Runs the sink until `shutdown` resolves, `until` is met, or a permanent
+/// error occurs.
 pub async fn run(
     cfg: Config,
+    until: Until,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     for line in cfg.endpoints() {
@@ -157,6 +170,8 @@ pub async fn run(
     let ready = Arc::new(AtomicBool::new(false));
     if let Some(addr) = cfg.metrics_listen {
         let metrics = Metrics::install()?;
+        crate::telemetry::started(cfg.sink.batch_buffer_bytes());
+        crate::telemetry::ready(false);
         let stop = stopping.clone();
         let bound = http::serve(addr, metrics, ready.clone(), async move {
             stop.cancelled().await
@@ -190,11 +205,15 @@ pub async fn run(
         ));
     }
 
-    let consumer = build_consumer(&cfg, sink)?;
+    let consumer = build_consumer(&cfg, sink, me)?;
     // Fail fast, with the address, when the brokers cannot be reached.
     consumer
         .fetch_metadata(None, Duration::from_secs(15))
         .with_context(|| format!("cannot reach Kafka at {}", cfg.kafka.brokers))?;
+    let targets = match until {
+        Until::Stopped => None,
+        Until::CaughtUp => Some(high_watermarks(&consumer, &cfg.routes)?),
+    };
     let topics: Vec<&str> = cfg.routes.iter().map(|r| r.topic.as_str()).collect();
     consumer
         .subscribe(&topics)
@@ -208,16 +227,54 @@ pub async fn run(
     let (loop_cfg, loop_stopping) = (cfg.clone(), stopping.clone());
     let thread = std::thread::Builder::new()
         .name("sluice-consumer".into())
-        .spawn(move || poll_loop(consumer, &loop_cfg, loop_stopping))
+        .spawn(move || poll_loop(consumer, &loop_cfg, targets, loop_stopping))
         .context("starting the consumer thread")?;
     // Both ends answered and the group is joined (or being joined).
     ready.store(true, Ordering::SeqCst);
+    crate::telemetry::ready(true);
     let result = tokio::task::spawn_blocking(move || thread.join())
         .await
         .map_err(|e| anyhow!("consumer thread: {e}"))?
         .map_err(|_| anyhow!("the consumer thread panicked"))?;
     ready.store(false, Ordering::SeqCst);
+    crate::telemetry::ready(false);
     result
+}
+
+/// The high watermark of every partition of the routes' topics, by
+/// `(route index, partition)`: where `--until-caught-up` stops.
+fn high_watermarks(
+    consumer: &BaseConsumer<SinkContext>,
+    routes: &[Route],
+) -> anyhow::Result<HashMap<Key, i64>> {
+    let timeout = Duration::from_secs(15);
+    let mut targets = HashMap::new();
+    for (ri, route) in routes.iter().enumerate() {
+        let topic = &route.topic;
+        let md = consumer
+            .fetch_metadata(Some(topic), timeout)
+            .with_context(|| format!("reading the partitions of topic {topic:?}"))?;
+        for t in md.topics() {
+            if let Some(e) = t.error() {
+                return Err(anyhow!("topic {topic:?}: {:?}", RDKafkaErrorCode::from(e)));
+            }
+            for p in t.partitions() {
+                let (_, high) = consumer
+                    .fetch_watermarks(topic, p.id(), timeout)
+                    .with_context(|| {
+                        format!("reading the high watermark of {topic}[{}]", p.id())
+                    })?;
+                targets.insert((ri, p.id()), high);
+            }
+        }
+    }
+    let total: i64 = targets.values().sum();
+    tracing::info!(
+        partitions = targets.len(),
+        high_watermarks_sum = total,
+        "running until caught up with the high watermarks seen now"
+    );
+    Ok(targets)
 }
 
 async fn connect_clickhouse(cfg: &Config) -> anyhow::Result<ClickHouse> {
@@ -249,7 +306,7 @@ async fn connect_clickhouse(cfg: &Config) -> anyhow::Result<ClickHouse> {
     }
 }
 
-fn build_consumer(cfg: &Config, sink: Sink) -> anyhow::Result<BaseConsumer<SinkContext>> {
+fn build_consumer(cfg: &Config, sink: Sink, me: u64) -> anyhow::Result<BaseConsumer<SinkContext>> {
     let k = &cfg.kafka;
     // librdkafka's share of the memory bound: its prefetch queue.
     let queued_kb = cfg.sink.kafka_buffer_bytes() / 1024;
@@ -284,6 +341,11 @@ fn build_consumer(cfg: &Config, sink: Sink) -> anyhow::Result<BaseConsumer<SinkC
     if let Some(id) = &k.instance_id {
         cc.set("group.instance.id", id);
     }
+    // Named after the register's owner id, so `sluice status` names the
+    // same process whichever it reads.
+    if !k.properties.contains_key("client.id") {
+        cc.set("client.id", client_id(me));
+    }
     cc.create_with_context(SinkContext {
         sink: Mutex::new(sink),
     })
@@ -301,6 +363,7 @@ fn lock(consumer: &BaseConsumer<SinkContext>) -> std::sync::MutexGuard<'_, Sink>
 fn poll_loop(
     consumer: BaseConsumer<SinkContext>,
     cfg: &Config,
+    targets: Option<HashMap<Key, i64>>,
     stopping: CancellationToken,
 ) -> anyhow::Result<()> {
     let (commit_interval, progress_every) = (cfg.sink.commit_interval, cfg.sink.progress_interval);
@@ -355,6 +418,11 @@ fn poll_loop(
             last_commit = now;
             s.commit(&consumer, None, CommitMode::Async);
             s.expire_leaving();
+            s.report_progress(unix_ms());
+            if targets.as_ref().is_some_and(|t| s.caught_up(&consumer, t)) {
+                tracing::info!("caught up with the high watermarks seen at start: stopping");
+                break;
+            }
         }
         if progress_every.is_some_and(|every| now.duration_since(last_report) >= every) {
             s.log_progress(&last_stats, now.duration_since(last_report).as_secs_f64());
@@ -370,6 +438,12 @@ fn poll_loop(
         Some(e) => Err(e),
         None => Ok(()),
     }
+}
+
+fn unix_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
 }
 
 /// Errors no retry of librdkafka's can fix: the client is refused, or its

@@ -20,13 +20,13 @@ mod driver;
 mod event;
 mod fates;
 mod lease;
-mod owners;
+pub(crate) mod owners;
 mod prepare;
 mod schemas;
 mod state;
 mod writer;
 
-pub use driver::run;
+pub use driver::{run, Until};
 
 /// The consumer's context: the sink's state, reachable from rebalance
 /// callbacks. Only the consumer thread locks it.

@@ -29,13 +29,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// A partition of a route: `(route index, partition)`.
-pub(super) type Key = (usize, i32);
+pub(crate) type Key = (usize, i32);
 
-pub(super) use sluice_core::lease::Owner;
+pub(crate) use sluice_core::lease::Owner;
 
 /// The register's client, shareable across threads.
 #[derive(Clone)]
-pub(super) struct Owners {
+pub(crate) struct Owners {
     client: Arc<BaseConsumer>,
     routes: Vec<Arc<Route>>,
 }
@@ -104,6 +104,12 @@ impl Owners {
         }
         Ok(out)
     }
+}
+
+/// The Kafka client id of the sink whose register id is `owner`, unless
+/// the config sets one: `sluice status` shows it as the owner.
+pub(crate) fn client_id(owner: u64) -> String {
+    format!("sluice-{owner}")
 }
 
 /// The register of the group `group`.

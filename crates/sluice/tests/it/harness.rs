@@ -293,6 +293,8 @@ pub struct SinkSpec {
     pub schema_registry: Option<String>,
     /// The route's `extra_fields`.
     pub extra_fields: Option<&'static str>,
+    /// More arguments to `sluice run`.
+    pub args: Vec<String>,
 }
 
 impl SinkSpec {
@@ -321,6 +323,7 @@ impl SinkSpec {
             format: "json",
             schema_registry: None,
             extra_fields: None,
+            args: Vec::new(),
         }
     }
 
@@ -351,6 +354,7 @@ impl SinkSpec {
             format: self.format,
             schema_registry: self.schema_registry.clone(),
             extra_fields: self.extra_fields,
+            args: self.args.clone(),
         }
         .start_with(env!("CARGO_BIN_EXE_sluice").as_ref())
         .expect("starting sluice")

@@ -28,3 +28,4 @@ mod registry;
 mod reject;
 mod resume;
 mod send;
+mod status;

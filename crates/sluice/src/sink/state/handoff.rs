@@ -59,6 +59,7 @@ impl Sink {
     ) -> KafkaResult<()> {
         let keys = self.keys_of(tpl);
         consumer.incremental_assign(tpl)?;
+        self.assigned = true;
         if keys.is_empty() {
             return Ok(());
         }
@@ -203,8 +204,10 @@ impl Sink {
             tracing::info!(lost, partitions = ?keys.iter().map(|k| self.name(*k)).collect::<Vec<_>>(), "revoked");
         }
         for k in &keys {
+            crate::telemetry::partition_left(&self.routes[k.0].topic, k.1);
             if let Some(p) = self.parts.get_mut(k) {
                 p.builder.clear();
+                p.building_since = None;
                 p.builder_uncertain = false;
                 // Their records are read again by the next owner.
                 p.letters.clear();

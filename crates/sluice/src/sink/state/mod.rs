@@ -36,7 +36,7 @@ use sluice_core::dedup::KeyWindow;
 use sluice_core::{
     AckTracker, BatchBuilder, BatchLimits, NextOffset, Offset, PartitionId, RowError,
 };
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -94,6 +94,11 @@ struct Part {
     stalled: Option<Stall>,
     /// The values of the batch being built, on a registry route.
     originals: Originals,
+    /// The Kafka timestamp (ms) of the first record of the batch being built.
+    building_since: Option<i64>,
+    /// Each cut batch's end and the Kafka timestamp of its first record,
+    /// until the durable frontier passes it: how long records have waited.
+    cut_since: VecDeque<(NextOffset, Option<i64>)>,
 }
 
 impl Part {
@@ -118,7 +123,26 @@ impl Part {
             active_since: None,
             stalled: None,
             originals: Originals::default(),
+            building_since: None,
+            cut_since: VecDeque::new(),
         }
+    }
+
+    /// The Kafka timestamp (ms) of the oldest record read and not yet
+    /// durable, if it has one.
+    fn oldest_pending(&mut self) -> Option<i64> {
+        let frontier = self.acks.as_ref()?.frontier();
+        while self
+            .cut_since
+            .front()
+            .is_some_and(|(end, _)| *end <= frontier)
+        {
+            self.cut_since.pop_front();
+        }
+        self.cut_since
+            .iter()
+            .find_map(|(_, ts)| *ts)
+            .or(self.building_since)
     }
 }
 
@@ -174,6 +198,8 @@ pub(super) struct Sink {
     columns: TableColumns,
     /// A registry route's decoded row, before the encoder takes it.
     decoded: Vec<u8>,
+    /// The group has answered with an assignment (perhaps an empty one).
+    assigned: bool,
 }
 
 /// What a route's records are read and checked with besides its encoder:
@@ -223,6 +249,7 @@ impl Sink {
             schemas,
             columns,
             decoded: Vec::new(),
+            assigned: false,
         }
     }
 
@@ -341,6 +368,9 @@ impl Sink {
             self.ctx.dlq.is_some(),
             now,
         );
+        if part.building_since.is_none() && !part.builder.is_empty() {
+            part.building_since = rec.timestamp;
+        }
         if self.decoded.capacity() > 4 << 20 {
             self.decoded = Vec::new();
         }
@@ -416,6 +446,7 @@ impl Sink {
         let Some(part) = self.parts.get_mut(&key) else {
             return;
         };
+        let since = part.building_since.take();
         let Some(batch) = part.builder.take() else {
             return;
         };
@@ -424,6 +455,7 @@ impl Sink {
             return;
         };
         let ticket = acks.register(batch.end());
+        part.cut_since.push_back((batch.end(), since));
         let letters = std::mem::take(&mut part.letters);
         let originals = std::mem::take(&mut part.originals);
         let bytes = batch.bytes() + std::mem::take(&mut part.letter_bytes) + originals.bytes();
@@ -664,6 +696,70 @@ impl Sink {
                 error = %e,
                 "offset commit failed; it is advisory, progress lives in ClickHouse"
             ),
+        }
+    }
+
+    /// Whether every partition this process holds has everything before
+    /// its target (by route and partition; 0 when absent) durable, once the
+    /// group has assigned this process its share. A partition has read up
+    /// to its frontier or to the consumer's position, whichever is further
+    /// (the position moves past control records, which never become rows).
+    pub fn caught_up(
+        &self,
+        consumer: &BaseConsumer<SinkContext>,
+        targets: &HashMap<Key, i64>,
+    ) -> bool {
+        if !self.assigned {
+            return false;
+        }
+        let positions: HashMap<Key, i64> = consumer
+            .position()
+            .map(|tpl| {
+                tpl.elements()
+                    .iter()
+                    .filter_map(|e| match e.offset() {
+                        KOffset::Offset(o) => Some(((self.route_of(e.topic())?, e.partition()), o)),
+                        _ => None,
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        self.leaving.is_empty()
+            && self.leaving.is_empty()
+            && self.parts.iter().all(|(key, part)| {
+                let target = targets.get(key).copied().unwrap_or(0);
+                let Some(acks) = part.acks.as_ref() else {
+                    return false;
+                };
+                let idle = part.phase == Phase::Active
+                    && part.builder.is_empty()
+                    && part.letters.is_empty()
+                    && part.stalled.is_none()
+                    && acks.in_flight() == 0;
+                let read = acks
+                    .frontier()
+                    .0
+                    .max(positions.get(key).copied().unwrap_or(0));
+                idle && read >= target
+            })
+    }
+
+    /// Each held partition's committed offset and how long its oldest
+    /// pending record has waited, for `/metrics`; `now_ms` is the Unix time.
+    pub fn report_progress(&mut self, now_ms: i64) {
+        for ((ri, p), part) in &mut self.parts {
+            if part.phase != Phase::Active {
+                continue;
+            }
+            let waited = part
+                .oldest_pending()
+                .map_or(0, |ts| (now_ms - ts).max(0) as u64);
+            telemetry::partition_progress(
+                &self.routes[*ri].topic,
+                *p,
+                part.committed.map(|c| c.0),
+                std::time::Duration::from_millis(waited),
+            );
         }
     }
 
