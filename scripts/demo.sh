@@ -1,15 +1,20 @@
 #!/usr/bin/env bash
 # demo.sh — the main job on the local stack, end to end:
 # start the stack, create a table and a fresh topic, produce sample orders,
-# run `sluice run` until every record has landed, stop it with SIGTERM and
-# show what landed (rows, duplicates, per-partition watermarks).
+# run `sluice run --until-caught-up` (it exits once every record there at
+# start has landed), then show `sluice status` and what landed (rows,
+# duplicates, per-partition watermarks).
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$REPO"
 COUNT="${DEMO_RECORDS:-200000}"
 
+set -a; eval "$(scripts/stack.sh env)"; set +a   # fixed paths and ports; `up` starts what they name
+if [ ! -x "$SLUICE_TANSU_BIN" ]; then
+  echo "== first run: builds the Kafka broker (tansu, from source: about 13 min on 2 cores, progress below)," \
+    "then sluice; later runs take about a minute"
+fi
 scripts/stack.sh up >/dev/null
-set -a; eval "$(scripts/stack.sh env)"; set +a
 "$REPO/scripts/install-deps.sh"
 cargo build --release --quiet --bin sluice --example produce
 
@@ -43,17 +48,11 @@ delivery = "exactly-once"
 topic = "$TOPIC"
 table = "demo.orders"
 TOML
-echo "== running sluice (config $CFG); it first waits out any previous owner's inserts (fence_wait, 15 s here)"
-target/release/sluice run --config "$CFG" 2>"$REPO/.stack/demo-sluice.log" &
-PID=$!
-trap 'kill $PID 2>/dev/null || true' EXIT
-for _ in $(seq 1 600); do
-  n="$(ch "SELECT count() FROM demo.orders WHERE _topic = '$TOPIC'")"
-  [ "$n" -ge "$COUNT" ] && break
-  kill -0 $PID 2>/dev/null || { echo "sluice exited early; log:"; tail -20 "$REPO/.stack/demo-sluice.log"; exit 1; }
-  sleep 0.5
-done
-kill -TERM $PID; wait $PID || true; trap - EXIT
+echo "== running sluice until it has caught up (config $CFG); it first waits out any previous owner's inserts (fence_wait, 15 s here)"
+target/release/sluice run --config "$CFG" --until-caught-up 2>"$REPO/.stack/demo-sluice.log" \
+  || { echo "sluice failed; log:"; tail -20 "$REPO/.stack/demo-sluice.log"; exit 1; }
+echo "== sluice status: per partition, the broker's high watermark, the group's commit, ClickHouse's offset, the lag"
+target/release/sluice status --config "$CFG"
 echo "== landed in demo.orders (log: .stack/demo-sluice.log)"
 ch "SELECT count() AS rows, uniqExact(_partition, _offset) AS distinct_offsets,
        count() - uniqExact(_partition, _offset) AS duplicates, uniqExact(order_id) AS orders
