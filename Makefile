@@ -22,6 +22,7 @@ demo:
 
 test:
 	@scripts/install-deps.sh
+	@scripts/test-deploy.sh
 	@$(STACK) up >/dev/null
 	@$(ENV); "$$SLUICE_CHDB_PYTHON" stack/test_chdb_server.py
 	@$(ENV); "$$SLUICE_CLIENTS_PYTHON" -W ignore::ResourceWarning stack/test_schema_registry.py

@@ -65,6 +65,18 @@ impl RegistryError {
     }
 
     /// A short stable name for the kind of error (metrics).
+    /// Every value [`Self::kind`] returns.
+    pub const KINDS: [&'static str; 8] = [
+        "unavailable",
+        "unknown-schema",
+        "not-found",
+        "unauthorized",
+        "bad-answer",
+        "invalid",
+        "wrong-type",
+        "config",
+    ];
+
     pub fn kind(&self) -> &'static str {
         match self {
             RegistryError::Unavailable { .. } => "unavailable",

@@ -94,7 +94,7 @@ fn describe() {
     );
     describe_gauge!(
         "sluice_consumer_lag_records",
-        "Records between the high watermark and the group's committed offset, by topic and partition (0 once the partition leaves this process)."
+        "Records between the broker's last stable offset and the durable frontier (every record before it is in ClickHouse or the DLQ), by topic and partition; every 10 s while this process holds the partition, 0 once it leaves."
     );
     describe_gauge!(
         "sluice_consumer_lag_seconds",
@@ -122,6 +122,10 @@ pub fn started(buffer_limit_bytes: usize) {
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap_or_default();
     gauge!("process_start_time_seconds").set(now.as_secs_f64().floor());
+    // Served at 0 from the start: the first error shows as an increase.
+    for kind in crate::registry::RegistryError::KINDS {
+        counter!("sluice_schema_fetch_errors_total", "kind" => kind).increment(0);
+    }
 }
 
 pub fn ready(ready: bool) {

@@ -46,12 +46,24 @@ use tokio_util::sync::CancellationToken;
 
 impl rdkafka::ClientContext for SinkContext {
     /// librdkafka's statistics (every `statistics.interval.ms`): the lag
-    /// of each assigned partition.
+    /// of each partition this process holds, from the broker's last stable
+    /// offset to the durable frontier. librdkafka also reports partitions
+    /// it no longer holds, with their old offsets: those are left out. The
+    /// report is skipped if it comes while the consumer thread is inside
+    /// the sink (a poll while draining).
     fn stats(&self, stats: rdkafka::Statistics) {
+        let Ok(sink) = self.sink.try_lock() else {
+            return;
+        };
         for (topic, t) in &stats.topics {
             for (p, part) in &t.partitions {
-                if *p >= 0 && part.consumer_lag >= 0 {
-                    crate::telemetry::consumer_lag(topic, *p, part.consumer_lag);
+                let high = if part.ls_offset >= 0 {
+                    part.ls_offset
+                } else {
+                    part.hi_offset
+                };
+                if let (true, Some(done)) = (high >= 0, sink.durable_through(topic, *p)) {
+                    crate::telemetry::consumer_lag(topic, *p, high - done);
                 }
             }
         }

@@ -16,6 +16,7 @@ mod check;
 mod coordinator;
 mod dedup;
 mod delivery;
+mod deploy;
 mod dlq;
 mod errors;
 mod extra;

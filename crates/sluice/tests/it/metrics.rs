@@ -63,8 +63,99 @@ async fn metrics_count_a_known_run() {
         tokio::time::sleep(Duration::from_millis(500)).await;
     };
     assert_eq!(lags, vec![0.0, 0.0], "one gauge per partition");
+    // Per partition: the committed offset (2,500 records each) and nothing
+    // waiting; the process: ready, its bound and its start.
+    let (_, m) = get(&addr, "/metrics").await;
+    for p in 0..2 {
+        let labels = format!("{{topic=\"{topic}\",partition=\"{p}\"}}");
+        assert_eq!(
+            value(&m, &format!("sluice_committed_offset{labels}")),
+            2500.0,
+            "{m}"
+        );
+        assert_eq!(
+            value(&m, &format!("sluice_consumer_lag_seconds{labels}")),
+            0.0,
+            "{m}"
+        );
+    }
+    assert_eq!(value(&m, "sluice_ready"), 1.0);
+    assert!(value(&m, "sluice_buffer_limit_bytes") > 1e6, "{m}");
+    let started = value(&m, "process_start_time_seconds");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    assert!(
+        started > now - 600.0 && started <= now,
+        "{started} vs {now}"
+    );
     assert_eq!(get(&addr, "/health").await.0, 200);
     assert_eq!(get(&addr, "/ready").await.0, 200);
     assert_eq!(get(&addr, "/nope").await.0, 404);
+    assert!(sink.stop(Duration::from_secs(30)), "{}", sink.log_tail());
+}
+
+/// While ClickHouse is unreachable, records wait: the lag gauges of their
+/// partitions grow (in records, and in seconds by Kafka timestamp), and
+/// fall back to 0 once the records land.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lag_gauges_grow_while_clickhouse_is_down_and_clear_after() {
+    use sluice::lab::proxy::Proxy;
+    let (topic, table, ch) = setup("lagm", 1, 0).await;
+    let upstream = clickhouse_url()
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .to_string();
+    let proxy = Proxy::start(upstream, Duration::from_secs(1))
+        .await
+        .unwrap();
+    let addr = format!("127.0.0.1:{}", free_port());
+    let mut spec = SinkSpec::new(&topic, &table);
+    spec.clickhouse_url = proxy.url.clone();
+    spec.insert_timeout_s = 2;
+    spec.metrics_listen = Some(addr.clone());
+    let mut sink = spec.start();
+    wait_for_log(&sink, "partition active", Duration::from_secs(60)).await;
+    proxy.set_down(true);
+    let (s, t) = (stack(), topic.clone());
+    tokio::task::spawn_blocking(move || s.produce(&t, 1, 0, 100))
+        .await
+        .unwrap()
+        .unwrap();
+    let labels = format!("{{topic=\"{topic}\",partition=\"0\"}}");
+    let gauges = |m: &str| {
+        (
+            value(m, &format!("sluice_consumer_lag_records{labels}")),
+            value(m, &format!("sluice_consumer_lag_seconds{labels}")),
+        )
+    };
+    // librdkafka reports the lag every 10 s.
+    let deadline = std::time::Instant::now() + Duration::from_secs(40);
+    let waiting = loop {
+        let (_, m) = get(&addr, "/metrics").await;
+        let g = m
+            .contains("sluice_consumer_lag_records{")
+            .then(|| gauges(&m));
+        match g {
+            Some((records, secs)) if records == 100.0 && secs >= 5.0 => break (records, secs),
+            _ if std::time::Instant::now() > deadline => panic!("{g:?}\n{m}\n{}", sink.log_tail()),
+            _ => tokio::time::sleep(Duration::from_millis(500)).await,
+        }
+    };
+    assert_eq!(waiting.0, 100.0);
+    proxy.set_down(false);
+    let got = wait_for(&ch, &table, 100, Duration::from_secs(60)).await;
+    assert_eq!(got.distinct_offsets, 100, "{}", sink.log_tail());
+    let deadline = std::time::Instant::now() + Duration::from_secs(40);
+    loop {
+        let (_, m) = get(&addr, "/metrics").await;
+        let g = gauges(&m);
+        if g == (0.0, 0.0) {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{g:?}\n{m}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
     assert!(sink.stop(Duration::from_secs(30)), "{}", sink.log_tail());
 }

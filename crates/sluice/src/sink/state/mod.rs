@@ -744,6 +744,14 @@ impl Sink {
             })
     }
 
+    /// Where a partition this process holds, active, is durable up to.
+    pub fn durable_through(&self, topic: &str, partition: i32) -> Option<i64> {
+        let part = self.parts.get(&(self.route_of(topic)?, partition))?;
+        (part.phase == Phase::Active)
+            .then(|| part.acks.as_ref().map(|a| a.frontier().0))
+            .flatten()
+    }
+
     /// Each held partition's committed offset and how long its oldest
     /// pending record has waited, for `/metrics`; `now_ms` is the Unix time.
     pub fn report_progress(&mut self, now_ms: i64) {
