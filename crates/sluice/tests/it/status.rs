@@ -173,3 +173,51 @@ async fn run_until_caught_up_drains_what_was_there_and_exits_0() {
     let got = landed(&ch, &table).await;
     assert_eq!((got.rows, got.distinct_offsets), (4000, 4000), "{log}");
 }
+
+/// The README's upgrade procedure: two static members; each in turn is
+/// stopped with SIGTERM (exit 0), started again with its `instance_id`,
+/// and `status --stuck-after` passes before the next; a producer writes
+/// all along. Every record lands exactly once on a plain MergeTree.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolling_restart_of_static_members_writes_every_record_once() {
+    let (topic, table, ch) = setup("roll", 2, 1000).await;
+    let group = unique("g");
+    let spec = |member: &str| {
+        let mut s = SinkSpec::new(&topic, &table);
+        s.group = group.clone();
+        s.instance_id = Some(member.to_string());
+        s.session_timeout_s = 20;
+        s.max_batch_rows = 100;
+        s
+    };
+    let (s, t) = (stack(), topic.clone());
+    let producing = tokio::task::spawn_blocking(move || {
+        for i in 0..40 {
+            s.produce(&t, 2, 1000 + i * 50, 50).unwrap();
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    });
+    let mut members = vec![spec("m-0").start(), spec("m-1").start()];
+    for (i, name) in ["m-0", "m-1"].iter().enumerate() {
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        let old = &mut members[i];
+        // `stop`: SIGTERM, and true only on exit 0.
+        assert!(
+            old.stop(Duration::from_secs(60)),
+            "{name}: {}",
+            old.log_tail()
+        );
+        members[i] = spec(name).start();
+        let check = status(&members[i], &["--stuck-after", "60s", "--interval", "1s"]);
+        assert_eq!(check.code, 0, "{name}: {}\n{}", check.stdout, check.stderr);
+    }
+    producing.await.unwrap();
+    let got = wait_for(&ch, &table, 3000, Duration::from_secs(180)).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let got = got.max_rows(landed(&ch, &table).await);
+    let logs: Vec<String> = members.iter().map(|m| m.log_tail()).collect();
+    for m in &mut members {
+        m.stop(Duration::from_secs(60));
+    }
+    assert_eq!((got.rows, got.distinct_offsets), (3000, 3000), "{logs:#?}");
+}
