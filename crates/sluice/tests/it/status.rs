@@ -221,3 +221,73 @@ async fn a_rolling_restart_of_static_members_writes_every_record_once() {
     }
     assert_eq!((got.rows, got.distinct_offsets), (3000, 3000), "{logs:#?}");
 }
+
+/// `--watch --json` prints a reading per interval until interrupted, and
+/// an end it cannot reach is named, exit 2, in bounded time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_watches_and_names_an_end_it_cannot_reach() {
+    let (topic, table, _ch) = setup("stw", 1, 10).await;
+    let dir = std::env::temp_dir().join(unique("sluice_status"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = |brokers: &str, url: &str| {
+        let path = dir.join(format!("{}.toml", unique("c")));
+        std::fs::write(
+            &path,
+            format!(
+                "[kafka]\nbrokers = \"{brokers}\"\ngroup_id = \"g\"\n\
+                 [clickhouse]\nurl = \"{url}\"\n\
+                 [[route]]\ntopic = \"{topic}\"\ntable = \"{table}\"\n"
+            ),
+        )
+        .unwrap();
+        path
+    };
+    let good = config(&brokers(), &clickhouse_url());
+    let mut watch = sluice([
+        "status",
+        "--watch",
+        "--json",
+        "--interval",
+        "500ms",
+        "--config",
+    ]);
+    let mut child = watch
+        .arg(&good)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let _ = std::process::Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let readings: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert!(readings.len() >= 3, "{readings:?}");
+    assert!(readings
+        .iter()
+        .all(|r| r["partitions"][0]["lag_records"] == 10));
+
+    let nobody = format!("127.0.0.1:{}", free_port());
+    for (path, names) in [
+        (
+            config(&nobody, &clickhouse_url()),
+            format!("Kafka at {nobody}"),
+        ),
+        (
+            config(&brokers(), &format!("http://{nobody}")),
+            format!("ClickHouse at http://{nobody}"),
+        ),
+    ] {
+        let started = Instant::now();
+        let mut cmd = sluice(["status", "--config"]);
+        let ran = run(cmd.arg(&path));
+        assert_eq!(ran.code, 2, "{}", ran.stderr);
+        assert!(ran.stderr.contains(&names), "{names}: {}", ran.stderr);
+        assert!(started.elapsed() < Duration::from_secs(60));
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
