@@ -251,7 +251,7 @@ async fn status_watches_and_names_an_end_it_cannot_reach() {
         "500ms",
         "--config",
     ]);
-    let mut child = watch
+    let child = watch
         .arg(&good)
         .stdout(std::process::Stdio::piped())
         .spawn()
