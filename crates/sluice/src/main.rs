@@ -1,7 +1,8 @@
 //! The `sluice` binary: parses the command line, sets up logging and runs a
 //! subcommand. Exit status: 0 when done (or clean), 1 when an operator tool
-//! found something (duplicates, a window too short), 2 on error, with the
-//! message on stderr.
+//! found something (duplicates, a window too short, a stuck partition) or
+//! `run --until-caught-up` was stopped first, 2 on error, with the message
+//! on stderr.
 
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
@@ -56,9 +57,11 @@ enum Command {
         /// Serve /metrics, /health and /ready on this host:port; overrides the file.
         #[arg(long)]
         metrics_listen: Option<String>,
-        /// Stop once every partition this process holds is in ClickHouse up
-        /// to the high watermark seen at start: flush, commit, hand off
-        /// cleanly and exit 0 (backfills, batch jobs).
+        /// Stop once every partition of the routes is durable up to the high
+        /// watermark seen at start (this process's by its own reckoning, the
+        /// others' by the group's commit): flush, commit, hand off cleanly
+        /// and exit 0 (backfills, batch jobs). Exit 1 if a signal stops it
+        /// first.
         #[arg(long)]
         until_caught_up: bool,
     },
@@ -139,8 +142,16 @@ fn run(command: Command) -> anyhow::Result<Outcome> {
                 true => sluice::sink::Until::CaughtUp,
                 false => sluice::sink::Until::Stopped,
             };
-            rt.block_on(sluice::sink::run(cfg, until, stop))?;
-            Ok(Outcome::Clean)
+            let ended = rt.block_on(sluice::sink::run(cfg, until, stop))?;
+            match (until, ended) {
+                (sluice::sink::Until::CaughtUp, sluice::sink::Ended::Stopped) => {
+                    eprintln!(
+                        "sluice: stopped before catching up with the high watermarks seen at start"
+                    );
+                    Ok(Outcome::Found)
+                }
+                _ => Ok(Outcome::Clean),
+            }
         }
         Command::Lab(a) => {
             let rt = runtime()?;

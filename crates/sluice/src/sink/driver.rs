@@ -102,13 +102,22 @@ pub enum Until {
     CaughtUp,
 }
 
+/// How a run that did not fail ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ended {
+    /// By a signal (or `shutdown`).
+    Stopped,
+    /// [`Until::CaughtUp`] was met.
+    CaughtUp,
+}
+
 /// Runs the sink until `shutdown` resolves, `until` is met, or a permanent
 /// error occurs.
 pub async fn run(
     cfg: Config,
     until: Until,
     shutdown: impl Future<Output = ()> + Send + 'static,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<Ended> {
     for line in cfg.endpoints() {
         tracing::info!("{line}");
     }
@@ -377,7 +386,7 @@ fn poll_loop(
     cfg: &Config,
     targets: Option<HashMap<Key, i64>>,
     stopping: CancellationToken,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<Ended> {
     let (commit_interval, progress_every) = (cfg.sink.commit_interval, cfg.sink.progress_interval);
     let mut last_stats = Stats::default();
     let mut last_commit = Instant::now();
@@ -386,6 +395,7 @@ fn poll_loop(
     let mut last_events = Instant::now();
     let mut errors = ConsumerErrors::default();
     let mut kafka_failed = false;
+    let mut ended = Ended::Stopped;
     {
         let mut s = lock(&consumer);
         s.drain_events(&consumer);
@@ -431,9 +441,12 @@ fn poll_loop(
             s.commit(&consumer, None, CommitMode::Async);
             s.expire_leaving();
             s.report_progress(unix_ms());
-            if targets.as_ref().is_some_and(|t| s.caught_up(&consumer, t)) {
-                tracing::info!("caught up with the high watermarks seen at start: stopping");
-                break;
+            if let Some(t) = &targets {
+                if s.caught_up(&consumer, t, &group_committed(&consumer, &cfg.routes, t)) {
+                    tracing::info!("caught up with the high watermarks seen at start: stopping");
+                    ended = Ended::CaughtUp;
+                    break;
+                }
             }
         }
         if progress_every.is_some_and(|every| now.duration_since(last_report) >= every) {
@@ -448,8 +461,35 @@ fn poll_loop(
     drop(consumer);
     match fatal {
         Some(e) => Err(e),
-        None => Ok(()),
+        None => Ok(ended),
     }
+}
+
+/// The group's committed offsets of the partitions of `targets` (empty if
+/// the broker does not answer in time: the next turn asks again).
+fn group_committed(
+    consumer: &BaseConsumer<SinkContext>,
+    routes: &[Route],
+    targets: &HashMap<Key, i64>,
+) -> HashMap<Key, i64> {
+    let mut tpl = rdkafka::TopicPartitionList::new();
+    for (ri, p) in targets.keys() {
+        tpl.add_partition(&routes[*ri].topic, *p);
+    }
+    let Ok(answer) = consumer.committed_offsets(tpl, Duration::from_secs(5)) else {
+        return HashMap::new();
+    };
+    answer
+        .elements()
+        .iter()
+        .filter_map(|e| {
+            let ri = routes.iter().position(|r| r.topic == e.topic())?;
+            match e.offset() {
+                rdkafka::Offset::Offset(o) => Some(((ri, e.partition()), o)),
+                _ => None,
+            }
+        })
+        .collect()
 }
 
 fn unix_ms() -> i64 {

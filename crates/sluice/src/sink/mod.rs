@@ -26,7 +26,7 @@ mod schemas;
 mod state;
 mod writer;
 
-pub use driver::{run, Until};
+pub use driver::{run, Ended, Until};
 
 /// The consumer's context: the sink's state, reachable from rebalance
 /// callbacks. Only the consumer thread locks it.

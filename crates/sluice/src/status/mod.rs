@@ -44,7 +44,6 @@ pub async fn main(
     let cfg = a.config.load(Overrides::default())?;
     let reader = read::Reader::connect(&cfg).await?;
     let mut movement = Movement::default();
-    let mut first = None;
     let redraw = a.watch && !a.json && std::io::stdout().is_terminal();
     tokio::pin!(stop);
     loop {
@@ -75,7 +74,6 @@ pub async fn main(
         }
         out.flush()?;
         drop(out);
-        let watched = Duration::from_millis((now - *first.get_or_insert(now)).max(0) as u64);
         match threshold {
             _ if a.watch => {}
             None => return Ok(Outcome::Clean),
@@ -92,11 +90,8 @@ pub async fn main(
                 );
                 return Ok(Outcome::Found);
             }
-            // Every lagging partition moved since the first reading.
-            Some(_) if watched > Duration::ZERO && rows.iter().all(|r| r.idle < watched) => {
-                return Ok(Outcome::Clean)
-            }
-            Some(_) if rows.iter().all(|r| r.r.lag_records() == 0) => return Ok(Outcome::Clean),
+            // Every partition with lag has moved since its lag appeared.
+            Some(_) if movement.all_moving() => return Ok(Outcome::Clean),
             Some(_) => {}
         }
         tokio::select! {

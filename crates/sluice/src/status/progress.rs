@@ -29,16 +29,16 @@ pub struct Reading {
 }
 
 impl Reading {
-    /// The next offset the sink has not finished with: past the highest
-    /// stored row or at the committed offset, whichever is further (records
-    /// that went to the DLQ or were dropped as duplicates are never stored,
-    /// but the commit passes them); the low watermark when neither exists.
+    /// The next offset the sink has not finished with: the group's
+    /// committed offset (the sink commits only past records that are in
+    /// ClickHouse or the DLQ, with no gap below), at least the low
+    /// watermark (records deleted by retention are nobody's lag). The
+    /// table's highest offset is not taken: rows can stand above a gap
+    /// (batches landing out of order, a topic recreated under its name).
     pub fn done(&self) -> i64 {
-        let stored = self.stored.map(|o| o + 1);
-        match (stored, self.committed) {
-            (None, None) => self.low_watermark,
-            (s, c) => s.max(c).unwrap_or(self.low_watermark),
-        }
+        self.committed
+            .unwrap_or(self.low_watermark)
+            .max(self.low_watermark)
     }
 
     /// Records written to the partition and not yet done.
@@ -64,9 +64,15 @@ pub type PartKey = (String, i32);
 /// How long each partition has had lag without moving, across readings.
 #[derive(Debug, Default)]
 pub struct Movement {
-    /// `done` at the last reading, and since when (Unix ms) it has had lag
-    /// without moving (`None`: no lag).
-    seen: HashMap<PartKey, (i64, Option<i64>)>,
+    seen: HashMap<PartKey, Seen>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Seen {
+    done: i64,
+    /// While it has lag: since when (Unix ms) it has not moved, and where
+    /// it was when the lag appeared (or at the first reading).
+    lagging: Option<(i64, i64)>,
 }
 
 impl Movement {
@@ -74,17 +80,29 @@ impl Movement {
     /// had lag without moving (zero when it has no lag or just moved).
     pub fn observe(&mut self, r: &Reading, now_ms: i64) -> Duration {
         let done = r.done();
-        let lagging = r.lag_records() > 0;
         let key = (r.topic.clone(), r.partition);
-        let since = match self.seen.get(&key) {
-            _ if !lagging => None,
-            Some(&(before, Some(since))) if before == done => Some(since),
-            _ => Some(now_ms),
+        let before = self
+            .seen
+            .get(&key)
+            .and_then(|s| s.lagging.map(|l| (s.done, l)));
+        let lagging = match before {
+            _ if r.lag_records() == 0 => None,
+            Some((was, (since, from))) if was == done => Some((since, from)),
+            Some((_, (_, from))) => Some((now_ms, from)),
+            None => Some((now_ms, done)),
         };
-        self.seen.insert(key, (done, since));
-        since.map_or(Duration::ZERO, |s| {
-            Duration::from_millis((now_ms - s).max(0) as u64)
+        self.seen.insert(key, Seen { done, lagging });
+        lagging.map_or(Duration::ZERO, |(since, _)| {
+            Duration::from_millis((now_ms - since).max(0) as u64)
         })
+    }
+
+    /// Whether every partition seen is without lag, or has moved since its
+    /// lag appeared (or since the first reading).
+    pub fn all_moving(&self) -> bool {
+        self.seen
+            .values()
+            .all(|s| s.lagging.is_none_or(|(_, from)| from != s.done))
     }
 }
 
@@ -108,15 +126,16 @@ mod tests {
     }
 
     #[test]
-    fn done_is_the_furthest_of_the_table_and_the_commit() {
+    fn done_is_the_commit_never_the_table() {
         assert_eq!(reading(10, None, None).done(), 0);
         assert_eq!(reading(10, Some(4), None).done(), 4);
-        assert_eq!(reading(10, None, Some(6)).done(), 7);
+        // Rows above a gap (offsets 0..6 missing) are not progress.
+        assert_eq!(reading(10, None, Some(6)).done(), 0);
         // The last records went to the DLQ: the commit passes them.
         assert_eq!(reading(10, Some(10), Some(6)).done(), 10);
-        // The commit trails the table by up to a commit interval.
-        assert_eq!(reading(10, Some(5), Some(8)).done(), 9);
-        let mut gone = reading(10, None, None);
+        assert_eq!(reading(10, Some(5), Some(8)).done(), 5);
+        // Retention deleted what the commit had not reached.
+        let mut gone = reading(10, Some(1), None);
         gone.low_watermark = 3;
         assert_eq!(gone.done(), 3);
     }
@@ -149,6 +168,31 @@ mod tests {
         // New records: idle counts from when the lag appeared.
         assert_eq!(m.observe(&reading(13, Some(12), None), 1_000_000), s(0));
         assert_eq!(m.observe(&reading(13, Some(12), None), 1_010_000), s(10));
+        assert!(!m.all_moving(), "its new lag has not moved yet");
+    }
+
+    #[test]
+    fn only_a_move_after_the_lag_appeared_counts() {
+        let mut m = Movement::default();
+        m.observe(&reading(10, Some(10), None), 0);
+        let mut other = reading(10, Some(4), None);
+        other.partition = 1;
+        m.observe(&other, 0);
+        assert!(!m.all_moving());
+        m.observe(&other, 5_000);
+        assert!(!m.all_moving(), "still at 4");
+        other.committed = Some(6);
+        m.observe(&other, 10_000);
+        assert!(m.all_moving());
+        // Lag that appears after the first reading and does not move is
+        // not movement, however long it had none before.
+        let mut fresh = Movement::default();
+        fresh.observe(&reading(10, Some(10), None), 0);
+        fresh.observe(&reading(12, Some(10), None), 1_000);
+        fresh.observe(&reading(12, Some(10), None), 2_000);
+        assert!(!fresh.all_moving());
+        fresh.observe(&reading(12, Some(11), None), 3_000);
+        assert!(fresh.all_moving());
     }
 
     proptest! {

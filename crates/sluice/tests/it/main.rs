@@ -30,3 +30,4 @@ mod reject;
 mod resume;
 mod send;
 mod status;
+mod status_edges;

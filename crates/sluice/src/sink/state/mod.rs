@@ -699,17 +699,21 @@ impl Sink {
         }
     }
 
-    /// Whether every partition this process holds has everything before
-    /// its target (by route and partition; 0 when absent) durable, once the
-    /// group has assigned this process its share. A partition has read up
-    /// to its frontier or to the consumer's position, whichever is further
-    /// (the position moves past control records, which never become rows).
+    /// Whether every partition of `targets` (by route and partition) has
+    /// everything before its target durable, once the group has answered
+    /// this process. A partition it holds: nothing buffered or in flight,
+    /// and read up to the target (by its frontier, the consumer's position,
+    /// which moves past control records, or the group's commit when nothing
+    /// was read). Any other partition: the group's commit (`committed`) has
+    /// passed the target, whoever holds it; a process given nothing waits
+    /// for the others, and takes over what they leave.
     pub fn caught_up(
         &self,
         consumer: &BaseConsumer<SinkContext>,
         targets: &HashMap<Key, i64>,
+        committed: &HashMap<Key, i64>,
     ) -> bool {
-        if !self.assigned {
+        if !self.assigned || !self.leaving.is_empty() {
             return false;
         }
         let positions: HashMap<Key, i64> = consumer
@@ -724,24 +728,32 @@ impl Sink {
                     .collect()
             })
             .unwrap_or_default();
-        self.leaving.is_empty()
-            && self.leaving.is_empty()
-            && self.parts.iter().all(|(key, part)| {
-                let target = targets.get(key).copied().unwrap_or(0);
-                let Some(acks) = part.acks.as_ref() else {
-                    return false;
-                };
-                let idle = part.phase == Phase::Active
-                    && part.builder.is_empty()
-                    && part.letters.is_empty()
-                    && part.stalled.is_none()
-                    && acks.in_flight() == 0;
-                let read = acks
-                    .frontier()
-                    .0
-                    .max(positions.get(key).copied().unwrap_or(0));
-                idle && read >= target
-            })
+        // At least once, a partition without a commit starts at its end:
+        // nothing before the target is ever read.
+        let starts_at_end = !self.cfg.sink.delivery.is_exactly_once()
+            && self.cfg.kafka.auto_offset_reset == sluice_core::ResetPolicy::Latest;
+        targets.iter().all(|(key, &target)| {
+            let commit = committed.get(key).copied();
+            let Some(part) = self.parts.get(key) else {
+                return target == 0 || commit.is_some_and(|c| c >= target);
+            };
+            let idle = part.phase == Phase::Active
+                && part.builder.is_empty()
+                && part.letters.is_empty()
+                && part.stalled.is_none()
+                && part.acks.as_ref().is_none_or(|a| a.in_flight() == 0);
+            let read = [
+                part.acks.as_ref().map(|a| a.frontier().0),
+                positions.get(key).copied(),
+                commit,
+            ]
+            .into_iter()
+            .flatten()
+            .max()
+            .unwrap_or(0);
+            let never_read = part.acks.is_none() && commit.is_none() && starts_at_end;
+            idle && (read >= target || never_read)
+        })
     }
 
     /// Where a partition this process holds, active, is durable up to.
