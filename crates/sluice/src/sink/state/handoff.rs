@@ -156,6 +156,8 @@ impl Sink {
         };
         part.abandon.cancel();
         self.ctx.lease.give_up(key, generation);
+        // Another owner writes it now: its lag is that owner's to report.
+        crate::telemetry::partition_left(&self.routes[key.0].topic, key.1);
         let fence_wait = self.cfg.sink.fence_wait;
         if part
             .active_since
