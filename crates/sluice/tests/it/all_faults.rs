@@ -5,7 +5,7 @@
 
 use crate::harness::*;
 
-#[derive(serde::Deserialize, Debug)]
+#[derive(serde::Deserialize, Debug, Clone)]
 struct Cell {
     scenario: String,
     mode: String,
@@ -94,6 +94,38 @@ fn quick_matrix_exactly_once_is_clean_and_baselines_fail() {
             assert_eq!(c.duplicates, 0, "{c:?}");
         }
     }
+    // A baseline cell whose fault was not injected measured nothing: under
+    // the load of the suite beside it, tansu has (rarely) kept the second
+    // member of coordinator-partition from ever being cut off. Such a cell
+    // is run once more, alone; exactly-once cells get no second run.
+    let cut_cells: Vec<Cell> = ["at-least-once", "token-only"]
+        .into_iter()
+        .map(|m| {
+            let first = cell("coordinator-partition", m);
+            if first.fault_injected {
+                return first.clone();
+            }
+            eprintln!(
+                "coordinator-partition / {m}: no fault injected ({first:?}); once more, alone"
+            );
+            let again = dir.join(format!("lab-again-{m}.json"));
+            let out = run(sluice([
+                "lab",
+                "--quick",
+                "--scenario",
+                "coordinator-partition",
+                "--mode",
+                m,
+                "--json",
+            ])
+            .arg(&again)
+            .env("SLUICE_LOG", "info"));
+            assert_eq!(out.code, 0, "sluice lab failed: {}", out.stderr);
+            let mut cells: Vec<Cell> =
+                serde_json::from_slice(&std::fs::read(&again).unwrap()).unwrap();
+            cells.pop().expect("one cell")
+        })
+        .collect();
     for m in ["at-least-once", "token-only"] {
         assert!(
             cell("resubmit-after-timeout/window-small", m).duplicates > 0,
@@ -107,7 +139,7 @@ fn quick_matrix_exactly_once_is_clean_and_baselines_fail() {
         // An owner nobody stops writes beside the one the group chose (the
         // lab waits until the second one holds the partitions, and the
         // table has no dedup window).
-        let cut = cell("coordinator-partition", m);
+        let cut = cut_cells.iter().find(|c| c.mode == m).expect("its cell");
         assert!(cut.fault_injected && cut.duplicates > 0, "{cut:?}");
         // The dedup window catches a same-bytes re-submit while it holds.
         assert_eq!(
