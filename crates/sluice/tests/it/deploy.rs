@@ -159,10 +159,7 @@ async fn every_dashboard_panel_and_alert_rule_works_on_a_real_prometheus() {
     let dlq = unique("dash_dlq");
     create_topic(&dlq, 1).await;
     produce_raw(&brokers(), &topic, 0, &[b"not json".to_vec()]);
-    let upstream = clickhouse_url()
-        .trim_start_matches("http://")
-        .trim_end_matches('/')
-        .to_string();
+    let upstream = Proxy::upstream_of(&clickhouse_url());
     let proxy = Proxy::start(upstream, Duration::from_secs(4))
         .await
         .unwrap();

@@ -103,10 +103,7 @@ async fn metrics_count_a_known_run() {
 async fn lag_gauges_grow_while_clickhouse_is_down_and_clear_after() {
     use sluice::lab::proxy::Proxy;
     let (topic, table, ch) = setup("lagm", 1, 0).await;
-    let upstream = clickhouse_url()
-        .trim_start_matches("http://")
-        .trim_end_matches('/')
-        .to_string();
+    let upstream = Proxy::upstream_of(&clickhouse_url());
     let proxy = Proxy::start(upstream, Duration::from_secs(1))
         .await
         .unwrap();

@@ -7,15 +7,20 @@ use crate::harness::*;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-/// `sluice status --config <sink's config> ARGS`.
-fn status(sink: &Sink, args: &[&str]) -> Ran {
+/// `sluice status --config CONFIG ARGS`.
+pub(crate) fn status_of(config: &std::path::Path, args: &[&str]) -> Ran {
     let mut cmd = sluice(["status", "--config"]);
-    cmd.arg(&sink.config).args(args);
+    cmd.arg(config).args(args);
     run(&mut cmd)
 }
 
+/// `sluice status` with a running sink's config.
+fn status(sink: &Sink, args: &[&str]) -> Ran {
+    status_of(&sink.config, args)
+}
+
 /// The partitions of a `status --json` reading, by partition number.
-fn partitions(ran: &Ran) -> BTreeMap<i64, serde_json::Value> {
+pub(crate) fn partitions(ran: &Ran) -> BTreeMap<i64, serde_json::Value> {
     assert_eq!(ran.code, 0, "status failed: {}\n{}", ran.stdout, ran.stderr);
     let line = ran.stdout.lines().last().unwrap_or_default();
     let v: serde_json::Value =

@@ -5,28 +5,9 @@
 //! leave a running sink and its group alone.
 
 use crate::harness::*;
+use crate::status::{partitions as json_parts, status_of};
 use sluice::lab::proxy::Proxy;
-use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
-
-fn status_of(config: &std::path::Path, args: &[&str]) -> Ran {
-    let mut cmd = sluice(["status", "--config"]);
-    cmd.arg(config).args(args);
-    run(&mut cmd)
-}
-
-fn json_parts(ran: &Ran) -> BTreeMap<i64, serde_json::Value> {
-    assert_eq!(ran.code, 0, "status failed: {}\n{}", ran.stdout, ran.stderr);
-    let line = ran.stdout.lines().last().unwrap_or_default();
-    let v: serde_json::Value =
-        serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {}", ran.stdout));
-    v["partitions"]
-        .as_array()
-        .expect("partitions")
-        .iter()
-        .map(|p| (p["partition"].as_i64().unwrap(), p.clone()))
-        .collect()
-}
 
 /// At least once, a partition with nothing to read (empty, or committed up
 /// to its high watermark) has no batch tracker (one is made at its first
@@ -142,6 +123,10 @@ async fn status_leaves_a_running_sink_and_its_group_alone() {
         let (topic, table, ch) = setup("rv-ro", 1, 300).await;
         let mut spec = SinkSpec::new(&topic, &table);
         spec.delivery = delivery;
+        // The sink is frozen through four status calls (one waits out
+        // --stuck-after): a 6 s session could end in the freeze itself,
+        // and the rebalance after it would be the freeze's, not status's.
+        spec.session_timeout_s = 30;
         let mut sink = spec.start();
         let got = wait_for(&ch, &table, 300, Duration::from_secs(90)).await;
         assert_eq!(got.distinct_offsets, 300, "{}", sink.log_tail());
