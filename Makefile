@@ -1,6 +1,6 @@
 # sluice — quick start: `make demo` runs the main job on the local stack,
 # `make test` runs every test against it. Both install and start the stack
-# (tansu 0.6.0 + the ClickHouse 26.9 engine + a schema registry) on 127.0.0.1 if needed.
+# (Apache Kafka 4.1.2 + the ClickHouse 26.9 engine + a schema registry) on 127.0.0.1 if needed.
 
 STACK := scripts/stack.sh
 ENV := set -a; eval "$$($(STACK) env)"; set +a

@@ -1,22 +1,21 @@
 #!/usr/bin/env bash
-# stack.sh up|down|env|status — the local test stack: Kafka (tansu 0.6.0, sqlite) + ClickHouse
-# (chDB 26.9 behind stack/chdb_server.py) + a schema registry (stack/schema_registry.py), all on
-# 127.0.0.1.
+# stack.sh up|down|env|status — the local test stack: Kafka (Apache Kafka 4.1.2, one KRaft node,
+# scripts/kafka-node.sh) + ClickHouse (chDB 26.9 behind stack/chdb_server.py) + a schema registry
+# (stack/schema_registry.py), all on 127.0.0.1.
 #
 #   up      install them (scripts/install-*.sh, the official Confluent clients too), start what is
 #           not running, wait until ready (Kafka: a Metadata request answers; ClickHouse: /ping;
 #           the registry: GET /), then print what `env` prints
 #   down    SIGTERM each, SIGKILL after 10 s, remove pid files
-#   env     print KAFKA_BROKERS, CLICKHOUSE_URL, SCHEMA_REGISTRY_URL, SLUICE_TANSU_BIN,
-#           SLUICE_CHDB_PYTHON, SLUICE_CHDB_SERVER, SLUICE_TANSU_INDEX, SLUICE_REGISTRY_SERVER,
-#           SLUICE_CLIENTS_PYTHON
+#   env     print KAFKA_BROKERS, CLICKHOUSE_URL, SCHEMA_REGISTRY_URL, SLUICE_KAFKA_NODE,
+#           SLUICE_CHDB_PYTHON, SLUICE_CHDB_SERVER, SLUICE_REGISTRY_SERVER, SLUICE_CLIENTS_PYTHON
 #           (export them: `set -a; eval "$(scripts/stack.sh env)"; set +a`)
 #   status  say what runs
 #
-# State: ${SLUICE_STACK_DIR:-<repo>/.stack}/{data/tansu.db, chdb/, registry.db, tansu.{pid,log},
-# chdb.{pid,log}, registry.{pid,log}}
-# (tansu runs with cwd = the state dir so `--storage-engine sqlite://data/tansu.db` lands there).
-# Ports: SLUICE_STACK_KAFKA_PORT (19092), SLUICE_STACK_CH_PORT (18123), SLUICE_STACK_SR_PORT (18081).
+# State: ${SLUICE_STACK_DIR:-<repo>/.stack}/{kafka/, chdb/, registry.db, kafka.{pid,log},
+# chdb.{pid,log}, registry.{pid,log}}.
+# Ports: SLUICE_STACK_KAFKA_PORT (19092; its controller listens one above), SLUICE_STACK_CH_PORT
+# (18123), SLUICE_STACK_SR_PORT (18081). Kafka's heap: 1 GiB (SLUICE_KAFKA_HEAP).
 # Cache: SLUICE_CACHE (~/.cache/sluice).
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -25,7 +24,7 @@ STACK="${SLUICE_STACK_DIR:-$REPO/.stack}"
 KPORT="${SLUICE_STACK_KAFKA_PORT:-19092}"
 CPORT="${SLUICE_STACK_CH_PORT:-18123}"
 SPORT="${SLUICE_STACK_SR_PORT:-18081}"
-TANSU_BIN="$CACHE/tansu-0.6.0/bin/tansu"
+KAFKA_NODE="$REPO/scripts/kafka-node.sh"
 CHDB_PY="$CACHE/venv-chdb-26.9.0/bin/python"
 CHDB_SERVER="$REPO/stack/chdb_server.py"
 REGISTRY_SERVER="$REPO/stack/schema_registry.py"
@@ -35,10 +34,9 @@ lines() { # every variable the tests, the lab and the tools read
   echo "KAFKA_BROKERS=127.0.0.1:$KPORT"
   echo "CLICKHOUSE_URL=http://127.0.0.1:$CPORT"
   echo "SCHEMA_REGISTRY_URL=http://127.0.0.1:$SPORT"
-  echo "SLUICE_TANSU_BIN=$TANSU_BIN"
+  echo "SLUICE_KAFKA_NODE=$KAFKA_NODE"
   echo "SLUICE_CHDB_PYTHON=$CHDB_PY"
   echo "SLUICE_CHDB_SERVER=$CHDB_SERVER"
-  echo "SLUICE_TANSU_INDEX=$REPO/stack/tansu_index.py"
   echo "SLUICE_REGISTRY_SERVER=$REGISTRY_SERVER"
   echo "SLUICE_CLIENTS_PYTHON=$CLIENTS_PY"
 }
@@ -82,15 +80,13 @@ wait_ready() { # wait_ready NAME CHECK
 
 up() {
   "$REPO/scripts/install-chdb.sh" >/dev/null
-  "$REPO/scripts/install-tansu.sh" >/dev/null
+  "$REPO/scripts/install-kafka.sh" >/dev/null
   "$REPO/scripts/install-clients.sh" >/dev/null
-  mkdir -p "$STACK/data" "$STACK/chdb"
-  if ! alive tansu; then
-    (cd "$STACK" && exec setsid "$TANSU_BIN" broker \
-        --cluster-id sluice --listener-url "tcp://127.0.0.1:$KPORT" \
-        --advertised-listener-url "tcp://127.0.0.1:$KPORT" \
-        --storage-engine "sqlite://data/tansu.db" </dev/null >>"$STACK/tansu.log" 2>&1) &
-    echo $! >"$STACK/tansu.pid"
+  mkdir -p "$STACK/kafka" "$STACK/chdb"
+  if ! alive kafka; then
+    SLUICE_KAFKA_HEAP="${SLUICE_KAFKA_HEAP:-1g}" setsid "$KAFKA_NODE" "$STACK/kafka" "$KPORT" "$((KPORT + 1))" \
+      </dev/null >>"$STACK/kafka.log" 2>&1 &
+    echo $! >"$STACK/kafka.pid"
   fi
   if ! alive chdb; then
     setsid "$CHDB_PY" "$CHDB_SERVER" --path "$STACK/chdb" --port "$CPORT" </dev/null >>"$STACK/chdb.log" 2>&1 &
@@ -100,8 +96,7 @@ up() {
     setsid "$CHDB_PY" "$REGISTRY_SERVER" --db "$STACK/registry.db" --port "$SPORT" </dev/null >>"$STACK/registry.log" 2>&1 &
     echo $! >"$STACK/registry.pid"
   fi
-  wait_ready tansu kafka_ready
-  "$REPO/stack/tansu_index.py" "$STACK/data/tansu.db"
+  wait_ready kafka kafka_ready
   wait_ready chdb ch_ready
   wait_ready registry registry_ready
   lines
@@ -120,10 +115,10 @@ stop() { # stop NAME: SIGTERM, then SIGKILL after 10 s
 
 case "${1:-}" in
   up) up ;;
-  down) stop tansu & stop chdb & stop registry & wait ;;
+  down) stop kafka & stop chdb & stop registry & wait ;;
   env) lines ;;
   status)
-    for n in tansu chdb registry; do
+    for n in kafka chdb registry; do
       if alive "$n"; then echo "$n: running (pid $(cat "$STACK/$n.pid"))"; else echo "$n: stopped"; fi
     done
     ;;

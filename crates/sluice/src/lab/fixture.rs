@@ -1,5 +1,5 @@
-//! The lab's view of the stack: fresh topics and tables, a producer, a
-//! keepalive group member, and the counts every verdict comes from.
+//! The lab's view of the stack: fresh topics and tables, a producer,
+//! brokers of its own, and the counts every verdict comes from.
 //!
 //! Every number the lab reports is read here from ClickHouse
 //! (`count()`, `uniqExact(_partition, _offset)`, `uniqExact(id)`) or from
@@ -12,8 +12,7 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
 use rdkafka::ClientConfig;
 use serde::Serialize;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 /// The `_topic` of the rows [`Stack::other_writer`] inserts.
@@ -254,15 +253,16 @@ impl Stack {
     }
 }
 
-/// A broker of the lab's own (tansu, from `SLUICE_TANSU_BIN`) on a free
-/// loopback port with its own sqlite file, so it can be stopped and started
-/// without disturbing anything else.
+/// A broker of the lab's own: an Apache Kafka node (`SLUICE_KAFKA_NODE`,
+/// `scripts/kafka-node.sh`) on free loopback ports with its own log
+/// directory, so it can be stopped, killed and started again without
+/// disturbing anything else. Its log is `kafka.log` in that directory, kept
+/// in `SLUICE_LAB_BROKER_LOGS` (a directory) when that is set.
 pub struct PrivateBroker {
-    bin: std::path::PathBuf,
-    /// `stack/tansu_index.py`, from `SLUICE_TANSU_INDEX`.
-    index: std::path::PathBuf,
+    node: std::path::PathBuf,
     dir: std::path::PathBuf,
     port: u16,
+    controller_port: u16,
     /// The address clients are told to use (a proxy's), if not its own.
     advertised: Option<String>,
     child: Option<std::process::Child>,
@@ -276,23 +276,21 @@ impl PrivateBroker {
     /// Starts a broker that tells clients to connect to `advertised`
     /// (`host:port`, a proxy in front of it) instead of its own port.
     pub async fn start_advertising(advertised: Option<String>) -> anyhow::Result<Self> {
-        let var = |name: &str| {
-            std::env::var_os(name).with_context(|| {
-                format!("{name} is not set: the lab runs brokers of its own (make stack prints it)")
-            })
-        };
-        let bin = var("SLUICE_TANSU_BIN")?;
-        let index = var("SLUICE_TANSU_INDEX")?;
+        let node = std::env::var_os("SLUICE_KAFKA_NODE").context(
+            "SLUICE_KAFKA_NODE is not set: the lab runs brokers of its own (make stack prints it)",
+        )?;
         let dir = std::env::temp_dir().join(Stack::unique("lab_broker"));
-        std::fs::create_dir_all(dir.join("data"))?;
-        let port = std::net::TcpListener::bind("127.0.0.1:0")?
-            .local_addr()?
-            .port();
+        std::fs::create_dir_all(&dir)?;
+        let free = || -> std::io::Result<u16> {
+            Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+                .local_addr()?
+                .port())
+        };
         let mut b = Self {
-            bin: bin.into(),
-            index: index.into(),
+            node: node.into(),
             dir,
-            port,
+            port: free()?,
+            controller_port: free()?,
             advertised,
             child: None,
         };
@@ -304,84 +302,89 @@ impl PrivateBroker {
         format!("127.0.0.1:{}", self.port)
     }
 
-    /// Starts the broker process and waits until it accepts connections.
+    /// Starts the broker process (the log directory survives a halt) and
+    /// waits until a Metadata request answers with the broker in it.
     pub async fn resume(&mut self) -> anyhow::Result<()> {
-        let url = format!("tcp://127.0.0.1:{}", self.port);
-        let advertised = self
-            .advertised
-            .as_ref()
-            .map_or(url.clone(), |a| format!("tcp://{a}"));
-        let child = std::process::Command::new(&self.bin)
-            .args([
-                "broker",
-                "--cluster-id",
-                "sluice-lab",
-                "--listener-url",
-                &url,
-            ])
-            .args([
-                "--advertised-listener-url",
-                &advertised,
-                "--storage-engine",
-                "sqlite://data/tansu.db",
-            ])
-            .current_dir(&self.dir)
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .stderr(self.log()?)
-            .spawn()
-            .context("starting the lab's broker")?;
-        self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while tokio::net::TcpStream::connect(("127.0.0.1", self.port))
-            .await
-            .is_err()
-        {
-            if Instant::now() > deadline {
-                anyhow::bail!("the lab's broker did not start on port {}", self.port);
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        // Without it, a broker holding a DLQ's headers answers fetches in
-        // seconds and stalls every group on it (see the script).
-        let db = self.dir.join("data/tansu.db");
-        let out = tokio::process::Command::new(&self.index)
-            .arg(&db)
-            .output()
-            .await
-            .with_context(|| format!("running {}", self.index.display()))?;
-        anyhow::ensure!(
-            out.status.success(),
-            "{} failed: {}",
-            self.index.display(),
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-        Ok(())
-    }
-
-    /// Where the broker's log goes: nowhere, or with `SLUICE_LAB_BROKER_LOGS`
-    /// set to a directory, a file there named for the port (tansu reads
-    /// `RUST_LOG`).
-    fn log(&self) -> anyhow::Result<std::process::Stdio> {
-        let Some(dir) = std::env::var_os("SLUICE_LAB_BROKER_LOGS") else {
-            return Ok(std::process::Stdio::null());
-        };
-        let path = std::path::Path::new(&dir).join(format!("tansu-{}.log", self.port));
-        let f = std::fs::OpenOptions::new()
+        let log = self.dir.join("kafka.log");
+        let out = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
-            .open(&path)
-            .with_context(|| format!("opening the broker log {}", path.display()))?;
-        Ok(f.into())
+            .open(&log)
+            .with_context(|| format!("opening the broker log {}", log.display()))?;
+        let mut cmd = std::process::Command::new(&self.node);
+        cmd.arg(&self.dir)
+            .arg(self.port.to_string())
+            .arg(self.controller_port.to_string());
+        if let Some(a) = &self.advertised {
+            cmd.arg(a);
+        }
+        let child = cmd
+            .stdin(std::process::Stdio::null())
+            .stdout(out.try_clone()?)
+            .stderr(out)
+            .spawn()
+            .with_context(|| format!("starting {}", self.node.display()))?;
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Some(c) = &mut self.child {
+                if let Ok(Some(status)) = c.try_wait() {
+                    anyhow::bail!(
+                        "the lab's broker exited ({status}); see {}",
+                        log.display()
+                    );
+                }
+            }
+            if self.answers().await {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                anyhow::bail!(
+                    "the lab's broker did not answer on port {} within 60 s; see {}",
+                    self.port,
+                    log.display()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
     }
 
-    /// Stops the broker (SIGTERM, then SIGKILL) and waits for it to exit.
+    /// Whether a Metadata request on the broker's own port names a broker.
+    async fn answers(&self) -> bool {
+        let brokers = self.brokers();
+        tokio::task::spawn_blocking(move || {
+            let Ok(c) = ClientConfig::new()
+                .set("bootstrap.servers", &brokers)
+                .set("log_level", "0")
+                .create::<BaseConsumer>()
+            else {
+                return false;
+            };
+            c.fetch_metadata(None, Duration::from_secs(2))
+                .is_ok_and(|m| !m.brokers().is_empty())
+        })
+        .await
+        .unwrap_or(false)
+    }
+
+    /// Stops the broker (SIGTERM: a controlled shutdown; SIGKILL after
+    /// 30 s) and waits for it to exit.
     pub fn halt(&mut self) {
+        self.signal("-TERM", Duration::from_secs(30));
+    }
+
+    /// Kills the broker with SIGKILL, as a crash does: no controlled
+    /// shutdown, nothing flushed; its log is recovered on [`Self::resume`].
+    pub fn kill(&mut self) {
+        self.signal("-KILL", Duration::from_secs(10));
+    }
+
+    fn signal(&mut self, sig: &str, grace: Duration) {
         if let Some(mut c) = self.child.take() {
             let _ = std::process::Command::new("kill")
-                .args(["-TERM", &c.id().to_string()])
+                .args([sig, &c.id().to_string()])
                 .status();
-            let deadline = Instant::now() + Duration::from_secs(15);
+            let deadline = Instant::now() + grace;
             while matches!(c.try_wait(), Ok(None)) && Instant::now() < deadline {
                 std::thread::sleep(Duration::from_millis(100));
             }
@@ -394,52 +397,10 @@ impl PrivateBroker {
 impl Drop for PrivateBroker {
     fn drop(&mut self) {
         self.halt();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-/// A group member subscribed to a topic of its own, heartbeating. tansu 0.6
-/// evicts a dead member only while handling another member's heartbeat;
-/// after a kill -9 of the group leader the survivors loop in
-/// JoinGroup/SyncGroup and the group never recovers. This member's
-/// heartbeats let the broker evict the dead one, as a real Kafka coordinator
-/// does on its own. It takes none of the sink's partitions.
-pub struct Keepalive {
-    stop: Arc<AtomicBool>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Keepalive {
-    pub async fn start(stack: &Stack, group: &str) -> anyhow::Result<Self> {
-        let topic = Stack::unique("keepalive");
-        stack.create_topic(&topic, 1).await?;
-        let consumer: BaseConsumer = ClientConfig::new()
-            .set("bootstrap.servers", &stack.brokers)
-            .set("group.id", group)
-            .set("partition.assignment.strategy", "cooperative-sticky")
-            .set("session.timeout.ms", "6000")
-            .set("heartbeat.interval.ms", "500")
-            .create()?;
-        consumer.subscribe(&[&topic])?;
-        let stop = Arc::new(AtomicBool::new(false));
-        let s = stop.clone();
-        let thread = std::thread::spawn(move || {
-            while !s.load(Ordering::Relaxed) {
-                let _ = consumer.poll(Duration::from_millis(100));
-            }
-        });
-        Ok(Self {
-            stop,
-            thread: Some(thread),
-        })
-    }
-}
-
-impl Drop for Keepalive {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
+        if let Some(keep) = std::env::var_os("SLUICE_LAB_BROKER_LOGS") {
+            let to = std::path::Path::new(&keep).join(format!("kafka-{}.log", self.port));
+            let _ = std::fs::copy(self.dir.join("kafka.log"), to);
         }
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }

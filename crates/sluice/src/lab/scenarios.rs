@@ -7,7 +7,7 @@
 //! ClickHouse that stops answering), waits until the table is still, and
 //! counts in ClickHouse.
 
-use super::fixture::{Keepalive, Landed, Stack};
+use super::fixture::{Landed, Stack};
 use super::process::{RunSpec, SinkProcess};
 use super::proxy::{Fault, Proxy};
 use anyhow::{bail, Context};
@@ -156,7 +156,6 @@ struct Run {
     table: String,
     spec: RunSpec,
     proxy: Option<Proxy>,
-    _keepalive: Keepalive,
     params: Params,
     /// Avro records through the registry, for a `/avro` scenario.
     framing: Option<std::sync::Arc<crate::send::framing::Framing>>,
@@ -211,7 +210,6 @@ impl Run {
             None
         };
         let group = Stack::unique("lab");
-        let keepalive = Keepalive::start(stack, &group).await?;
         let (delivery, dedup_key) = mode_settings(mode);
         let spec = RunSpec {
             args: Vec::new(),
@@ -252,7 +250,6 @@ impl Run {
             table,
             spec,
             proxy,
-            _keepalive: keepalive,
             params,
             framing,
         })

@@ -12,7 +12,7 @@
 //! end the producer stops, the table settles, and the report counts
 //! duplicates (rows − distinct offsets), missing ids and the RSS trend.
 
-use super::fixture::{Keepalive, PrivateBroker, Stack};
+use super::fixture::{PrivateBroker, Stack};
 use super::process::{RunSpec, SinkProcess};
 use super::proxy::{Fault, Proxy};
 use serde::Serialize;
@@ -118,7 +118,6 @@ pub async fn run(clickhouse_url: &str, o: SoakOptions) -> anyhow::Result<SoakRep
     own.create_topic(&topic, PARTITIONS).await?;
     let table = own.create_table(&Stack::unique("soak"), 0).await?;
     let group = Stack::unique("soak");
-    let _keepalive = Keepalive::start(&own, &group).await?;
     let spec = RunSpec {
         args: Vec::new(),
         brokers: own.brokers.clone(),

@@ -39,7 +39,6 @@ async fn key_dedup_drops_copies_also_across_a_restart() {
     produce_async(&topic, 0, 100).await.unwrap(); // a retry table re-sent 100
     let mut spec = SinkSpec::new(&topic, &table);
     spec.dedup_key = Some("id");
-    let _keepalive = keepalive(&spec.group).await;
     let mut sink = spec.start();
     let got = settle(&table, &spec.group, &topic, 1000).await;
     assert_eq!(

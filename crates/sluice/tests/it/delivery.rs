@@ -80,7 +80,6 @@ async fn kill9_scenario(delivery: &'static str, kills: u32) -> (Landed, u64, u32
     spec.insert_timeout_s = 2;
     spec.fence_wait_ms = 3_000;
     spec.commit_interval_ms = 2_000;
-    let _keepalive = keepalive_on(&kafka, &spec.group).await;
     let mut rng = rand::rng();
     let mut inserted_before_kill = 0;
     for i in 0..kills {

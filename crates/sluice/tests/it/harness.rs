@@ -1,7 +1,7 @@
 //! Test fixtures: the stack's addresses, topics, tables, a producer, sink
 //! processes and the queries that count duplicates and losses.
 
-use sluice::lab::fixture::{Keepalive, PrivateBroker, Stack};
+use sluice::lab::fixture::{PrivateBroker, Stack};
 use sluice::lab::process::{RunSpec, SinkProcess};
 use std::time::{Duration, Instant};
 
@@ -68,8 +68,8 @@ pub async fn get(addr: &str, path: &str) -> (u16, String) {
     (status, String::from_utf8_lossy(&body).into_owned())
 }
 
-/// The stack as the lab's fixtures see it; topics, producers and the
-/// keepalive member come from there.
+/// The stack as the lab's fixtures see it; topics and producers come from
+/// there.
 pub fn stack() -> Stack {
     Stack {
         brokers: brokers(),
@@ -164,10 +164,9 @@ pub async fn setup_on(
     (topic, table, ch)
 }
 
-/// A broker of the test's own (tansu, as in the stack) and the stack seen
-/// through it. The long, heavy tests use one: under the load of the tests
-/// beside them the shared broker can stall for longer than a session, and
-/// tansu's coordinator then does not always give the partitions out again.
+/// A broker of the test's own (an Apache Kafka node, as in the stack) and
+/// the stack seen through it: for the tests that stop, kill or restart their
+/// broker, or whose load should not reach the others'.
 pub async fn own_kafka() -> (PrivateBroker, Stack) {
     let broker = PrivateBroker::start()
         .await
@@ -243,18 +242,6 @@ pub async fn wait_for(
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
-}
-
-/// A member that lets tansu evict dead ones (see [`Keepalive`]).
-pub async fn keepalive(group: &str) -> Keepalive {
-    keepalive_on(&stack(), group).await
-}
-
-/// [`keepalive`] on `kafka` (a test's own broker).
-pub async fn keepalive_on(kafka: &Stack, group: &str) -> Keepalive {
-    Keepalive::start(kafka, group)
-        .await
-        .unwrap_or_else(|e| panic!("{e:#}"))
 }
 
 /// Settings for one sink process.

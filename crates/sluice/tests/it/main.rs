@@ -1,4 +1,4 @@
-//! Integration tests against the real local stack (tansu + ClickHouse engine).
+//! Integration tests against the real local stack (Apache Kafka + the ClickHouse engine).
 //!
 //! One test binary, as in clickhouse-rs: every test makes its own topic,
 //! table and processes, so they can run side by side. The stack comes from
