@@ -12,7 +12,7 @@
 # The stack's node (scripts/stack.sh) and the brokers tests and the lab start of their own
 # (sluice::lab::fixture::PrivateBroker) are all started here.
 #
-# Heap: SLUICE_KAFKA_HEAP (512m). Java: JAVA (java; Kafka 4 needs 17+).
+# Heap: SLUICE_STACK_KAFKA_HEAP (512m). Java: JAVA (java; Kafka 4 needs 17+).
 set -euo pipefail
 [ $# -ge 3 ] || { echo "usage: $0 DIR PORT CONTROLLER_PORT [ADVERTISED]" >&2; exit 2; }
 DIR="$1" PORT="$2" CPORT="$3" ADVERTISED="${4:-127.0.0.1:$2}"
@@ -54,7 +54,7 @@ logger.cleaner.level = INFO
 logger.request.name = kafka.request.logger
 logger.request.level = WARN
 LOG
-JOPTS=(-Xms128m "-Xmx${SLUICE_KAFKA_HEAP:-512m}" -XX:+UseG1GC -XX:MaxGCPauseMillis=20
+JOPTS=(-Xms128m "-Xmx${SLUICE_STACK_KAFKA_HEAP:-512m}" -XX:+UseG1GC -XX:MaxGCPauseMillis=20
        -XX:+ExitOnOutOfMemoryError -Djava.awt.headless=true
        "-Dlog4j2.configurationFile=$DIR/log4j2.properties" -cp "$LIBS/*")
 if [ ! -f "$DIR/data/meta.properties" ]; then

@@ -7,7 +7,7 @@
 #           not running, wait until ready (Kafka: a Metadata request answers; ClickHouse: /ping;
 #           the registry: GET /), then print what `env` prints
 #   down    SIGTERM each, SIGKILL after 10 s, remove pid files
-#   env     print KAFKA_BROKERS, CLICKHOUSE_URL, SCHEMA_REGISTRY_URL, SLUICE_KAFKA_NODE,
+#   env     print KAFKA_BROKERS, CLICKHOUSE_URL, SCHEMA_REGISTRY_URL, SLUICE_STACK_KAFKA_NODE,
 #           SLUICE_CHDB_PYTHON, SLUICE_CHDB_SERVER, SLUICE_REGISTRY_SERVER, SLUICE_CLIENTS_PYTHON
 #           (export them: `set -a; eval "$(scripts/stack.sh env)"; set +a`)
 #   status  say what runs
@@ -15,7 +15,7 @@
 # State: ${SLUICE_STACK_DIR:-<repo>/.stack}/{kafka/, chdb/, registry.db, kafka.{pid,log},
 # chdb.{pid,log}, registry.{pid,log}}.
 # Ports: SLUICE_STACK_KAFKA_PORT (19092; its controller listens one above), SLUICE_STACK_CH_PORT
-# (18123), SLUICE_STACK_SR_PORT (18081). Kafka's heap: 1 GiB (SLUICE_KAFKA_HEAP).
+# (18123), SLUICE_STACK_SR_PORT (18081). Kafka's heap: 1 GiB (SLUICE_STACK_KAFKA_HEAP).
 # Cache: SLUICE_CACHE (~/.cache/sluice).
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -34,7 +34,7 @@ lines() { # every variable the tests, the lab and the tools read
   echo "KAFKA_BROKERS=127.0.0.1:$KPORT"
   echo "CLICKHOUSE_URL=http://127.0.0.1:$CPORT"
   echo "SCHEMA_REGISTRY_URL=http://127.0.0.1:$SPORT"
-  echo "SLUICE_KAFKA_NODE=$KAFKA_NODE"
+  echo "SLUICE_STACK_KAFKA_NODE=$KAFKA_NODE"
   echo "SLUICE_CHDB_PYTHON=$CHDB_PY"
   echo "SLUICE_CHDB_SERVER=$CHDB_SERVER"
   echo "SLUICE_REGISTRY_SERVER=$REGISTRY_SERVER"
@@ -84,7 +84,7 @@ up() {
   "$REPO/scripts/install-clients.sh" >/dev/null
   mkdir -p "$STACK/kafka" "$STACK/chdb"
   if ! alive kafka; then
-    SLUICE_KAFKA_HEAP="${SLUICE_KAFKA_HEAP:-1g}" setsid "$KAFKA_NODE" "$STACK/kafka" "$KPORT" "$((KPORT + 1))" \
+    SLUICE_STACK_KAFKA_HEAP="${SLUICE_STACK_KAFKA_HEAP:-1g}" setsid "$KAFKA_NODE" "$STACK/kafka" "$KPORT" "$((KPORT + 1))" \
       </dev/null >>"$STACK/kafka.log" 2>&1 &
     echo $! >"$STACK/kafka.pid"
   fi

@@ -253,7 +253,7 @@ impl Stack {
     }
 }
 
-/// A broker of the lab's own: an Apache Kafka node (`SLUICE_KAFKA_NODE`,
+/// A broker of the lab's own: an Apache Kafka node (`SLUICE_STACK_KAFKA_NODE`,
 /// `scripts/kafka-node.sh`) on free loopback ports with its own log
 /// directory, so it can be stopped, killed and started again without
 /// disturbing anything else. Its log is `kafka.log` in that directory, kept
@@ -276,8 +276,8 @@ impl PrivateBroker {
     /// Starts a broker that tells clients to connect to `advertised`
     /// (`host:port`, a proxy in front of it) instead of its own port.
     pub async fn start_advertising(advertised: Option<String>) -> anyhow::Result<Self> {
-        let node = std::env::var_os("SLUICE_KAFKA_NODE").context(
-            "SLUICE_KAFKA_NODE is not set: the lab runs brokers of its own (make stack prints it)",
+        let node = std::env::var_os("SLUICE_STACK_KAFKA_NODE").context(
+            "SLUICE_STACK_KAFKA_NODE is not set: the lab runs brokers of its own (make stack prints it)",
         )?;
         let dir = std::env::temp_dir().join(Stack::unique("lab_broker"));
         std::fs::create_dir_all(&dir)?;
