@@ -349,22 +349,28 @@ impl PrivateBroker {
         }
     }
 
-    /// Whether a Metadata request on the broker's own port names a broker.
+    /// Whether a Metadata request (v0, all topics) on the broker's own port
+    /// is answered naming a broker. Raw bytes, not a client: a client would
+    /// go on to the advertised address, a proxy that may not run yet.
     async fn answers(&self) -> bool {
-        let brokers = self.brokers();
-        tokio::task::spawn_blocking(move || {
-            let Ok(c) = ClientConfig::new()
-                .set("bootstrap.servers", &brokers)
-                .set("log_level", "0")
-                .create::<BaseConsumer>()
-            else {
-                return false;
-            };
-            c.fetch_metadata(None, Duration::from_secs(2))
-                .is_ok_and(|m| !m.brokers().is_empty())
-        })
-        .await
-        .unwrap_or(false)
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let ask = async {
+            let mut s = tokio::net::TcpStream::connect(("127.0.0.1", self.port)).await?;
+            // api_key 3, version 0, correlation id 7, client id "ready", no topics.
+            let mut req = vec![0, 0, 0, 19, 0, 3, 0, 0, 0, 0, 0, 7, 0, 5];
+            req.extend_from_slice(b"ready");
+            req.extend_from_slice(&[0, 0, 0, 0]);
+            s.write_all(&req).await?;
+            let mut head = [0u8; 12];
+            s.read_exact(&mut head).await?;
+            let corr = i32::from_be_bytes([head[4], head[5], head[6], head[7]]);
+            let brokers = i32::from_be_bytes([head[8], head[9], head[10], head[11]]);
+            std::io::Result::Ok(corr == 7 && brokers >= 1)
+        };
+        matches!(
+            tokio::time::timeout(Duration::from_secs(2), ask).await,
+            Ok(Ok(true))
+        )
     }
 
     /// Stops the broker (SIGTERM: a controlled shutdown; SIGKILL after

@@ -12,6 +12,7 @@ mod harness;
 // that the rest run beside it rather than after it.
 mod all_faults;
 mod binary;
+mod broker;
 mod check;
 mod coordinator;
 mod dedup;
