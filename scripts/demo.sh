@@ -10,10 +10,6 @@ cd "$REPO"
 COUNT="${DEMO_RECORDS:-200000}"
 
 set -a; eval "$(scripts/stack.sh env)"; set +a   # fixed paths and ports; `up` starts what they name
-if [ ! -x "$SLUICE_TANSU_BIN" ]; then
-  echo "== first run: builds the Kafka broker (tansu, from source: about 13 min on 2 cores, progress below)," \
-    "then sluice; later runs take about a minute"
-fi
 scripts/stack.sh up >/dev/null
 "$REPO/scripts/install-deps.sh"
 cargo build --release --quiet --bin sluice --example produce
@@ -29,7 +25,7 @@ ch "CREATE TABLE IF NOT EXISTS demo.orders (
 ) ENGINE = ReplacingMergeTree(_offset) ORDER BY order_id
 SETTINGS deduplicate_merge_projection_mode = 'rebuild'"
 
-TOPIC="demo_orders_$(date +%s)"   # fresh name: tansu cannot delete one topic alone
+TOPIC="demo_orders_$(date +%s)"   # a fresh topic each run
 echo "== producing $COUNT orders to $TOPIC"
 target/release/examples/produce "$TOPIC" "$COUNT" 8
 
