@@ -329,10 +329,7 @@ impl PrivateBroker {
         loop {
             if let Some(c) = &mut self.child {
                 if let Ok(Some(status)) = c.try_wait() {
-                    anyhow::bail!(
-                        "the lab's broker exited ({status}); see {}",
-                        log.display()
-                    );
+                    anyhow::bail!("the lab's broker exited ({status}); see {}", log.display());
                 }
             }
             if self.answers().await {
