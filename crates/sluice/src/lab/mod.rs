@@ -59,8 +59,8 @@ pub struct LabArgs {
     /// Soak: the seed of the fault sequence (default: the clock).
     #[arg(long)]
     pub seed: Option<u64>,
-    /// ClickHouse HTTP URL. (Kafka is a tansu broker the lab starts for each
-    /// cell, from SLUICE_TANSU_BIN and SLUICE_TANSU_INDEX.)
+    /// ClickHouse HTTP URL. (Kafka is an Apache Kafka node the lab starts
+    /// for each cell, with SLUICE_STACK_KAFKA_NODE.)
     #[arg(long, env = "CLICKHOUSE_URL")]
     pub clickhouse_url: String,
 }
@@ -136,9 +136,8 @@ pub async fn run(o: &LabArgs) -> anyhow::Result<Vec<Cell>> {
     };
     let mut cells = Vec::new();
     for s in &scenarios {
-        // A broker of each cell's own: tansu serves every request from one
-        // sqlite task, so one cell's load (fetches that scan the rest of a
-        // partition) delays the commits and heartbeats of the others.
+        // A broker of each cell's own (about 4 s to start): a cell's broker
+        // restart, coordinator cut-off and load never reach another cell.
         let modes: Vec<&'static str> = modes
             .iter()
             .copied()
