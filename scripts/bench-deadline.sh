@@ -37,7 +37,7 @@ def cells(path):
                     "MB/s, first row to last": x["first_to_last_mb_per_s"],
                     "sluice CPU µs a record": x["us_per_record"],
                     "ClickHouse (stack) CPU s": x["stack_cpu"].get("chdb"),
-                    "broker CPU s": x["stack_cpu"].get("tansu"),
+                    "broker CPU s": x["stack_cpu"].get("kafka"),
                 }))
             for v in x.values():
                 walk(v, size)

@@ -4,7 +4,7 @@
 # run the cases (scripts/bench/run.py -> docs/bench/results.json) and render the report
 # (scripts/bench/report.py -> docs/bench/README.md + SVGs).
 # Knobs: BENCH_MB (MB of JSON per record size), BENCH_SIZES, BENCH_CASES, BENCH_PARTITIONS,
-# BENCH_KAFKA=mock (librdkafka's in-memory mock cluster instead of tansu: the hot path's measure);
+# BENCH_KAFKA=mock (librdkafka's in-memory mock cluster instead of Apache Kafka: the hot path's measure);
 # BENCH_REV=<commit> benches that commit (git archive to $CACHE/bench-src, built in $CACHE/bench-target) instead of
 # the work tree.
 # The binaries are copied to a private temp dir so a rebuild by someone else cannot swap them.
@@ -14,9 +14,9 @@ cd "$REPO"
 CACHE="${SLUICE_CACHE:-$HOME/.cache/sluice}"
 REQ=scripts/bench/requirements.txt
 
-# A private stack by default: tansu's fetch gets slower as its sqlite database grows (in the
-# shared stack every test's topics pile up; at 8 GB fetches ran 10x slower), so the bench starts
-# its own broker and ClickHouse, with fresh state, on other ports, and stops them at the end.
+# A private stack by default: the bench starts its own broker and ClickHouse, with fresh state,
+# on other ports, and stops them at the end, so that the tests' topics and tables (and their
+# background merges and log cleaning) cost nothing while it measures.
 # BENCH_STACK=shared benches against the shared stack (scripts/stack.sh defaults) instead.
 BIN="$(mktemp -d /tmp/sluice-bench-bin.XXXXXX)"
 cleanup() {
@@ -59,12 +59,12 @@ else
 fi
 cp "$OUT/sluice" "$OUT/examples/raw_fetch" "$OUT/examples/raw_insert" "$OUT/examples/mock_broker" "$BIN/"
 
-# BENCH_KAFKA=mock: librdkafka's in-memory mock cluster instead of tansu, so that the broker is not
+# BENCH_KAFKA=mock: librdkafka's in-memory mock cluster instead of Apache Kafka, so that the broker is not
 # the bottleneck (the hot path's measure; it keeps ~5 MB compressed per partition, so set
 # BENCH_PARTITIONS=32 for BENCH_MB=150, 128 for 600, which is mostly steady state). It lives as long as this script: its stdin is a pipe (fd 7, BENCH_MOCK_FD, where
 # run.py writes `TOPIC PARTITIONS` to create a topic) that closes when we exit.
-export BENCH_KAFKA_KIND="tansu 0.6.0 (sqlite storage)"
-if [ "${BENCH_KAFKA:-tansu}" = mock ]; then
+export BENCH_KAFKA_KIND="Apache Kafka 4.1.2 (one KRaft node)"
+if [ "${BENCH_KAFKA:-kafka}" = mock ]; then
   exec 7> >("$BIN/mock_broker" > "$BIN/mock.env")
   export BENCH_MOCK_FD=7 BENCH_MOCK_OUT="$BIN/mock.env"
   for _ in $(seq 100); do grep -q KAFKA_BROKERS "$BIN/mock.env" 2>/dev/null && break; sleep 0.1; done

@@ -71,13 +71,13 @@ def size_section(s, cfg, out_dir):
                  f"| {val(r.get('first_to_last_mb_per_s'), 2)} | {val(cpu, 2)} "
                  f"| {val(r.get('cpu_s_per_mb'), 4)} | {val(r.get('us_per_record'), 2)} "
                  f"| {val(r.get('mb_per_cpu_s'))} | {val(r.get('peak_rss_mb'))} "
-                 f"| {val(r['stack_cpu'].get('tansu'), 1)} | {val(r['stack_cpu'].get('chdb'), 1)} "
+                 f"| {val(r['stack_cpu'].get('kafka'), 1)} | {val(r['stack_cpu'].get('chdb'), 1)} "
                  f"| {val(r.get('load_1m_before'), 2)} | {check} |")
     L += ["", "MB = 10⁶ bytes of JSON payload (Kafka record values). Wall seconds run from process "
           "start until the last row is visible (raw insert: from the first request, bodies built "
           "before); first row s: until the first row is visible (raw fetch: the first record "
           "fetched); first→last MB/s: the rate between those two moments. For the raw insert the CPU column is the raw_insert process's, reading and encoding before the clock included. Broker/ClickHouse "
-          "CPU s: what tansu and the chDB server used during the case. Load 1m: the machine's "
+          "CPU s: what the Kafka broker and the chDB server used during the case. Load 1m: the machine's "
           "1-minute load average just before the case started (2 cores; above 2 something else "
           "was competing for the CPU).", ""]
 
@@ -129,7 +129,7 @@ def size_section(s, cfg, out_dir):
             ratios.append(f"sluice {n}, CPU seconds by thread: {top}")
     if eo:
         st = eo["stack_cpu"]
-        busy = (st.get("tansu", 0) + st.get("chdb", 0) + eo["cpu_seconds"]) / eo["seconds"]
+        busy = (st.get("kafka", 0) + st.get("chdb", 0) + eo["cpu_seconds"]) / eo["seconds"]
         ratios.append(f"during sluice exactly-once the machine's {'/'.join(f'{k} {v:.1f} s' for k, v in st.items())} "
                       f"+ sluice {eo['cpu_seconds']:.1f} s of CPU = {busy:.2f} cores busy on average "
                       f"(of {cfg.get('nproc', '?')})")
@@ -168,7 +168,7 @@ def main():
          f"Load average (1 min) at start {res['load_start'][0]:.2f}, at end {res['load_end'][0]:.2f}; "
          "per case in results.json (`load_1m_before`). The broker, ClickHouse, the sink and the "
          "driver share the same 2 cores, and other work may run on the machine, so the numbers are "
-         "noisy and the absolute rates are those of this local stack (tansu on sqlite, chDB behind a "
+         "noisy and the absolute rates are those of this local stack (one Apache Kafka JVM, chDB behind a "
          "Python HTTP server), not of a production cluster. The ratios are the point.", "",
          f"Setup: BENCH_MB={cfg['bench_mb']:g} per record size; one topic per size, "
          f"{cfg['partitions']} partitions, lz4; every case reads the same topic with its own group "

@@ -263,7 +263,7 @@ def thread_cpu(pid):
 def stack_pids():
     d = os.environ.get("SLUICE_STACK_DIR", os.path.join(REPO, ".stack"))
     out = {}
-    for name in ("tansu", "chdb"):
+    for name in ("kafka", "chdb"):
         try:
             out[name] = int(open(os.path.join(d, name + ".pid")).read())
         except (OSError, ValueError):

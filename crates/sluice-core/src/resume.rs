@@ -152,6 +152,79 @@ pub fn resume_plan(
     }
 }
 
+/// The log and what sluice knows of a partition disagree: the offsets of
+/// the rows in ClickHouse or of the group's commit do not exist in this
+/// log. The topic was deleted and created again, its log was truncated
+/// (an unclean leader election), or the cluster was migrated. Reading on
+/// would take the table's rows for records of this log and skip them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Mismatch {
+    /// The group's commit is [`MISMATCH_MARK`]: an earlier start found a
+    /// mismatch and marked the partition, so that a log that has grown
+    /// past the old offsets since does not pass unnoticed.
+    Marked,
+    /// ClickHouse holds `watermark`, at or past the log's end.
+    RowsPastLogEnd { watermark: Offset, high: NextOffset },
+    /// The group committed `committed`, past the log's end.
+    CommitPastLogEnd {
+        committed: NextOffset,
+        high: NextOffset,
+    },
+}
+
+impl std::fmt::Display for Mismatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Marked => write!(
+                f,
+                "an earlier start found that this partition's offsets went back and marked it \
+                 (the group's commit is {MISMATCH_MARK}); it stays marked until the group's \
+                 offsets are reset"
+            ),
+            Self::RowsPastLogEnd { watermark, high } => write!(
+                f,
+                "ClickHouse holds rows up to offset {watermark} but the log ends before {high} \
+                 (its high watermark)"
+            ),
+            Self::CommitPastLogEnd { committed, high } => write!(
+                f,
+                "the group committed {committed} but the log ends before {high} (its high watermark)"
+            ),
+        }
+    }
+}
+
+/// The position sluice commits for a partition whose log it found not to
+/// be the one its rows came from: past any log's end, so every later start
+/// stops there too until the operator resets the group's offsets.
+pub const MISMATCH_MARK: NextOffset = NextOffset(i64::MAX);
+
+/// Whether `log` can be the log the table's rows (up to `watermark`, when
+/// they decide where to start) and the group's commit came from. Offsets
+/// only grow: a row or a commit at or past the high watermark names a
+/// record this log never had. A lower watermark cannot be told apart from
+/// a recreated topic that has grown past the old offsets.
+pub fn check_log(
+    committed: Committed,
+    watermark: Option<Offset>,
+    log: LogBounds,
+) -> Result<(), Mismatch> {
+    if let Some(w) = watermark.filter(|w| !log.high.covers(*w)) {
+        return Err(Mismatch::RowsPastLogEnd {
+            watermark: w,
+            high: log.high,
+        });
+    }
+    match committed {
+        Committed::At(MISMATCH_MARK) => Err(Mismatch::Marked),
+        Committed::At(c) if c > log.high => Err(Mismatch::CommitPastLogEnd {
+            committed: c,
+            high: log.high,
+        }),
+        _ => Ok(()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -271,6 +344,44 @@ mod tests {
         assert_eq!((sc(p), p.zone()), ((10, None), None));
     }
 
+    #[test]
+    fn rows_or_a_commit_past_the_log_end_are_a_mismatch() {
+        // The issue's recreated topic: rows 0..=99, a new log of 50.
+        assert_eq!(
+            check_log(Committed::Nothing, Some(Offset(99)), log(0, 50)),
+            Err(Mismatch::RowsPastLogEnd {
+                watermark: Offset(99),
+                high: NextOffset(50)
+            })
+        );
+        // The last row at the last offset is the normal case; one past it not.
+        assert_eq!(check_log(at(100), Some(Offset(99)), log(0, 100)), Ok(()));
+        assert!(check_log(at(100), Some(Offset(100)), log(0, 100)).is_err());
+        // A commit at the end is normal; past it (a truncated log) not.
+        assert_eq!(check_log(at(100), None, log(0, 100)), Ok(()));
+        assert_eq!(
+            check_log(at(150), None, log(0, 100)),
+            Err(Mismatch::CommitPastLogEnd {
+                committed: NextOffset(150),
+                high: NextOffset(100)
+            })
+        );
+        // Marked by an earlier start, whatever the log holds now.
+        assert_eq!(
+            check_log(Committed::At(MISMATCH_MARK), None, log(0, 1_000_000)),
+            Err(Mismatch::Marked)
+        );
+        // An empty new log and rows of the old one.
+        assert!(check_log(Committed::Unknown, Some(Offset(0)), log(0, 0)).is_err());
+        // Retention past the commit is not a mismatch: the records are gone.
+        assert_eq!(check_log(at(5), Some(Offset(30)), log(20, 100)), Ok(()));
+        let m = check_log(Committed::Nothing, Some(Offset(99)), log(0, 50)).unwrap_err();
+        assert_eq!(
+            m.to_string(),
+            "ClickHouse holds rows up to offset 99 but the log ends before 50 (its high watermark)"
+        );
+    }
+
     /// A partition as the planner meets it.
     #[derive(Debug, Clone)]
     struct World {
@@ -343,6 +454,16 @@ mod tests {
     }
 
     proptest! {
+        #[test]
+        fn the_log_check_refuses_exactly_the_worlds_past_the_log_end(w in world()) {
+            let past = w.watermark().is_some_and(|o| o.0 >= w.high)
+                || matches!(w.committed, Committed::At(c) if c.0 > w.high);
+            prop_assert_eq!(
+                check_log(w.committed, w.watermark(), log(w.low, w.high)).is_err(),
+                past
+            );
+        }
+
         #[test]
         fn the_start_is_inside_the_log(w in world()) {
             let p = w.plan();

@@ -217,8 +217,8 @@ pub enum Start {
     /// partition to both processes (a faulty coordinator can); the first
     /// is the member the next generation keeps.
     CleanToBoth,
-    /// As `CleanToBoth`, but the coordinator keeps assigning it to both
-    /// until a rebalance (tansu did, for minutes).
+    /// As `CleanToBoth`, but both keep it until a rebalance (an owner
+    /// frozen or cut off from its coordinator can, for a session).
     SharedByBoth,
 }
 

@@ -51,8 +51,9 @@ pub struct World {
 pub struct Group {
     pub generation: u64,
     pub member: Option<usize>,
-    /// A faulty coordinator (tansu's) also assigns it to every other
-    /// process, until the next rebalance.
+    /// The coordinator also assigns it to every other process, until the
+    /// next rebalance: what each process believes when the old owner was
+    /// cut off or frozen and has not heard of the move yet.
     pub shared: bool,
     pub committed: Option<NextOffset>,
 }

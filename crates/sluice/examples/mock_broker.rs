@@ -1,7 +1,7 @@
 //! A Kafka broker that is not the bottleneck: librdkafka's in-memory mock
 //! cluster, so that `BENCH_KAFKA=mock make bench` measures sluice's own CPU
-//! per record rather than the local broker's fetch rate (tansu's sqlite
-//! fetch tops out at 12,000–24,000 records/s). It keeps about 5 MB
+//! per record rather than a broker's (a JVM on the same two cores shares
+//! the CPU with the sink and ClickHouse). It keeps about 5 MB
 //! (compressed) per partition and trims older records: give it partitions.
 //!
 //! `cargo run --release --example mock_broker`

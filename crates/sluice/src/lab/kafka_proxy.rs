@@ -110,7 +110,7 @@ fn is_group_request_of(frame: &[u8], client: &str) -> bool {
     usize::try_from(n).is_ok_and(|n| frame.get(14..14 + n) == Some(client.as_bytes()))
 }
 
-/// A broker of its own (tansu) that advertises a [`KafkaProxy`] in front of
+/// A broker of its own (an Apache Kafka node) that advertises a [`KafkaProxy`] in front of
 /// it, and the stack that reaches it through the proxy.
 pub struct ProxiedBroker {
     pub broker: super::fixture::PrivateBroker,

@@ -1,5 +1,5 @@
 //! The fault scenarios, each written once and run against every delivery
-//! mode (the way tansu's `tests/txn.rs` runs one scenario per backend).
+//! mode.
 //!
 //! A scenario makes a fresh topic, table and group, produces a known set of
 //! records, runs `sluice run` as child processes, injects its fault by real
@@ -224,9 +224,7 @@ impl Run {
             delivery,
             max_batch_rows: 1_000,
             insert_timeout: params.insert_timeout,
-            // The default fence: a 10 s lease and the 5 s margin. A shorter
-            // lease stalls on a loaded tansu, whose offset reads can take
-            // longer than 2 s.
+            // The default fence: a 10 s lease and the 5 s margin.
             fence_wait: params.insert_timeout * 2 + Duration::from_secs(15),
             commit_interval: Duration::from_secs(1),
             max_batch_age: Duration::from_millis(300),
@@ -525,7 +523,7 @@ pub async fn run(
             r.produce(0, n / 2).await?;
             let mut sink = r.spec.start()?;
             r.wait_rows(&mut sink, n / 8).await?;
-            broker.halt();
+            broker.kill();
             tokio::time::sleep(p.outage / 2).await;
             broker.resume().await?;
             let fault_end = Instant::now();
@@ -535,12 +533,7 @@ pub async fn run(
             cell
         }
         "rebalance" => {
-            let mut r = Run::new(stack, mode, p, 0, false).await?;
-            // tansu assigns a partition to a joining member before the old
-            // owner has revoked it (no rebalance barrier); the old owner
-            // learns of it up to ~10 s later. A real coordinator revokes
-            // first. The new owner's fence must outlast tansu's overlap.
-            r.spec.fence_wait = r.spec.fence_wait.max(Duration::from_secs(15));
+            let r = Run::new(stack, mode, p, 0, false).await?;
             r.produce(0, n / 2).await?;
             let mut a = r.spec.start()?;
             let b = r.spec.start()?;
@@ -552,11 +545,9 @@ pub async fn run(
             r.finish(scenario, vec![b, c], n, Instant::now()).await
         }
         "zombie" => {
-            let mut r = Run::new(stack, mode, p, 0, false).await?;
-            // B takes A's partitions while A is frozen; on tansu (no
-            // rebalance barrier, as in "rebalance") B's fence must outlast
-            // the moment A learns of it. A leaves soon after it wakes (below).
-            r.spec.fence_wait = r.spec.fence_wait.max(Duration::from_secs(15));
+            let r = Run::new(stack, mode, p, 0, false).await?;
+            // B takes A's partitions while A is frozen; A wakes believing
+            // it still holds them.
             r.produce(0, n / 2).await?;
             let mut a = r.spec.start()?;
             let b = r.spec.start()?;
@@ -567,11 +558,8 @@ pub async fn run(
             tokio::time::sleep(Duration::from_secs(14)).await;
             a.thaw();
             // The zombie's moment: A wakes holding batches of partitions it
-            // no longer owns and must not write them. Then A leaves: on
-            // tansu its rejoin gets its partitions back while B still holds
-            // them, and two *new* owners fence side by side, read the same
-            // watermark and both write (a CI run saw 27 s of overlap). A
-            // Kafka coordinator never assigns a partition twice.
+            // no longer owns and must not write them; then it rejoins, and
+            // the partitions may move back to it while B still flushes.
             tokio::time::sleep(Duration::from_secs(6)).await;
             a.stop(Duration::from_secs(60));
             r.finish(scenario, vec![b], n, Instant::now()).await
@@ -585,10 +573,10 @@ pub async fn run(
                 stack: own,
             } = super::kafka_proxy::ProxiedBroker::start(&stack.clickhouse_url).await?;
             let mut r = Run::new(&own, mode, p, 0, false).await?;
-            // Both members use one static instance id: the second one to
-            // join takes the first one's partitions at once (tansu tells
-            // the first nothing), the way a coordinator that never hears
-            // from a member again would hand its partitions on.
+            // Both members use one static instance id: B's join replaces A
+            // at once (a new process started before the old one stopped).
+            // The coordinator fences A at its next heartbeat, which the
+            // proxy swallows: A learns nothing until its own session check.
             r.spec.instance_id = Some(Stack::unique("member"));
             let member = |client: &str| {
                 let mut s = r.spec.clone();

@@ -302,7 +302,7 @@ fn jitter(rng: &mut Rng, every: Duration) -> Duration {
 pub fn markdown(r: &SoakReport, o: &SoakOptions) -> String {
     let mut s = format!(
         "# Soak run\n\n`sluice lab --soak {}` (fault every {} ± 30 %, {} records/s, seed {}), \
-         two exactly-once sinks in one group on a private tansu broker, ClickHouse through a fault proxy.\n\n\
+         two exactly-once sinks in one group on a private Apache Kafka broker, ClickHouse through a fault proxy.\n\n\
          | produced | rows | duplicates | missing | settled after | peak RSS, first third | peak RSS, last third |\n\
          |---:|---:|---:|---:|---:|---:|---:|\n| {} | {} | {} | {} | {} | {:.0} MiB | {:.0} MiB |\n\n## Faults\n\n| at | fault | sink |\n|---:|---|---:|\n",
         humantime::format_duration(o.duration),

@@ -13,7 +13,7 @@ use crate::registry::Decoder;
 use crate::retry::Delays;
 use sluice_core::acks::Ticket;
 use sluice_core::dedup::KeyHash;
-use sluice_core::resume::ResumePlan;
+use sluice_core::resume::{Mismatch, ResumePlan};
 use sluice_core::Offset;
 use std::time::Instant;
 
@@ -27,6 +27,9 @@ pub(super) enum Event {
         generation: u64,
         by: Owner,
     },
+    /// These partitions' logs are not the ones their rows in ClickHouse or
+    /// the group's commits came from: the sink marks them and stops.
+    Mismatch(Vec<(Key, Mismatch)>),
     /// The decoder of schema `id` of a route, or why its records cannot be
     /// read ([`super::schemas`]).
     Schema {

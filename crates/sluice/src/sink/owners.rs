@@ -12,9 +12,9 @@
 //!   offset retention).
 //!
 //! Offset commits are a last-writer-wins register with linearizable reads
-//! at the group coordinator, on every broker (tansu keeps offsets but not
-//! their metadata, so a marker in the main group's commit metadata would
-//! not do). A claim is a commit from a client that never joined: brokers
+//! at the group coordinator, on every broker (some Kafka-protocol brokers
+//! keep offsets but not their metadata, so a marker in the main group's
+//! commit metadata would not do). A claim is a commit from a client that never joined: brokers
 //! take those for a group without members. Every call here blocks; the
 //! callers run them off the consumer thread (the clean hand-off at a
 //! revocation excepted, where the thread waits anyway).

@@ -23,7 +23,7 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaResult;
 use rdkafka::{Offset as KOffset, TopicPartitionList};
 use sluice_core::claim::{Claim, ClaimTimes, Do, Start, Why, WATCH_EVERY};
-use sluice_core::resume::{resume_plan, Committed, LogBounds, ResetPolicy};
+use sluice_core::resume::{check_log, resume_plan, Committed, LogBounds, ResetPolicy};
 use sluice_core::NextOffset;
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
@@ -269,13 +269,18 @@ impl Preparation {
     }
 
     /// Plans `keys` from `commits` and what ClickHouse holds, and hands
-    /// each plan to the consumer thread. False when stopping.
+    /// each plan to the consumer thread. First every partition's log is
+    /// checked against its rows and commit ([`check_log`]): one whose
+    /// offsets went back stops the sink before any partition of the
+    /// assignment is read. False when stopping.
     async fn plan(
         &self,
         lookup: &Lookup,
         keys: &[((Key, u64), Instant)],
         commits: &HashMap<Key, Committed>,
     ) -> bool {
+        let mut checked = Vec::new();
+        let mut mismatched = Vec::new();
         for (ri, parts) in &self.parts {
             let parts: Vec<((Key, u64), Instant)> = keys
                 .iter()
@@ -300,51 +305,63 @@ impl Preparation {
             for ((key, generation), confirmed) in parts {
                 let position = commits.get(&key).copied().unwrap_or(Committed::Unknown);
                 let w = marks.get(&key.1).copied();
+                // Read after the watermarks: a row another owner inserts
+                // meanwhile is of a record already in the log read here.
                 let Some(log) = self.log_bounds(lookup, key).await else {
-                    return false;
-                };
-                let Some(seeds) = self
-                    .retry("rebuild the key dedup window", || {
-                        rebuild(&self.kafka, &self.ch, route, key.1, w)
-                    })
-                    .await
-                else {
                     return false;
                 };
                 // At-least-once comes here for the dedup window only: it
                 // resumes where committed and reconciles nothing.
-                let mut plan =
-                    resume_plan(position, w.filter(|_| self.exactly_once), log, self.reset);
-                // If ClickHouse holds every offset of the zone, nothing there
-                // needs reading again.
-                if let Some((first, last)) = plan.zone() {
-                    match self.ch.distinct_offsets(route, key.1, first, last).await {
-                        Ok(n) => plan = plan.with_zone_count(n),
-                        Err(e) => {
-                            tracing::warn!(error = %e, "cannot count the stored offsets; reconciling the range instead")
-                        }
+                match check_log(position, w.filter(|_| self.exactly_once), log) {
+                    Ok(()) => checked.push((key, generation, confirmed, position, w, log)),
+                    Err(why) => mismatched.push((key, why)),
+                }
+            }
+        }
+        if !mismatched.is_empty() {
+            let _ = self.tx.send(Event::Mismatch(mismatched));
+            return false;
+        }
+        for (key, generation, confirmed, position, w, log) in checked {
+            let route = &self.routes[key.0];
+            let Some(seeds) = self
+                .retry("rebuild the key dedup window", || {
+                    rebuild(&self.kafka, &self.ch, route, key.1, w)
+                })
+                .await
+            else {
+                return false;
+            };
+            let mut plan = resume_plan(position, w.filter(|_| self.exactly_once), log, self.reset);
+            // If ClickHouse holds every offset of the zone, nothing there
+            // needs reading again.
+            if let Some((first, last)) = plan.zone() {
+                match self.ch.distinct_offsets(route, key.1, first, last).await {
+                    Ok(n) => plan = plan.with_zone_count(n),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot count the stored offsets; reconciling the range instead")
                     }
                 }
-                tracing::info!(
-                    partition = %format!("{}[{}]", route.topic, key.1),
-                    committed = ?position,
-                    watermark = ?w.map(|w| w.0),
-                    log_low = log.low.0,
-                    log_high = log.high.0,
-                    start = plan.start.0,
-                    check_through = ?plan.check_through.map(|o| o.0),
-                    "resume plan"
-                );
-                let _ = self.tx.send(Event::Prepared(Prepared {
-                    key,
-                    generation,
-                    plan,
-                    seeds,
-                    confirmed,
-                    attempts: 0,
-                    delays: Delays::new(Duration::from_millis(500)),
-                }));
             }
+            tracing::info!(
+                partition = %format!("{}[{}]", route.topic, key.1),
+                committed = ?position,
+                watermark = ?w.map(|w| w.0),
+                log_low = log.low.0,
+                log_high = log.high.0,
+                start = plan.start.0,
+                check_through = ?plan.check_through.map(|o| o.0),
+                "resume plan"
+            );
+            let _ = self.tx.send(Event::Prepared(Prepared {
+                key,
+                generation,
+                plan,
+                seeds,
+                confirmed,
+                attempts: 0,
+                delays: Delays::new(Duration::from_millis(500)),
+            }));
         }
         true
     }

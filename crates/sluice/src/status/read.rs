@@ -200,7 +200,7 @@ impl Reader {
     /// Exactly-once: the register's owner (`sluice-<id>`, the client id of
     /// that process's consumer). At-least-once: the group member the
     /// group's description assigns it to (`client_id@host`); a broker that
-    /// cannot describe groups (tansu) leaves them unknown.
+    /// cannot describe groups leaves them unknown.
     fn owners(&self, keys: &[Key]) -> anyhow::Result<HashMap<Key, String>> {
         if let Some(register) = &self.register {
             let found = register

@@ -24,9 +24,8 @@ fn quick_matrix_exactly_once_is_clean_and_baselines_fail() {
     let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("lab-quick");
     std::fs::create_dir_all(&dir).unwrap();
     let (json, md) = (dir.join("lab.json"), dir.join("lab.md"));
-    // The lab starts a broker for each scenario: the rest of the suite's
-    // groups and topics on the shared tansu slow its coordinator until
-    // heartbeats time out (6 s), and each lost assignment costs a fence.
+    // The lab starts a broker for each scenario that needs one of its own
+    // (restarts, proxies): cells never share a broker's state.
     let out = run(sluice(["lab", "--quick", "--json"])
         .arg(&json)
         .arg("--markdown")
@@ -94,10 +93,11 @@ fn quick_matrix_exactly_once_is_clean_and_baselines_fail() {
             assert_eq!(c.duplicates, 0, "{c:?}");
         }
     }
-    // A baseline cell whose fault was not injected measured nothing: under
-    // the load of the suite beside it, tansu has (rarely) kept the second
-    // member of coordinator-partition from ever being cut off. Such a cell
-    // is run once more, alone; exactly-once cells get no second run.
+    // A baseline cell whose fault was not injected measured nothing (under
+    // the load of the suite beside it the first member of
+    // coordinator-partition can land every record before the second one
+    // joins). Such a cell is run once more, alone; exactly-once cells get
+    // no second run.
     let cut_cells: Vec<Cell> = ["at-least-once", "token-only"]
         .into_iter()
         .map(|m| {

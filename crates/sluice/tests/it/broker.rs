@@ -2,7 +2,8 @@
 //! no dedup window: transactions (aborted records are never read under
 //! `read_committed`), a compacted topic (offsets with holes), a dead-letter
 //! topic with headers at volume, a broker killed with `kill -9` under load,
-//! and static membership across a restart.
+//! static membership across a restart, and a topic deleted and created
+//! again under the same name.
 
 use crate::harness::*;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
@@ -427,4 +428,102 @@ async fn static_members_keep_their_partitions_across_a_restart() {
         parts(&a_before),
         "A came back to other partitions"
     );
+}
+
+/// Deletes `topic` and creates it again with `partitions`, retrying while
+/// the broker still finishes the deletion.
+async fn recreate_topic(topic: &str, partitions: i32) {
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", brokers())
+        .create()
+        .unwrap();
+    let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
+    for r in admin.delete_topics(&[topic], &opts).await.unwrap() {
+        r.unwrap();
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let new = NewTopic::new(topic, partitions, TopicReplication::Fixed(1));
+        match admin.create_topics(&[new], &opts).await.unwrap().remove(0) {
+            Ok(_) => return,
+            Err((_, e)) => assert!(Instant::now() < deadline, "recreating {topic}: {e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// A topic deleted and created again under the same name starts its
+/// offsets at 0, under rows the table holds for the old one: reading on
+/// would take them for the new records and skip those. sluice stops, exit
+/// 2, naming the partition and the offsets; once the operator moved the old
+/// rows out (the README's way), every new record lands once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recreated_topic_stops_the_sink_until_the_old_rows_are_moved_out() {
+    let (topic, table, ch) = setup("recreated", 2, 200).await;
+    let spec = SinkSpec::new(&topic, &table);
+    let mut sink = spec.start();
+    let got = wait_for(&ch, &table, 200, Duration::from_secs(90)).await;
+    assert_eq!(got.distinct_offsets, 200, "{}", sink.log_tail());
+    assert!(sink.stop(Duration::from_secs(60)), "{}", sink.log_tail());
+
+    recreate_topic(&topic, 2).await;
+    produce(&topic, 2, 1_000, 50);
+    let (code, log) = exit_of(spec.start(), Duration::from_secs(90));
+    assert_eq!(code, Some(2), "{log}");
+    for p in 0..2 {
+        let says = format!(
+            "partition {topic}[{p}]: ClickHouse holds rows up to offset 99 but the log ends before 25"
+        );
+        assert!(log.contains(&says), "{log}");
+    }
+    // Producers go on: the new log passes the old offsets, and the
+    // numbers alone would no longer show it. The mark does.
+    produce(&topic, 2, 1_050, 250);
+    let (code, log) = exit_of(spec.start(), Duration::from_secs(90));
+    assert_eq!(code, Some(2), "{log}");
+    assert!(log.contains("an earlier start found"), "{log}");
+    let rows = landed(&ch, &table).await.rows;
+    assert_eq!(rows, 200, "nothing written meanwhile");
+
+    // The operator keeps the old rows elsewhere and takes them out...
+    let archive = format!("{table}_before_recreate");
+    exec(&ch, &format!("CREATE TABLE {archive} AS {table}")).await;
+    let old = format!("_topic = '{topic}'");
+    let keep = format!("INSERT INTO {archive} SELECT * FROM {table} WHERE {old}");
+    exec(&ch, &keep).await;
+    let delete = format!("ALTER TABLE {table} DELETE WHERE {old} SETTINGS mutations_sync = 2");
+    exec(&ch, &delete).await;
+    // ...and resets the group's position, which clears the mark.
+    reset_to_earliest(&spec.group, &topic, 2);
+    let mut sink = spec.start();
+    let got = wait_for(&ch, &table, 300, Duration::from_secs(90)).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let got = got.max_rows(landed(&ch, &table).await);
+    assert_eq!(
+        (got.rows, got.distinct_ids, got.duplicates()),
+        (300, 300, 0),
+        "{}",
+        sink.log_tail()
+    );
+    assert_eq!(count_where(&ch, &archive, "1").await, 200);
+    assert_eq!(count_where(&ch, &table, "id < 1000").await, 0);
+    assert!(sink.stop(Duration::from_secs(60)), "{}", sink.log_tail());
+}
+
+/// `kafka-consumer-groups --reset-offsets --to-earliest` for a group with no
+/// member: commits offset 0 on every partition.
+fn reset_to_earliest(group: &str, topic: &str, partitions: i32) {
+    use rdkafka::consumer::CommitMode;
+    use rdkafka::{Offset, TopicPartitionList};
+    let c: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers())
+        .set("group.id", group)
+        .create()
+        .unwrap();
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..partitions {
+        tpl.add_partition_offset(topic, p, Offset::Offset(0))
+            .unwrap();
+    }
+    c.commit(&tpl, CommitMode::Sync).unwrap();
 }

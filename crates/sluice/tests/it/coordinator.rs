@@ -1,4 +1,5 @@
-//! Owners the group coordinator does not stop (issue 11, item 7).
+//! Owners the group coordinator does not stop in time (issue 11, item 7),
+//! on Apache Kafka's real coordinator.
 //!
 //! Owner A of a one-partition topic keeps reaching the partition leader and
 //! ClickHouse while a second sink B, in the same group, is given the
@@ -8,18 +9,36 @@
 //!
 //! - Cut off: a proxy swallows A's group requests (heartbeats, commits,
 //!   offset reads). A cannot read itself back in the register of owners,
-//!   its lease runs out, and it stops on its own clock.
-//! - Two owners at once: B joins with A's static `instance_id`, and the
-//!   coordinator (tansu) hands B the partition without a word to A, which
-//!   keeps it too. A sees B in the register of owners and stops; B's fence
-//!   outlasts A's last inserts. They take the partition from each other
-//!   while the coordinator keeps both, each waiting longer every time.
+//!   its lease runs out, and it stops on its own clock while the
+//!   coordinator, which no longer hears from it, gives B the partition.
+//! - Fenced: B joins with A's static `instance_id` (a rolling restart that
+//!   started the new process before the old one stopped). The coordinator
+//!   hands B A's assignment at once and fences A, which learns of it at its
+//!   next heartbeat: until then both hold the partition. B's claim fence
+//!   outlasts A's last inserts, and A stops with `FencedInstanceId`.
 
 use crate::harness::*;
-use sluice::lab::kafka_proxy::ProxiedBroker;
+use sluice::lab::fixture::{PrivateBroker, Stack};
+use sluice::lab::kafka_proxy::{KafkaProxy, ProxiedBroker};
 use std::time::{Duration, Instant};
 
-async fn second_owner(prefix: &str, cut_off: bool) {
+/// The one-partition topic, table and group on a broker of our own behind
+/// a proxy; A has landed the first 1,000 records.
+struct Owned {
+    a: Sink,
+    broker: PrivateBroker,
+    proxy: KafkaProxy,
+    own: Stack,
+    topic: String,
+    table: String,
+    ch: clickhouse::Client,
+    spec: SinkSpec,
+}
+
+const FIRST: u64 = 1_000;
+const MORE: u64 = 3_000;
+
+async fn owned(prefix: &str, instance_id: Option<String>) -> Owned {
     let ProxiedBroker {
         broker,
         proxy,
@@ -27,93 +46,93 @@ async fn second_owner(prefix: &str, cut_off: bool) {
     } = ProxiedBroker::start(&clickhouse_url()).await.unwrap();
     let topic = unique(prefix);
     own.create_topic(&topic, 1).await.unwrap();
-    let produce = |start: u64, n: u64| {
-        let (o, t) = (own.clone(), topic.clone());
-        tokio::task::spawn_blocking(move || o.produce(&t, 1, start, n))
-    };
-    let first = 1_000;
-    produce(0, first).await.unwrap().unwrap();
+    own.produce(&topic, 1, 0, FIRST).unwrap();
     let ch = ch();
     let table = create_table(&ch, &unique("it")).await;
+    let mut spec = SinkSpec::new(&topic, &table);
+    spec.brokers = proxy.addr.clone();
+    spec.insert_timeout_s = 3;
+    // 2 × insert_timeout + a 4 s lease + 5 s.
+    spec.fence_wait_ms = 15_000;
+    spec.max_batch_rows = 50;
+    spec.instance_id = instance_id;
+    spec.session_timeout_s = 10;
+    let a = client(&spec, "owner-a").start();
+    let got = wait_for(&ch, &table, FIRST, Duration::from_secs(90)).await;
+    assert_eq!(got.distinct_offsets, FIRST, "A alone: {}", a.log_tail());
+    Owned {
+        a,
+        broker,
+        proxy,
+        own,
+        topic,
+        table,
+        ch,
+        spec,
+    }
+}
 
-    let group = unique("g");
-    let spec = |client: &str| {
-        let mut s = SinkSpec::new(&topic, &table);
-        s.group = group.clone();
-        s.brokers = proxy.addr.clone();
-        s.kafka_properties = vec![("client.id".into(), client.into())];
-        s.insert_timeout_s = 3;
-        // 2 × insert_timeout + a 4 s lease + 5 s.
-        s.fence_wait_ms = 15_000;
-        s.max_batch_rows = 50;
-        s.instance_id = (!cut_off).then(|| "member-1".to_string());
-        // tansu, loaded by the tests beside this one, once answered A's
-        // heartbeats after a 6 s session: A lost the partition before any
-        // fault and tansu never gave it out again. A cut-off A is evicted
-        // when its session ends: 20 s, well within the waits below.
-        s.session_timeout_s = 20;
-        s
-    };
-    let a = spec("owner-a").start();
-    let got = wait_for(&ch, &table, first, Duration::from_secs(90)).await;
-    assert_eq!(got.distinct_offsets, first, "A alone: {}", a.log_tail());
+fn client(spec: &SinkSpec, id: &str) -> SinkSpec {
+    let mut s = spec.clone();
+    s.kafka_properties = vec![("client.id".into(), id.into())];
+    s
+}
 
-    if cut_off {
-        proxy.cut_off_group(Some("owner-a"));
-    }
-    let mut b = spec("owner-b").start();
-    // Records keep coming while B takes over.
-    let more = 3_000;
-    for chunk in 0..30 {
-        produce(first + chunk * 100, 100).await.unwrap().unwrap();
-        tokio::time::sleep(Duration::from_secs(1)).await;
-    }
-    let n = first + more;
-    // tansu hands a static member's partition over in its own time (once
-    // more than 50 s): the end is judged once B holds it.
-    wait_for_log(&b, "partition active", Duration::from_secs(120)).await;
-    let got = wait_for(&ch, &table, n, Duration::from_secs(180)).await;
-    // A late insert of A's has every chance to show before the count.
-    tokio::time::sleep(Duration::from_secs(8)).await;
-    let got = got.max_rows(landed(&ch, &table).await);
-    let (log_a, log_b) = (a.log_tail(), b.log_tail());
-    assert_eq!(
-        (got.distinct_offsets, got.duplicates()),
-        (n, 0),
-        "{got:?}\nA: {log_a}\nB: {log_b}"
-    );
-    let full_a = std::fs::read_to_string(&a.log).unwrap_or_default();
-    let full_b = std::fs::read_to_string(&b.log).unwrap_or_default();
-    assert!(
-        full_b.contains("partition active"),
-        "B never wrote: {log_b}"
-    );
-    if cut_off {
-        assert!(proxy.swallowed() > 0, "nothing was cut off");
-        assert!(
-            full_a.contains("cannot read the register of owners"),
-            "A: {log_a}"
+impl Owned {
+    /// Starts B, produces the rest over 30 s while B takes over, and counts
+    /// every record once; returns B and A's full log.
+    async fn second_owner_lands_everything(&self) -> Sink {
+        let b = client(&self.spec, "owner-b").start();
+        for chunk in 0..30 {
+            self.own
+                .produce(&self.topic, 1, FIRST + chunk * 100, 100)
+                .unwrap();
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        let n = FIRST + MORE;
+        wait_for_log(&b, "partition active", Duration::from_secs(60)).await;
+        let got = wait_for(&self.ch, &self.table, n, Duration::from_secs(180)).await;
+        // A late insert of A's has every chance to show before the count.
+        tokio::time::sleep(Duration::from_secs(8)).await;
+        let got = got.max_rows(landed(&self.ch, &self.table).await);
+        assert_eq!(
+            (got.distinct_offsets, got.duplicates()),
+            (n, 0),
+            "{got:?}\nA: {}\nB: {}",
+            self.a.log_tail(),
+            b.log_tail()
         );
-    } else {
-        assert!(
-            full_a.contains("another owner claimed the partition")
-                || full_b.contains("another owner claimed the partition"),
-            "no owner saw the other: A: {log_a}\nB: {log_b}"
-        );
+        b
     }
-    b.stop(Duration::from_secs(30));
-    drop(a);
-    drop(broker);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_owner_cut_off_from_the_coordinator_stops_before_the_next_one_writes() {
-    second_owner("cutoff", true).await;
+    let o = owned("cutoff", None).await;
+    o.proxy.cut_off_group(Some("owner-a"));
+    let mut b = o.second_owner_lands_everything().await;
+    let log_a = std::fs::read_to_string(&o.a.log).unwrap_or_default();
+    assert!(o.proxy.swallowed() > 0, "nothing was cut off");
+    assert!(
+        log_a.contains("cannot read the register of owners"),
+        "A: {}",
+        o.a.log_tail()
+    );
+    b.stop(Duration::from_secs(30));
+    drop(o);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_owners_of_one_partition_never_write_at_once() {
-    second_owner("twoowners", false).await;
+async fn a_member_fenced_by_the_coordinator_stops_and_never_writes_beside_its_successor() {
+    let o = owned("fenced", Some(unique("member"))).await;
+    let mut b = o.second_owner_lands_everything().await;
+    let Owned { a, broker, .. } = o;
+    // The coordinator fenced A: it stops by itself, with the cause.
+    let (code, log_a) = exit_of(a, Duration::from_secs(60));
+    assert_eq!(code, Some(2), "A: {log_a}");
+    assert!(log_a.contains("FencedInstanceId"), "A: {log_a}");
+    b.stop(Duration::from_secs(30));
+    drop(broker);
 }
 
 /// Writes `value` into the register of owners of `group` for partition 0

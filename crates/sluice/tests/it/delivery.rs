@@ -145,29 +145,9 @@ async fn kill9_scenario(delivery: &'static str, kills: u32) -> (Landed, u64, u32
     let n = producer.await.unwrap();
     spec.max_batch_rows = 5_000;
     let mut sink = spec.start();
-    // tansu now and then never evicts a killed member (a Kafka coordinator
-    // does after session.timeout.ms), and its partitions then belong to
-    // nobody. A final sink that makes no progress for a minute is restarted
-    // so that the group forms again; every record must still land.
-    let deadline = Instant::now() + Duration::from_secs(300);
-    let (mut last, mut since, mut restarts) = (0, Instant::now(), 0);
-    loop {
-        let l = landed(&ch, &table).await;
-        if l.distinct_offsets >= n || Instant::now() > deadline {
-            break;
-        }
-        if l.distinct_offsets > last {
-            (last, since) = (l.distinct_offsets, Instant::now());
-        } else if since.elapsed() > Duration::from_secs(60) && restarts < 2 {
-            eprintln!(
-                "{delivery}: no progress at {last} of {n} rows for 60 s; restarting the final sink"
-            );
-            assert!(sink.stop(Duration::from_secs(60)), "{}", sink.log_tail());
-            sink = spec.start();
-            (since, restarts) = (Instant::now(), restarts + 1);
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    // The coordinator evicts the killed members when their sessions end;
+    // the final sink then holds every partition and lands every record.
+    wait_for(&ch, &table, n, Duration::from_secs(300)).await;
     // Let a replay (if any) finish before counting.
     tokio::time::sleep(Duration::from_secs(3)).await;
     let got = landed(&ch, &table).await;

@@ -198,10 +198,6 @@ async fn instances_join_and_leave_during_ingest() {
     });
     let mut spec = SinkSpec::new(&topic, &table);
     spec.max_batch_rows = 3_000;
-    // tansu answers JoinGroup without waiting for the other members, so two
-    // members can briefly own one partition (the old owner hears of the
-    // rebalance up to ~10 s later); the fence must outlast that.
-    spec.fence_wait_ms = 15_000;
     let mut a = spec.start();
     let mut b = spec.start();
     tokio::time::sleep(Duration::from_secs(6)).await;

@@ -177,10 +177,9 @@ async fn no_insert_while_the_ownership_marker_cannot_be_committed() {
 
 /// Issue 11, item 8: a static member fenced by another with its
 /// `group.instance.id` is a fatal consumer error; the process stops and
-/// says why. tansu 0.6 never fences a static member (a second join with the
-/// same instance id takes over the first one's member id), and neither
-/// does librdkafka's mock cluster, so the mock injects the broker's answer:
-/// `FENCED_INSTANCE_ID` on a heartbeat.
+/// says why. Here the mock cluster injects the broker's answer,
+/// `FENCED_INSTANCE_ID` on a heartbeat, at once; `coordinator.rs` has
+/// Apache Kafka's coordinator fence a member that another one replaced.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fenced_static_member_exits_non_zero_naming_the_cause() {
     let mock = MockCluster::new(1).unwrap();

@@ -1,9 +1,8 @@
 //! `sluice send`: every record is either confirmed by the broker or in the
-//! retry file, with the reason. Against tansu for the plain path; against
-//! librdkafka's mock cluster for transactions and injected broker errors
-//! (tansu has no transactions). The mock cluster runs init, commit and
-//! abort but does not hide aborted records from `read_committed`
-//! consumers, so isolation itself is not verified here.
+//! retry file, with the reason. Against the stack's Apache Kafka for the
+//! plain path; against librdkafka's mock cluster for injected broker
+//! errors. Transactions read back under `read_committed` (aborted records
+//! never land) are in `broker.rs`, on the real broker.
 
 use crate::harness::*;
 use rdkafka::consumer::{BaseConsumer, Consumer};

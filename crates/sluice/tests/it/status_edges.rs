@@ -264,8 +264,8 @@ async fn until_caught_up_a_member_given_nothing() {
 }
 
 /// Two `--until-caught-up` processes of one group on a broker with a
-/// real two-round cooperative rebalance (librdkafka's mock cluster; tansu
-/// gives the moved partition to the new member at once). All the records
+/// two-round cooperative rebalance (librdkafka's mock cluster, whose
+/// timing the test controls). All the records
 /// are on partition 0. B joins while A drains: in the first round A gives
 /// partition 0 up and B is assigned nothing. Each ends only once the
 /// group's commit has passed every partition's start watermark, so one of

@@ -33,6 +33,7 @@ use rdkafka::message::Message;
 use rdkafka::{Offset as KOffset, TopicPartitionList};
 use record::{Fate, Record, Value};
 use sluice_core::dedup::KeyWindow;
+use sluice_core::resume::{Mismatch, MISMATCH_MARK};
 use sluice_core::{
     AckTracker, BatchBuilder, BatchLimits, NextOffset, Offset, PartitionId, RowError,
 };
@@ -509,7 +510,36 @@ impl Sink {
                 self.schemas.fetched(route, id, answer, Instant::now());
                 self.resume_stalled(consumer);
             }
+            Event::Mismatch(found) => self.on_mismatch(consumer, &found),
         }
+    }
+
+    /// Partitions whose offsets went back (`sluice_core::resume::check_log`):
+    /// their commit becomes [`MISMATCH_MARK`], so that no later start reads
+    /// them either once their logs have grown past the old offsets, and
+    /// the sink stops naming each one. None of the assignment was read.
+    fn on_mismatch(&mut self, consumer: &BaseConsumer<SinkContext>, found: &[(Key, Mismatch)]) {
+        let mut tpl = TopicPartitionList::new();
+        let mut named = Vec::new();
+        for ((ri, p), why) in found {
+            let topic = &self.routes[*ri].topic;
+            named.push(format!("partition {topic}[{p}]: {why}"));
+            if *why != Mismatch::Marked {
+                let _ = tpl.add_partition_offset(topic, *p, KOffset::Offset(MISMATCH_MARK.0));
+            }
+        }
+        if tpl.count() > 0 {
+            if let Err(e) = consumer.commit(&tpl, CommitMode::Sync) {
+                tracing::warn!(error = %e, "cannot mark the partitions whose offsets went back");
+            }
+        }
+        self.fail(anyhow!(
+            "{}. The topic was deleted and created again, its log was truncated, or the cluster \
+             was migrated: these offsets are not this log's records, and reading on would skip \
+             records as stored. sluice stops; see the README, \"A topic whose offsets went back\", \
+             for the ways to go on",
+            named.join("; ")
+        ));
     }
 
     /// Seeks each partition waiting for a schema that is now known back
