@@ -92,6 +92,35 @@ where
     }
 }
 
+/// Runs `f` until it succeeds or fails in a way that `transient` says a
+/// retry cannot fix, logging each transient failure as "cannot `what`
+/// yet": the outcome, or `None` once `stop` fires.
+pub async fn while_transient<T, E, F, Fut>(
+    what: &str,
+    first: Duration,
+    stop: &CancellationToken,
+    transient: impl FnMut(&E) -> bool,
+    f: F,
+) -> Option<Result<T, E>>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, E>>,
+    E: Display,
+{
+    let tries = f
+        .retry(policy(first, MAX_DELAY))
+        .sleep(tokio::time::sleep)
+        .when(transient)
+        .notify(|e: &E, next: Duration| {
+            tracing::warn!(error = %format_args!("{e:#}"), retry_in = ?next, "cannot {what} yet; retrying");
+        });
+    tokio::select! {
+        biased;
+        _ = stop.cancelled() => None,
+        r = tries => Some(r),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -123,6 +152,22 @@ mod tests {
         })
         .await;
         assert_eq!(got, Some(3));
+
+        let tries = AtomicU32::new(0);
+        let got = while_transient(
+            "count",
+            Duration::from_millis(1),
+            &stop,
+            |e: &&str| *e == "not yet",
+            || async {
+                match tries.fetch_add(1, Ordering::SeqCst) {
+                    0..=1 => Err("not yet"),
+                    _ => Err::<u32, _>("never"),
+                }
+            },
+        )
+        .await;
+        assert_eq!(got, Some(Err("never")), "a permanent error ends the tries");
 
         stop.cancel();
         let never = until_ok("fail", Duration::from_millis(1), &stop, || async {

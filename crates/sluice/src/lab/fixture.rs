@@ -279,23 +279,35 @@ impl PrivateBroker {
         let node = std::env::var_os("SLUICE_STACK_KAFKA_NODE").context(
             "SLUICE_STACK_KAFKA_NODE is not set: the lab runs brokers of its own (make stack prints it)",
         )?;
-        let dir = std::env::temp_dir().join(Stack::unique("lab_broker"));
-        std::fs::create_dir_all(&dir)?;
         let free = || -> std::io::Result<u16> {
             Ok(std::net::TcpListener::bind("127.0.0.1:0")?
                 .local_addr()?
                 .port())
         };
-        let mut b = Self {
-            node: node.into(),
-            dir,
-            port: free()?,
-            controller_port: free()?,
-            advertised,
-            child: None,
-        };
-        b.resume().await?;
-        Ok(b)
+        // A free port can be taken by another process before the node
+        // binds it: a node that exits at its first start is tried again,
+        // afresh, on other ports.
+        let mut tries = 0;
+        loop {
+            let dir = std::env::temp_dir().join(Stack::unique("lab_broker"));
+            std::fs::create_dir_all(&dir)?;
+            let mut b = Self {
+                node: node.clone().into(),
+                dir,
+                port: free()?,
+                controller_port: free()?,
+                advertised: advertised.clone(),
+                child: None,
+            };
+            match b.resume().await {
+                Ok(()) => return Ok(b),
+                Err(e) if tries < 2 => {
+                    tries += 1;
+                    eprintln!("lab: {e:#}; starting it again on other ports");
+                }
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     pub fn brokers(&self) -> String {
@@ -329,7 +341,14 @@ impl PrivateBroker {
         loop {
             if let Some(c) = &mut self.child {
                 if let Ok(Some(status)) = c.try_wait() {
-                    anyhow::bail!("the lab's broker exited ({status}); see {}", log.display());
+                    let text = std::fs::read_to_string(&log).unwrap_or_default();
+                    let tail: Vec<&str> = text.lines().rev().take(5).collect();
+                    let tail: Vec<&str> = tail.into_iter().rev().collect();
+                    anyhow::bail!(
+                        "the lab's broker on port {} exited ({status}); the end of its log:\n{}",
+                        self.port,
+                        tail.join("\n")
+                    );
                 }
             }
             if self.answers().await {

@@ -15,6 +15,8 @@
 //!   server queue or TCP retransmission can deliver it after the client
 //!   gave up. [`Proxy::late_every`] gives it to every n-th INSERT.
 //!
+//! [`Proxy::hold_reads`] gives [`Fault::HoldRequest`] to the next n
+//! requests that are not INSERTs (a network blip on a read).
 //! [`Proxy::set_down`] makes every connection fail at once, as an
 //! unreachable server does. [`Proxy::slow_inserts`] forwards every INSERT
 //! after a delay, as a busy server answers.
@@ -46,6 +48,8 @@ struct State {
     late_pending: AtomicU32,
     /// Milliseconds every INSERT waits before it is forwarded.
     slow_ms: AtomicU64,
+    /// Requests other than INSERTs still to hold.
+    hold_reads: AtomicU32,
 }
 
 pub struct Proxy {
@@ -116,6 +120,12 @@ impl Proxy {
     }
 
     /// While down, every new connection is closed at once.
+    /// Holds the next `n` requests that are not INSERTs for `hold`, then
+    /// hangs up on them.
+    pub fn hold_reads(&self, n: u32) {
+        self.state.hold_reads.store(n, Ordering::SeqCst);
+    }
+
     pub fn set_down(&self, down: bool) {
         self.state.down.store(down, Ordering::SeqCst);
     }
@@ -138,6 +148,18 @@ async fn pipe(client: TcpStream, server: TcpStream, st: Arc<State>, hold: Durati
             let chunk = &buf[..n];
             if s2.down.load(Ordering::SeqCst) {
                 break;
+            }
+            let request = chunk.starts_with(b"POST ") || chunk.starts_with(b"GET ");
+            if m.load(Ordering::SeqCst) == 0
+                && request
+                && !contains(chunk, b"query=INSERT")
+                && s2
+                    .hold_reads
+                    .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                    .is_ok()
+            {
+                m.store(Fault::HoldRequest as u8, Ordering::SeqCst);
+                s2.fired.fetch_add(1, Ordering::SeqCst);
             }
             if m.load(Ordering::SeqCst) == 0 && contains(chunk, b"query=INSERT") {
                 let every = s2.late_every.load(Ordering::SeqCst);

@@ -24,12 +24,12 @@ use super::schemas::Schemas;
 use super::state::{RowChecks, Sink, Stats};
 use super::writer::WriterCtx;
 use super::SinkContext;
-use crate::ch::ClickHouse;
+use crate::ch::{ChError, ChErrorKind, ClickHouse};
 use crate::config::secret::redact_url;
 use crate::config::{Config, Route};
 use crate::http;
 use crate::registry::Registry;
-use crate::retry::Delays;
+use crate::retry::while_transient;
 use crate::telemetry::Metrics;
 use anyhow::{anyhow, Context as _};
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
@@ -124,15 +124,15 @@ pub async fn run(
     for ignored in cfg.origins.warnings() {
         tracing::warn!("{ignored}");
     }
-    let mut ch = connect_clickhouse(&cfg).await?;
-    for route in &cfg.routes {
-        ch.check_table(route).await?;
-        let engine = ch.engine(route).await?;
-        ch.consistent_for(&engine);
-        if let Some(d) = &route.dedup {
-            ch.check_columns(route, &d.fields).await?;
-        }
-    }
+    let stopping = CancellationToken::new();
+    let stop = stopping.clone();
+    tokio::spawn(async move {
+        shutdown.await;
+        stop.cancel();
+    });
+    let Some(ch) = start_clickhouse(&cfg, &stopping).await? else {
+        return Ok(Ended::Stopped);
+    };
     tracing::info!(
         insert_settings = ?ch.insert_settings(),
         read_settings = ?ch.read_settings(),
@@ -162,7 +162,6 @@ pub async fn run(
         dlq,
         encoders,
     });
-    let stopping = CancellationToken::new();
     let me = new_owner();
     // Leases are renewed until the consumer thread is done: a graceful stop
     // still inserts and reconciles what it has read.
@@ -182,8 +181,18 @@ pub async fn run(
         cfg.sink.max_record_bytes,
         cfg.sink.batch_buffer_bytes(),
     );
-    let columns = TableColumns::read(ctx.ch.clone(), &routes)
-        .await
+    let columns = while_transient(
+        "read the tables' columns",
+        Duration::from_millis(500),
+        &stopping,
+        ChError::is_retriable,
+        || TableColumns::read(ctx.ch.clone(), &routes),
+    )
+    .await;
+    let Some(columns) = columns else {
+        return Ok(Ended::Stopped);
+    };
+    let columns = columns
         .context("reading the columns of the tables of the routes with extra_fields = \"dlq\"")?;
     let owners = Owners::new(&cfg.kafka, routes.clone())
         .context("creating the client of the register of owners")?;
@@ -240,11 +249,6 @@ pub async fn run(
         .subscribe(&topics)
         .context("subscribing to the topics")?;
 
-    let stop = stopping.clone();
-    tokio::spawn(async move {
-        shutdown.await;
-        stop.cancel();
-    });
     let (loop_cfg, loop_stopping) = (cfg.clone(), stopping.clone());
     let thread = std::thread::Builder::new()
         .name("sluice-consumer".into())
@@ -298,32 +302,52 @@ fn high_watermarks(
     Ok(targets)
 }
 
-async fn connect_clickhouse(cfg: &Config) -> anyhow::Result<ClickHouse> {
-    let deadline = Instant::now() + Duration::from_secs(15);
-    let mut delays = Delays::new(Duration::from_millis(500));
-    loop {
-        let connected = ClickHouse::connect(
-            &cfg.clickhouse,
-            cfg.sink.columns.clone(),
-            cfg.sink.delivery,
-            cfg.sink.limits.max_rows,
-        )
-        .await;
-        match connected {
-            Ok(ch) => return Ok(ch),
-            Err(e) if e.is_retriable() && Instant::now() < deadline => {
-                let url = redact_url(&cfg.clickhouse.url);
-                tracing::warn!(%url, error = %e, "ClickHouse not reachable yet");
-                let left = deadline.saturating_duration_since(Instant::now());
-                tokio::time::sleep(delays.next_delay().min(left)).await;
+/// Connects to ClickHouse and checks the routes' tables; `None` if a stop
+/// came first. A server that refuses connections for 15 s fails the start
+/// (a wrong address), as does an answer no retry can fix (refused
+/// credentials, a missing table); a timeout, a dropped connection or a
+/// retriable server code is a blip: logged and tried again with backoff,
+/// at start-up as in steady state.
+async fn start_clickhouse(
+    cfg: &Config,
+    stop: &CancellationToken,
+) -> anyhow::Result<Option<ClickHouse>> {
+    let refused_until = Instant::now() + Duration::from_secs(15);
+    let transient = |e: &ChError| {
+        e.is_retriable() && (e.kind != ChErrorKind::Connect || Instant::now() < refused_until)
+    };
+    let started = while_transient(
+        "connect to ClickHouse and check the tables",
+        Duration::from_millis(500),
+        stop,
+        transient,
+        || async {
+            let mut ch = ClickHouse::connect(
+                &cfg.clickhouse,
+                cfg.sink.columns.clone(),
+                cfg.sink.delivery,
+                cfg.sink.limits.max_rows,
+            )
+            .await?;
+            for route in &cfg.routes {
+                ch.check_table(route).await?;
+                let engine = ch.engine(route).await?;
+                ch.consistent_for(&engine);
+                if let Some(d) = &route.dedup {
+                    ch.check_columns(route, &d.fields).await?;
+                }
             }
-            Err(e) => {
-                return Err(anyhow!(
-                    "cannot use ClickHouse at {}: {e}",
-                    redact_url(&cfg.clickhouse.url)
-                ))
-            }
-        }
+            Ok(ch)
+        },
+    )
+    .await;
+    match started {
+        None => Ok(None),
+        Some(Ok(ch)) => Ok(Some(ch)),
+        Some(Err(e)) => Err(anyhow!(
+            "cannot use ClickHouse at {}: {e}",
+            redact_url(&cfg.clickhouse.url)
+        )),
     }
 }
 

@@ -27,9 +27,10 @@ pub(super) enum Event {
         generation: u64,
         by: Owner,
     },
-    /// These partitions' logs are not the ones their rows in ClickHouse or
-    /// the group's commits came from: the sink marks them and stops.
-    Mismatch(Vec<(Key, Mismatch)>),
+    /// These partitions' logs (of these generations) are not the ones
+    /// their rows in ClickHouse or the group's commits came from: the sink
+    /// marks them and stops.
+    Mismatch(Vec<(Key, u64, Mismatch)>),
     /// The decoder of schema `id` of a route, or why its records cannot be
     /// read ([`super::schemas`]).
     Schema {

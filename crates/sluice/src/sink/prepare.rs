@@ -23,7 +23,7 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaResult;
 use rdkafka::{Offset as KOffset, TopicPartitionList};
 use sluice_core::claim::{Claim, ClaimTimes, Do, Start, Why, WATCH_EVERY};
-use sluice_core::resume::{check_log, resume_plan, Committed, LogBounds, ResetPolicy};
+use sluice_core::resume::{check_log, resume_plan, Committed, LogBounds, Mismatch, ResetPolicy};
 use sluice_core::NextOffset;
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
@@ -313,8 +313,16 @@ impl Preparation {
                 // At-least-once comes here for the dedup window only: it
                 // resumes where committed and reconciles nothing.
                 match check_log(position, w.filter(|_| self.exactly_once), log) {
+                    // Past the last stable offset is not past the log's end:
+                    // another tool may commit up to the high watermark
+                    // while a transaction is open.
+                    Err(Mismatch::CommitPastLogEnd { committed, .. })
+                        if self.log_end(key).await.is_none_or(|end| committed.0 <= end) =>
+                    {
+                        checked.push((key, generation, confirmed, position, w, log))
+                    }
                     Ok(()) => checked.push((key, generation, confirmed, position, w, log)),
-                    Err(why) => mismatched.push((key, why)),
+                    Err(why) => mismatched.push((key, generation, why)),
                 }
             }
         }
@@ -364,6 +372,20 @@ impl Preparation {
             }));
         }
         true
+    }
+
+    /// The partition's high watermark, past any open transaction (`None`
+    /// when it cannot be read now: no mismatch is declared on a guess).
+    async fn log_end(&self, key: Key) -> Option<i64> {
+        let (kafka, topic) = (self.kafka.clone(), self.routes[key.0].topic.clone());
+        let read = blocking(move || {
+            let c = lookup_client_reading(&kafka, "read_uncommitted")?;
+            let end = c.fetch_watermarks(&topic, key.1, Duration::from_secs(5));
+            // Closing a client waits for its threads: here, off the runtime.
+            drop(c);
+            end
+        });
+        read.await.ok().map(|(_, high)| high)
     }
 
     /// The bounds of a partition's log, retried until read.
@@ -451,11 +473,18 @@ impl Preparation {
 }
 
 /// A client that shares the group's id without joining it.
+/// Its log bounds are those the sink reads within: under `read_committed`
+/// the end is the last stable offset, below a transaction still open.
 pub(super) fn lookup_client(kafka: &KafkaConfig) -> KafkaResult<Lookup> {
+    lookup_client_reading(kafka, "read_committed")
+}
+
+fn lookup_client_reading(kafka: &KafkaConfig, isolation: &str) -> KafkaResult<Lookup> {
     let mut cc = kafka.client_config();
     cc.set("group.id", &kafka.group_id)
         .set("enable.auto.commit", "false")
-        .set("enable.partition.eof", "false");
+        .set("enable.partition.eof", "false")
+        .set("isolation.level", isolation);
     Ok(Arc::new(cc.create()?))
 }
 

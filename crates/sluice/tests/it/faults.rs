@@ -36,6 +36,40 @@ async fn behind_proxy(fault: Fault, hold: Duration) -> (Landed, u64, String) {
     (got, missing_ids(&ch, &table, n).await, log)
 }
 
+/// A network blip at start-up: the first reads sluice makes (its
+/// connection check, the tables' columns) are held for 8 s and hung up on.
+/// sluice logs them and tries again; it never exits, and every record
+/// lands once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_held_at_start_up_are_retried_and_every_record_lands() {
+    let n = 2_000;
+    let (topic, table, ch) = setup("startblip", PARTITIONS, n).await;
+    let proxy = Proxy::start(upstream(), Duration::from_secs(8))
+        .await
+        .unwrap();
+    proxy.hold_reads(2);
+    let mut spec = SinkSpec::new(&topic, &table);
+    spec.clickhouse_url = proxy.url.clone();
+    let mut sink = spec.start();
+    let got = wait_for(&ch, &table, n, Duration::from_secs(120)).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let got = got.max_rows(landed(&ch, &table).await);
+    assert!(sink.is_running(), "{}", sink.log_tail());
+    assert_eq!(
+        (got.rows, got.distinct_offsets),
+        (n, n),
+        "{}",
+        sink.log_tail()
+    );
+    assert_eq!(proxy.fired(), 2, "both reads must have been held");
+    let log = std::fs::read_to_string(&sink.log).unwrap();
+    assert!(
+        log.contains("cannot connect to ClickHouse and check the tables yet"),
+        "{log}"
+    );
+    assert!(sink.stop(Duration::from_secs(60)), "{}", sink.log_tail());
+}
+
 /// The documents' re-submit: the server committed, the client never heard.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn withheld_response_after_commit_makes_no_duplicate() {

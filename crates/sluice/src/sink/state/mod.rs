@@ -515,29 +515,56 @@ impl Sink {
     }
 
     /// Partitions whose offsets went back (`sluice_core::resume::check_log`):
-    /// their commit becomes [`MISMATCH_MARK`], so that no later start reads
-    /// them either once their logs have grown past the old offsets, and
-    /// the sink stops naming each one. None of the assignment was read.
-    fn on_mismatch(&mut self, consumer: &BaseConsumer<SinkContext>, found: &[(Key, Mismatch)]) {
+    /// the sink stops naming each one. In exactly-once mode, those this
+    /// process still holds in the generation that found it get the commit
+    /// [`MISMATCH_MARK`], so that no later start reads them either once
+    /// their logs have grown past the old offsets. No partition of that
+    /// preparation was read.
+    fn on_mismatch(
+        &mut self,
+        consumer: &BaseConsumer<SinkContext>,
+        found: &[(Key, u64, Mismatch)],
+    ) {
         let mut tpl = TopicPartitionList::new();
         let mut named = Vec::new();
-        for ((ri, p), why) in found {
-            let topic = &self.routes[*ri].topic;
-            named.push(format!("partition {topic}[{p}]: {why}"));
-            if *why != Mismatch::Marked {
-                let _ = tpl.add_partition_offset(topic, *p, KOffset::Offset(MISMATCH_MARK.0));
+        for (key, generation, why) in found {
+            let topic = &self.routes[key.0].topic;
+            named.push(format!("partition {topic}[{}]: {why}", key.1));
+            let held = self
+                .parts
+                .get(key)
+                .is_some_and(|p| p.generation == *generation && p.phase != Phase::Active);
+            if *why != Mismatch::Marked && held && self.cfg.sink.delivery.is_exactly_once() {
+                let _ = tpl.add_partition_offset(topic, key.1, KOffset::Offset(MISMATCH_MARK.0));
             }
         }
+        let mut marked = "";
         if tpl.count() > 0 {
-            if let Err(e) = consumer.commit(&tpl, CommitMode::Sync) {
-                tracing::warn!(error = %e, "cannot mark the partitions whose offsets went back");
+            // A commit can fail around a rebalance: try a few times.
+            let mut last = None;
+            for wait in [0u64, 500, 1_000, 2_000, 4_000] {
+                std::thread::sleep(Duration::from_millis(wait));
+                match consumer.commit(&tpl, CommitMode::Sync) {
+                    Ok(()) => {
+                        last = None;
+                        break;
+                    }
+                    Err(e) => last = Some(e),
+                }
             }
+            marked = match last {
+                None => " (marked in the group's commit)",
+                Some(e) => {
+                    tracing::error!(error = %e, "cannot mark the partitions whose offsets went back");
+                    " (NOT marked: the group's commit could not be written; a later start may read on once the log has grown past the old offsets)"
+                }
+            };
         }
         self.fail(anyhow!(
-            "{}. The topic was deleted and created again, its log was truncated, or the cluster \
-             was migrated: these offsets are not this log's records, and reading on would skip \
-             records as stored. sluice stops; see the README, \"A topic whose offsets went back\", \
-             for the ways to go on",
+            "{}{marked}. The topic was deleted and created again, its log was truncated, or the \
+             cluster was migrated: these offsets are not this log's records, and reading on would \
+             skip records as stored. sluice stops; see the README, \"A topic whose offsets went \
+             back\", for the ways to go on",
             named.join("; ")
         ));
     }
@@ -765,7 +792,7 @@ impl Sink {
         targets.iter().all(|(key, &target)| {
             let commit = committed.get(key).copied();
             let Some(part) = self.parts.get(key) else {
-                return target == 0 || commit.is_some_and(|c| c >= target);
+                return target == 0 || commit.is_some_and(|c| c >= target && c != MISMATCH_MARK.0);
             };
             let idle = part.phase == Phase::Active
                 && part.builder.is_empty()
