@@ -119,13 +119,13 @@ impl Proxy {
             .store(d.as_millis() as u64, Ordering::SeqCst);
     }
 
-    /// While down, every new connection is closed at once.
     /// Holds the next `n` requests that are not INSERTs for `hold`, then
     /// hangs up on them.
     pub fn hold_reads(&self, n: u32) {
         self.state.hold_reads.store(n, Ordering::SeqCst);
     }
 
+    /// While down, every new connection is closed at once.
     pub fn set_down(&self, down: bool) {
         self.state.down.store(down, Ordering::SeqCst);
     }

@@ -303,18 +303,28 @@ fn high_watermarks(
 }
 
 /// Connects to ClickHouse and checks the routes' tables; `None` if a stop
-/// came first. A server that refuses connections for 15 s fails the start
-/// (a wrong address), as does an answer no retry can fix (refused
-/// credentials, a missing table); a timeout, a dropped connection or a
-/// retriable server code is a blip: logged and tried again with backoff,
-/// at start-up as in steady state.
+/// came first. An answer no retry can fix (refused credentials, a missing
+/// table) fails the start at once, a server that cannot be reached or does
+/// not speak ClickHouse's HTTP after 15 s of that; a timeout, a dropped
+/// connection or a retriable server code is a blip: logged and tried again
+/// with backoff, at start-up as in steady state.
 async fn start_clickhouse(
     cfg: &Config,
     stop: &CancellationToken,
 ) -> anyhow::Result<Option<ClickHouse>> {
-    let refused_until = Instant::now() + Duration::from_secs(15);
+    // A refused connection, a dropped one or an answer that is not
+    // ClickHouse's (a wrong port, a proxy's 404) may be a wrong address:
+    // tried for 15 s from the first of an unbroken run of them, then
+    // the start fails with the cause.
+    let unreachable_since = std::cell::Cell::new(None::<Instant>);
     let transient = |e: &ChError| {
-        e.is_retriable() && (e.kind != ChErrorKind::Connect || Instant::now() < refused_until)
+        if !matches!(e.kind, ChErrorKind::Connect | ChErrorKind::Network) {
+            unreachable_since.set(None);
+            return e.is_retriable();
+        }
+        let since = unreachable_since.get().unwrap_or_else(Instant::now);
+        unreachable_since.set(Some(since));
+        since.elapsed() < Duration::from_secs(15)
     };
     let started = while_transient(
         "connect to ClickHouse and check the tables",
