@@ -12,7 +12,8 @@ Data flow:
        one is cancelled and waited for, at most replace_running_query_max_wait_ms)
     -> read the query: the `query` param + "\n" + body, or the body alone (as clickhouse-server)
     -> open ONE chDB connection for this request on the shared data dir (--path),
-       `USE <database>`, `SET <setting> = '<value>'` for every settings param
+       `USE <database>`, `SET <setting> = '<value>'` for every --profile setting, then for every
+       settings param (as a user's settings profile, which the query's own settings override)
     -> then one of:
        INSERT ... FORMAT f / VALUES <data>:  conn.send_insert(head, f); the data (body chunks) go to
            insert_append(); the cancel flag is checked between chunks and before insert_done()
@@ -95,6 +96,10 @@ PROCS_STRUCTURE = ("is_initial_query UInt8, user String, query_id String, addres
 PROCS_COLUMNS = {c.split()[0] for c in PROCS_STRUCTURE.split(", ")}
 KILL_STRUCTURE = "kill_status String, query_id String, user String, query String"
 VERSION = chdb.__version__     # replaced by the engine version (SELECT version()) at startup
+# Settings of every query, applied before the request's own (`--profile`), as a user's
+# settings profile is in ClickHouse.
+PROFILE = []
+
 # URL parameters handled by the HTTP layer; every other one is applied as a ClickHouse setting.
 HTTP_ONLY = {"query", "database", "default_format", "query_id", "user", "password", "quota_key",
              "session_id", "session_timeout", "session_check", "compress", "decompress",
@@ -779,7 +784,7 @@ class Handler(BaseHTTPRequestHandler):
         try:
             if database:
                 self.chdb(conn, f"USE {quote_ident(database)}")
-            for k, v in settings:
+            for k, v in PROFILE + settings:
                 if not re.fullmatch(r"[A-Za-z_]\w*", k):
                     raise err("UNKNOWN_SETTING", f"Unknown setting '{k}'")
                 self.chdb(conn, f"SET {k} = {quote_str(v)}")
@@ -950,7 +955,10 @@ def main():
     ap.add_argument("--path", required=True, help="persistent chDB data directory")
     ap.add_argument("--port", type=int, default=18123)
     ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--profile", action="append", default=[], metavar="NAME=VALUE",
+                    help="a setting of every query, under the request's own (a user's settings profile)")
     a = ap.parse_args()
+    PROFILE.extend(tuple(s.split("=", 1)) for s in a.profile)
     path = os.path.abspath(a.path)
     os.makedirs(path, exist_ok=True)
     cfg = os.path.join(path, "sluice-chdb-config.xml")

@@ -46,7 +46,10 @@ pub enum Answer {
 pub const REFUSED_AT_START: &[u32] = &[
     202, // TOO_MANY_SIMULTANEOUS_QUERIES
     203, // NO_FREE_CONNECTION
-    252, // TOO_MANY_PARTS
+    // TOO_MANY_PARTS. Also "too many partitions for single INSERT block",
+    // which a later block of a long insert can raise after earlier blocks
+    // were stored: safe here too, a refusal makes the next attempt ask.
+    252,
 ];
 
 /// An attempt whose outcome is unknown: its query id and its deadline on

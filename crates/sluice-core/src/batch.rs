@@ -90,6 +90,24 @@ impl Batch {
         self.end
     }
 
+    /// The first `n` rows (all of them if there are fewer): one insert's
+    /// share of a batch the server wants split. Its body is a slice of this
+    /// one's; it ends where the first row left out begins.
+    pub fn head(&self, n: usize) -> Batch {
+        let n = n.min(self.rows.len());
+        let (body_end, end) = match (n.checked_sub(1), self.rows.get(n)) {
+            (_, None) => (self.body.len(), self.end),
+            (None, Some(next)) => (0, NextOffset(next.0 .0)),
+            (Some(last), Some(next)) => (self.rows[last].1, NextOffset(next.0 .0)),
+        };
+        Batch {
+            partition: self.partition.clone(),
+            body: self.body.slice(..body_end),
+            rows: self.rows[..n].to_vec(),
+            end,
+        }
+    }
+
     /// A batch of only the rows whose offsets are not in `present`
     /// (ascending). The end position stays the same: the rows left out are
     /// already in ClickHouse, so the batch still accounts for all of them.
@@ -272,6 +290,12 @@ mod tests {
         assert_eq!(batch.row(0), Some((Offset(4), b"r4\n".as_slice())));
         assert_eq!(batch.row(2), Some((Offset(9), b"r9\n".as_slice())));
         assert_eq!(batch.row(3), None);
+        let head = batch.head(2);
+        assert_eq!(&head.body()[..], b"r4\nr5\n");
+        assert_eq!((head.len(), head.end()), (2, NextOffset(9)));
+        assert_eq!(batch.head(0).end(), NextOffset(4));
+        assert!(batch.head(0).body().is_empty());
+        assert_eq!(batch.head(7), batch);
     }
 
     #[test]

@@ -6,8 +6,14 @@
 //! after [`CONNECT_TIMEOUT`] and whose idle connections are probed by TCP
 //! keep-alive. How long a query may run is bounded by its caller: the sink
 //! per request (`bounded`), the operator tools with `max_execution_time`.
+//!
+//! Every request carries [`PINNED`]: a settings profile on the server can
+//! limit what a query reads or returns with an overflow mode of `break`, and
+//! the answer is then cut short without an error. A reconciliation that sees
+//! fewer rows than are stored would send them again; a watermark read over
+//! part of the table would let records in unchecked.
 
-use crate::config::ClickHouseConfig;
+use crate::config::{ClickHouseConfig, PINNED};
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::TokioExecutor;
 use std::time::Duration;
@@ -30,10 +36,13 @@ pub fn client(cfg: &ClickHouseConfig) -> clickhouse::Client {
     let hyper = Client::builder(TokioExecutor::new())
         .pool_idle_timeout(POOL_IDLE)
         .build(https);
-    clickhouse::Client::with_http_client(hyper)
+    let client = clickhouse::Client::with_http_client(hyper)
         .with_url(&cfg.url)
         .with_user(&cfg.user)
         .with_password(cfg.password.expose())
         .with_database(&cfg.database)
-        .with_validation(false)
+        .with_validation(false);
+    PINNED
+        .iter()
+        .fold(client, |c, (name, value)| c.with_setting(*name, *value))
 }

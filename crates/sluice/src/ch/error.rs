@@ -204,7 +204,20 @@ impl ChError {
         let (_, rest) = rest.split_once(" format: ")?;
         rest.rsplit_once(": (at row ").map(|(name, _)| name)
     }
+
+    /// Whether the server refused the insert because its rows fall into more
+    /// partitions of the table than one insert may create parts for
+    /// (`max_partitions_per_insert_block`). Same code as merge back-pressure,
+    /// but no retry of the same rows fixes it: fewer rows per insert do.
+    pub fn too_many_partitions(&self) -> bool {
+        self.kind == ChErrorKind::Server
+            && self.code == Some(TOO_MANY_PARTS)
+            && self.message.contains("partitions for single INSERT block")
+    }
 }
+
+/// `TOO_MANY_PARTS`: merge back-pressure, or too many partitions in one insert.
+const TOO_MANY_PARTS: u32 = 252;
 
 /// `INCORRECT_DATA`: among others, a field the table has no column for.
 const INCORRECT_DATA: u32 = 117;
@@ -317,6 +330,13 @@ mod tests {
         let e = answer("Code: 252. DB::Exception: Too many parts");
         assert_eq!(e.code, Some(252));
         assert!(e.is_retriable());
+        assert!(!e.too_many_partitions());
+        let e = answer(
+            "Code: 252. DB::Exception: Too many partitions for single INSERT block (more than 100). \
+             The limit is controlled by 'max_partitions_per_insert_block' setting. (TOO_MANY_PARTS)",
+        );
+        assert!(e.too_many_partitions());
+        assert!(!server(53).too_many_partitions());
         // Only a status header, no body: the crate gives `Code: N`.
         assert_eq!(answer("Code: 241").code, Some(241));
         assert_eq!(parse_code("Code:  27 ."), Some(27));

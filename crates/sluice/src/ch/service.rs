@@ -95,7 +95,6 @@ impl ClickHouse {
             // `INSERT … SELECT FROM input()`: one stream, so one block, one part.
             ("max_insert_threads", "1".into()),
             ("max_execution_time", secs.clone()),
-            ("timeout_overflow_mode", "throw".into()),
             ("http_receive_timeout", secs.clone()),
             ("http_send_timeout", secs),
         ];

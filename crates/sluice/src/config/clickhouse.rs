@@ -55,6 +55,56 @@ pub struct ClickHouseConfig {
     pub cluster: Option<String>,
 }
 
+/// Settings every request carries, over the server's profile. A profile can
+/// limit what a query reads or returns and say `break` (or `any`) when the
+/// limit is reached: the answer is then cut short without an error. So the
+/// limits are lifted (sluice's reads are narrow: one topic, one partition's
+/// range), and should one be left that this list does not name, the
+/// overflow modes make it fail loudly; no profile-wide `LIMIT`, `OFFSET` or
+/// row filter applies. A user's `settings` or `read_settings` cannot change
+/// them ([`pinned_refusal`]).
+pub const PINNED: &[(&str, &str)] = &[
+    ("max_rows_to_read", "0"),
+    ("max_bytes_to_read", "0"),
+    ("max_rows_to_read_leaf", "0"),
+    ("max_bytes_to_read_leaf", "0"),
+    ("max_result_rows", "0"),
+    ("max_result_bytes", "0"),
+    ("max_rows_to_group_by", "0"),
+    ("max_rows_to_sort", "0"),
+    ("max_bytes_to_sort", "0"),
+    ("max_rows_in_set", "0"),
+    ("max_bytes_in_set", "0"),
+    ("max_rows_in_join", "0"),
+    ("max_bytes_in_join", "0"),
+    ("max_rows_in_distinct", "0"),
+    ("max_bytes_in_distinct", "0"),
+    ("max_rows_to_transfer", "0"),
+    ("max_bytes_to_transfer", "0"),
+    ("read_overflow_mode", "throw"),
+    ("read_overflow_mode_leaf", "throw"),
+    ("result_overflow_mode", "throw"),
+    ("timeout_overflow_mode", "throw"),
+    ("timeout_overflow_mode_leaf", "throw"),
+    ("group_by_overflow_mode", "throw"),
+    ("sort_overflow_mode", "throw"),
+    ("set_overflow_mode", "throw"),
+    ("join_overflow_mode", "throw"),
+    ("distinct_overflow_mode", "throw"),
+    ("transfer_overflow_mode", "throw"),
+    ("limit", "0"),
+    ("offset", "0"),
+    ("additional_table_filters", "{}"),
+    ("additional_result_filter", ""),
+];
+
+/// Whether a user's setting `name = value` would change a [`PINNED`] one.
+fn pinned_refusal(name: &str, value: &str) -> bool {
+    PINNED
+        .iter()
+        .any(|(n, pinned)| *n == name && value.trim() != *pinned)
+}
+
 /// The database and user when the file names none.
 pub const DEFAULT_DATABASE: &str = "default";
 pub const DEFAULT_USER: &str = "default";
@@ -117,6 +167,19 @@ impl RawClickHouse {
                 &format!("{insert_timeout:?}"),
             ));
         }
+        for (section, map) in [
+            ("settings", &self.settings),
+            ("read_settings", &self.read_settings),
+        ] {
+            if let Some((name, value)) = map.iter().find(|(n, v)| pinned_refusal(n, v)) {
+                return Err(invalid(
+                    &format!("clickhouse.{section}.{name}"),
+                    "the value sluice pins (0 for a limit, throw for an overflow mode, no \
+                     filter): another can cut a read short without an error",
+                    value,
+                ));
+            }
+        }
         let password = secret::resolve(
             "clickhouse.password",
             self.password,
@@ -133,5 +196,29 @@ impl RawClickHouse {
             read_settings: self.read_settings,
             cluster: self.cluster,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pinned_settings_cannot_be_changed() {
+        assert!(pinned_refusal("result_overflow_mode", "break"));
+        assert!(pinned_refusal("limit", "10"));
+        assert!(pinned_refusal("additional_table_filters", "{'t': 'x > 1'}"));
+        assert!(!pinned_refusal("read_overflow_mode", "throw"));
+        assert!(!pinned_refusal("max_result_rows", "10"));
+        let mut raw = RawClickHouse::default();
+        raw.read_settings
+            .insert("read_overflow_mode".into(), "break".into());
+        let e = raw.validate(Some("http://h:8123".into())).unwrap_err();
+        assert!(
+            e.to_string().starts_with(
+                "clickhouse.read_settings.read_overflow_mode: expected the value sluice pins"
+            ),
+            "{e}"
+        );
     }
 }

@@ -27,7 +27,7 @@ mod sink;
 mod fuzz_tests;
 
 pub use clickhouse::{
-    ClickHouseConfig, RawClickHouse, DEFAULT_DATABASE, DEFAULT_INSERT_TIMEOUT, DEFAULT_USER,
+    ClickHouseConfig, RawClickHouse, DEFAULT_DATABASE, DEFAULT_INSERT_TIMEOUT, DEFAULT_USER, PINNED,
 };
 pub use kafka::{KafkaConfig, RawKafka};
 pub use registry::{RawSchemaRegistry, SchemaRegistryConfig, DEFAULT_REGISTRY_TIMEOUT};

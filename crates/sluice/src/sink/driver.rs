@@ -160,6 +160,7 @@ pub async fn run(
         delivery: cfg.sink.delivery,
         permits: Semaphore::new(cfg.sink.max_concurrent_inserts),
         dlq,
+        per_insert: encoders.iter().map(|_| Default::default()).collect(),
         encoders,
     });
     let me = new_owner();

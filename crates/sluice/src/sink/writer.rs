@@ -22,6 +22,17 @@
 //! batch is durable once its rows are stored and its DLQ writes are
 //! acknowledged.
 //!
+//! A batch whose rows fall into more of the table's partitions than one
+//! insert may create parts for (`max_partitions_per_insert_block`, code 252)
+//! is split: each insert takes half as many rows as the one refused, until
+//! the server takes them, and the batch is durable once every share is
+//! stored. The next batch of the route starts at twice the size that last
+//! fitted, so a backfill pays at most one refusal per batch, and batches go
+//! back to one insert once the rows spread less. Each share is an insert of its own (its own token and query id;
+//! exactly-once reconciles the whole batch before a retry, as always), so
+//! the parts one insert creates stay within the server's limit, whatever it
+//! is set to.
+//!
 //! Key dedup: a row written while the copy of its key it duplicates was still
 //! in flight is *conditional*; each attempt leaves it out once that copy is
 //! covered ([`conditional_excluded`]), so one copy of the key lands even when
@@ -41,6 +52,7 @@ use sluice_core::attempt::{rows_left, Answer, Attempts, Unsettled, REFUSED_AT_ST
 use sluice_core::dedup::conditional_excluded;
 use sluice_core::token::{insert_token, query_id};
 use sluice_core::{Batch, Offset, RowEncoder};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::Semaphore;
@@ -56,6 +68,9 @@ pub struct WriterCtx {
     pub dlq: Option<Dlq>,
     /// Per route: turns a rejected row back into its record value.
     pub encoders: Vec<RowEncoder>,
+    /// Per route: the rows per insert that last fitted the server's
+    /// partition limit (0: no split needed).
+    pub per_insert: Vec<AtomicUsize>,
 }
 
 pub struct Job {
@@ -165,6 +180,15 @@ async fn attempt_until_done(job: &Job, ctx: &WriterCtx, letters: &mut Vec<Pendin
     };
     let first = job.batch.first().unwrap_or(Offset(i64::MAX));
     let key = (job.route_idx, p.partition);
+    // Rows per insert, once the server asked for fewer (code 252); the rows
+    // earlier shares stored, ascending, and how many.
+    let hint = &ctx.per_insert[job.route_idx];
+    let mut per_insert = match hint.load(Ordering::Relaxed) {
+        0 => None,
+        n => Some(n.saturating_mul(2)),
+    };
+    let mut stored: Vec<Offset> = Vec::new();
+    let mut inserted = 0;
     loop {
         if exactly_once {
             tokio::select! {
@@ -181,8 +205,11 @@ async fn attempt_until_done(job: &Job, ctx: &WriterCtx, letters: &mut Vec<Pendin
         let excluded = conditional_excluded(&job.conditional, first, &rejected, |c| {
             !earlier_uncovered.contains(&c)
         });
-        let base = rows_left(&job.batch, &rejected, &excluded);
-        let batch = if attempts.reconcile() {
+        let mut base = rows_left(&job.batch, &rejected, &excluded);
+        if !stored.is_empty() {
+            base = base.without(&stored);
+        }
+        let rest = if attempts.reconcile() {
             match reconcile(job, &base, ctx, attempts.fence()).await {
                 Ok(b) => {
                     attempts.reconciled();
@@ -197,9 +224,14 @@ async fn attempt_until_done(job: &Job, ctx: &WriterCtx, letters: &mut Vec<Pendin
         } else {
             base
         };
-        if batch.is_empty() {
-            return durable(job, ctx, 0, &rejected, excluded.len(), stale_columns);
+        if rest.is_empty() {
+            return durable(job, ctx, inserted, &rejected, excluded.len(), stale_columns);
         }
+        let whole = per_insert.is_none_or(|n| n >= rest.len());
+        let batch = match per_insert {
+            Some(n) if !whole => rest.head(n),
+            _ => rest,
+        };
         // Reconciliation takes time: check again right before the insert,
         // and let the deadline end with the lease.
         let lease_end = ctx.lease.until(key, job.generation);
@@ -238,13 +270,27 @@ async fn attempt_until_done(job: &Job, ctx: &WriterCtx, letters: &mut Vec<Pendin
             (_, Ok(())) => {
                 tracing::debug!(partition = %p, rows = batch.len(), attempt, "inserted");
                 telemetry::batch_inserted(&label, batch.len(), started.elapsed());
-                return durable(
-                    job,
-                    ctx,
-                    batch.len(),
-                    &rejected,
-                    excluded.len(),
-                    stale_columns,
+                inserted += batch.len();
+                hint.store(per_insert.unwrap_or(0), Ordering::Relaxed);
+                if whole {
+                    return durable(job, ctx, inserted, &rejected, excluded.len(), stale_columns);
+                }
+                // Each share is the lowest rows left: ascending, as `without` needs.
+                stored.extend(batch.offsets());
+            }
+            (_, Err(e)) if e.too_many_partitions() => {
+                if batch.len() == 1 {
+                    return Outcome::Failed(e);
+                }
+                let n = batch.len() / 2;
+                per_insert = Some(n);
+                telemetry::insert_retried(&label, "partitions");
+                tracing::warn!(
+                    partition = %p,
+                    rows = batch.len(),
+                    per_insert = n,
+                    error = %e,
+                    "insert spans more table partitions than ClickHouse takes at once; splitting it"
                 );
             }
             (Answer::TooLate, Err(_)) => {

@@ -129,3 +129,51 @@ fn bad_config_is_named() {
         "{err}"
     );
 }
+
+/// A backfill whose rows fall into more of the table's partitions than one
+/// insert may create parts for (`max_partitions_per_insert_block`, 100 by
+/// default): ClickHouse refuses it with code 252 however often it is sent.
+/// The sink splits it until each insert stays within the limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backfill_over_more_partitions_than_one_insert_takes_lands_whole() {
+    let topic = unique("backfill");
+    create_topic(&topic, 1).await;
+    let ch = ch();
+    let db = unique("it");
+    exec(&ch, &format!("CREATE DATABASE {db}")).await;
+    let table = format!("{db}.days");
+    exec(
+        &ch,
+        &format!(
+            "CREATE TABLE {table} (
+                id UInt64, payload String, day Date DEFAULT toDate('2026-01-01') + id,
+                _topic String, _partition UInt32, _offset UInt64
+            ) ENGINE = MergeTree PARTITION BY day ORDER BY (_topic, _partition, _offset)
+            SETTINGS non_replicated_deduplication_window = 0"
+        ),
+    )
+    .await;
+    // One record per day over 300 days, read as one batch.
+    produce(&topic, 1, 0, 300);
+    let mut sink = SinkSpec::new(&topic, &table).start();
+    let got = wait_for(&ch, &table, 300, Duration::from_secs(90)).await;
+    assert_eq!(
+        got,
+        Landed {
+            rows: 300,
+            distinct_offsets: 300,
+            distinct_ids: 300
+        },
+        "{}",
+        sink.log_tail()
+    );
+    let days: u64 = ch
+        .query(&format!("SELECT uniqExact(day) FROM {table}"))
+        .fetch_one()
+        .await
+        .unwrap();
+    assert_eq!(days, 300);
+    let log = std::fs::read_to_string(&sink.log).unwrap();
+    assert!(log.contains("splitting it"), "{log}");
+    assert!(sink.is_running(), "{log}");
+}

@@ -2,7 +2,6 @@
 
 use crate::harness::*;
 use sluice::lab::proxy::{Fault, Proxy};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 const PARTITIONS: i32 = 8;
@@ -86,75 +85,6 @@ async fn dropped_request_loses_nothing() {
     assert_eq!(got.duplicates(), 0, "{got:?}");
 }
 
-/// A private ClickHouse engine behind our HTTP server, on its own port and
-/// data directory, so it can be stopped without disturbing other tests.
-struct PrivateClickHouse {
-    child: Option<Child>,
-    port: u16,
-    dir: std::path::PathBuf,
-}
-
-impl PrivateClickHouse {
-    fn start(port: u16, dir: std::path::PathBuf) -> Self {
-        let python = std::env::var("SLUICE_CHDB_PYTHON")
-            .expect("SLUICE_CHDB_PYTHON is not set: run `make test`");
-        let server = std::env::var("SLUICE_CHDB_SERVER")
-            .expect("SLUICE_CHDB_SERVER is not set: run `make test`");
-        std::fs::create_dir_all(&dir).unwrap();
-        let child = Command::new(python)
-            .arg(server)
-            .args(["--path", dir.to_str().unwrap(), "--port", &port.to_string()])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("starting the ClickHouse server");
-        let me = Self {
-            child: Some(child),
-            port,
-            dir,
-        };
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(
-                Instant::now() < deadline,
-                "private ClickHouse did not start"
-            );
-            std::thread::sleep(Duration::from_millis(200));
-        }
-        me
-    }
-
-    fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
-    }
-
-    fn stop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = Command::new("kill")
-                .args(["-TERM", &c.id().to_string()])
-                .status();
-            let deadline = Instant::now() + Duration::from_secs(20);
-            while c.try_wait().unwrap().is_none() {
-                if Instant::now() > deadline {
-                    let _ = c.kill();
-                }
-                std::thread::sleep(Duration::from_millis(100));
-            }
-        }
-    }
-}
-
-impl Drop for PrivateClickHouse {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clickhouse_down_for_a_minute() {
     let n = 200_000;
@@ -163,7 +93,7 @@ async fn clickhouse_down_for_a_minute() {
     kafka.create_topic(&topic, PARTITIONS).await.unwrap();
     let port = free_port();
     let dir = std::env::temp_dir().join(unique("chdb"));
-    let mut server = PrivateClickHouse::start(port, dir.clone());
+    let mut server = PrivateClickHouse::start(port, dir.clone(), &[]);
     let ch = ch_at(&server.url());
     let table = create_table(&ch, "outage").await;
     let (k, t) = (kafka.clone(), topic.clone());
@@ -201,7 +131,7 @@ async fn clickhouse_down_for_a_minute() {
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     producer.await.unwrap();
-    let server = PrivateClickHouse::start(port, dir);
+    let server = PrivateClickHouse::start(port, dir, &[]);
     let ch = ch_at(&server.url());
     let got = wait_for(&ch, &table, n, Duration::from_secs(300)).await;
     let log = sink.log_tail();

@@ -74,3 +74,70 @@ async fn read_settings_reach_every_protocol_read() {
     assert!(has("arrayStringConcat"), "the key window: {reads:#?}");
     assert!(has("now64(3)), (SELECT count()"), "the fence: {reads:#?}");
 }
+
+/// A settings profile on the server that cuts answers short without an
+/// error (`result_overflow_mode = 'break'`, `read_overflow_mode = 'break'`,
+/// a profile-wide `limit`) must not cut a protocol read: reconciliation after
+/// a withheld answer and the resume watermark after a restart see every
+/// stored row, so nothing is sent twice and nothing is let in unchecked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_profile_that_cuts_reads_short_cuts_no_protocol_read() {
+    let n = 3_000;
+    let topic = unique("profile");
+    create_topic(&topic, 1).await;
+    produce(&topic, 1, 0, n);
+    let port = free_port();
+    let dir = std::env::temp_dir().join(unique("chdb"));
+    let _server = PrivateClickHouse::start(
+        port,
+        dir,
+        &[
+            ("max_block_size", "100"),
+            ("max_result_rows", "100"),
+            ("result_overflow_mode", "break"),
+            ("max_rows_to_read", "200"),
+            ("read_overflow_mode", "break"),
+            ("limit", "150"),
+        ],
+    );
+    let url = format!("http://127.0.0.1:{port}");
+    let ch = ch_at(&url);
+    let table = create_table(&ch, &unique("it")).await;
+    let proxy = Proxy::start(
+        url.trim_start_matches("http://").into(),
+        Duration::from_secs(6),
+    )
+    .await
+    .unwrap();
+    // The first insert commits and its answer is lost: the sink reconciles.
+    proxy.arm(Fault::WithholdResponse);
+    let mut spec = SinkSpec::new(&topic, &table);
+    spec.clickhouse_url = proxy.url.clone();
+    spec.insert_timeout_s = 3;
+    spec.max_batch_rows = 1_000;
+    let mut sink = spec.start();
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    let count = |ch: clickhouse::Client, table: String| async move {
+        ch.query(&format!("SELECT count(), uniqExact(_offset) FROM {table}"))
+            .fetch_one::<(u64, u64)>()
+            .await
+            .unwrap()
+    };
+    while count(ch.clone(), table.clone()).await.1 < n && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert_eq!(proxy.fired(), 1, "{}", sink.log_tail());
+    assert!(sink.stop(Duration::from_secs(60)), "{}", sink.log_tail());
+    // A restart with a fresh group reads the watermark: nothing is sent again.
+    spec.group = unique("g");
+    let mut sink = spec.start();
+    wait_for_log(&sink, "partition active", Duration::from_secs(60)).await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(sink.stop(Duration::from_secs(60)), "{}", sink.log_tail());
+    assert_eq!(
+        count(ch.clone(), table.clone()).await,
+        (n, n),
+        "{}",
+        sink.log_tail()
+    );
+}
