@@ -127,6 +127,10 @@ CONFIG_XML = """<clickhouse>
     <flush_interval_milliseconds>1000</flush_interval_milliseconds></query_log>
   <part_log><database>system</database><table>part_log</table>
     <flush_interval_milliseconds>1000</flush_interval_milliseconds></part_log>
+  <!-- A cluster for Distributed tables. chDB has no native-protocol server: a query that reaches
+       its shard fails loudly (connection refused), never silently. -->
+  <remote_servers><sluice_test><shard><replica><host>127.0.0.1</host><port>1</port></replica>
+    </shard></sluice_test></remote_servers>
 </clickhouse>
 """
 

@@ -191,13 +191,23 @@ impl ClickHouse {
         Ok(engines.into_iter().next().unwrap_or_default())
     }
 
-    /// Adds the settings that make the protocol's reads consistent on a
-    /// table with `engine` (see the module header), where the user set none.
-    pub fn consistent_for(&mut self, engine: &str) {
+    /// Adds the settings that make the protocol's reads consistent on
+    /// `table`, of engine `engine` (see the module header), where the user
+    /// set none; refuses a `Distributed` table whose inserts would be
+    /// acknowledged before the shards hold the rows.
+    pub fn consistent_for(&mut self, table: &TableRef, engine: &str) -> Result<(), ChError> {
         let (insert, read) = consistency_defaults(engine);
         add_defaults(&mut self.insert_settings, insert, &self.user_settings);
         add_defaults(&mut self.read_settings, read, &self.user_settings);
-        if engine.starts_with("Replicated") {
+        if engine == "Distributed" && !foreground(&self.insert_settings) {
+            return Err(ChError::client(format!(
+                "table {table} is Distributed and its inserts would be asynchronous: ClickHouse \
+                     acknowledges them before the shards hold the rows, so sluice could not find \
+                     them to reconcile; leave settings.distributed_foreground_insert at 1, or \
+                     insert into the shards' tables"
+            )));
+        }
+        if engine.starts_with("Replicated") || engine == "Distributed" {
             // A part that missed its quorum must not turn up after the
             // insert's own bound: wait for the quorum no longer than that.
             let ms = self.insert_timeout.as_millis().to_string();
@@ -206,6 +216,7 @@ impl ClickHouse {
             self.insert_settings
                 .push(("insert_quorum_timeout".into(), ms));
         }
+        Ok(())
     }
 
     /// A read the protocol relies on, with the read settings.
@@ -601,11 +612,31 @@ fn consistency_defaults(engine: &str) -> (Settings, Settings) {
             &[("insert_quorum", "auto"), ("insert_quorum_parallel", "0")],
             &[("select_sequential_consistency", "1")],
         )
+    } else if engine == "Distributed" {
+        // Inserts wait for the shards; quorums and sequential reads hold on
+        // shards of `Replicated*` tables and are ignored by plain ones.
+        (
+            &[
+                ("distributed_foreground_insert", "1"),
+                ("insert_quorum", "auto"),
+                ("insert_quorum_parallel", "0"),
+            ],
+            &[("select_sequential_consistency", "1")],
+        )
     } else if engine.starts_with("Shared") {
         (&[], &[("select_sequential_consistency", "1")])
     } else {
         (&[], &[])
     }
+}
+
+/// Whether inserts with `settings` into a `Distributed` table return only
+/// once the shards hold the rows (both names of the setting, old and new).
+fn foreground(settings: &[(String, String)]) -> bool {
+    settings
+        .iter()
+        .filter(|(n, _)| n == "distributed_foreground_insert" || n == "insert_distributed_sync")
+        .all(|(_, v)| v.trim() == "1")
 }
 
 /// Adds each of `wanted` to `list` unless the user set it or it is there.
@@ -665,6 +696,25 @@ fn q(name: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn distributed_inserts_must_wait_for_the_shards() {
+        let set = |pairs: &[(&str, &str)]| -> Vec<(String, String)> {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        let (insert, _) = consistency_defaults("Distributed");
+        let mut defaults = Vec::new();
+        add_defaults(&mut defaults, insert, &[]);
+        assert!(foreground(&defaults));
+        assert!(!foreground(&set(&[("distributed_foreground_insert", "0")])));
+        assert!(!foreground(&set(&[
+            ("distributed_foreground_insert", "1"),
+            ("insert_distributed_sync", "0")
+        ])));
+    }
 
     #[test]
     fn replicated_tables_get_quorum_inserts_and_consistent_reads() {

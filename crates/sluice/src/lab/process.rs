@@ -42,7 +42,8 @@ pub struct RunSpec {
     pub auto_offset_reset: Option<String>,
     /// `[kafka] instance_id`: static group membership.
     pub instance_id: Option<String>,
-    /// `[clickhouse] read_settings`.
+    /// `[clickhouse] settings` (of inserts) and `read_settings`.
+    pub settings: Vec<(String, String)>,
     pub read_settings: Vec<(String, String)>,
     /// `[kafka] properties`: librdkafka settings passed through.
     pub kafka_properties: Vec<(String, String)>,
@@ -88,6 +89,7 @@ heartbeat_interval = "1s"
 [clickhouse]
 url = "{url}"
 insert_timeout = "{it}ms"
+settings = {{ {settings} }}
 read_settings = {{ {read_settings} }}
 
 [sink]
@@ -110,12 +112,8 @@ extra_fields = "{extra}"
                 brokers = self.brokers,
                 group = self.group,
                 st = self.session_timeout.as_millis(),
-                read_settings = self
-                    .read_settings
-                    .iter()
-                    .map(|(k, v)| format!("{k} = {v:?}"))
-                    .collect::<Vec<_>>()
-                    .join(", "),
+                settings = inline_table(&self.settings),
+                read_settings = inline_table(&self.read_settings),
                 url = self.clickhouse_url,
                 it = self.insert_timeout.as_millis(),
                 delivery = self.delivery,
@@ -304,4 +302,13 @@ impl Drop for SinkProcess {
         self.thaw();
         self.kill9();
     }
+}
+
+/// `k = "v", …`: the inside of a TOML inline table.
+fn inline_table(pairs: &[(String, String)]) -> String {
+    pairs
+        .iter()
+        .map(|(k, v)| format!("{k} = {v:?}"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }

@@ -236,6 +236,7 @@ impl Run {
             max_record_bytes: None,
             auto_offset_reset: None,
             instance_id: None,
+            settings: Vec::new(),
             read_settings: Vec::new(),
             kafka_properties: Vec::new(),
             format: if avro { "avro" } else { "json" },

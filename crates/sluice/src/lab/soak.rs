@@ -141,6 +141,7 @@ pub async fn run(clickhouse_url: &str, o: SoakOptions) -> anyhow::Result<SoakRep
         max_record_bytes: None,
         auto_offset_reset: None,
         instance_id: None,
+        settings: Vec::new(),
         read_settings: Vec::new(),
         kafka_properties: Vec::new(),
         format: "json",

@@ -343,7 +343,7 @@ async fn start_clickhouse(
             for route in &cfg.routes {
                 ch.check_table(route).await?;
                 let engine = ch.engine(route).await?;
-                ch.consistent_for(&engine);
+                ch.consistent_for(&route.table_ref(), &engine)?;
                 if let Some(d) = &route.dedup {
                     ch.check_columns(route, &d.fields).await?;
                 }

@@ -177,3 +177,29 @@ async fn a_backfill_over_more_partitions_than_one_insert_takes_lands_whole() {
     assert!(log.contains("splitting it"), "{log}");
     assert!(sink.is_running(), "{log}");
 }
+
+/// An asynchronous insert into a `Distributed` table is acknowledged before
+/// the shards hold the rows, where reconciliation cannot see them: refused
+/// at start, with the reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_asynchronous_distributed_table_is_refused() {
+    let topic = unique("distributed");
+    create_topic(&topic, 1).await;
+    let ch = ch();
+    let local = create_table(&ch, &unique("it")).await;
+    let (db, name) = local.split_once('.').unwrap();
+    let table = format!("{db}.spread");
+    exec(
+        &ch,
+        &format!("CREATE TABLE {table} AS {local} ENGINE = Distributed(sluice_test, {db}, {name}, rand())"),
+    )
+    .await;
+    let mut spec = SinkSpec::new(&topic, &table);
+    spec.settings = vec![("distributed_foreground_insert".into(), "0".into())];
+    let (code, log) = exit_of(spec.start(), Duration::from_secs(60));
+    assert_eq!(code, Some(2), "{log}");
+    assert!(
+        log.contains(&format!("table {table} is Distributed and its inserts would be asynchronous")),
+        "{log}"
+    );
+}

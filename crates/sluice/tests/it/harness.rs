@@ -273,6 +273,8 @@ pub struct SinkSpec {
     /// `[kafka] instance_id` (static membership).
     pub instance_id: Option<String>,
     /// `[clickhouse] read_settings`.
+    /// `[clickhouse] settings`.
+    pub settings: Vec<(String, String)>,
     pub read_settings: Vec<(String, String)>,
     /// `[kafka] properties`.
     pub kafka_properties: Vec<(String, String)>,
@@ -306,6 +308,7 @@ impl SinkSpec {
             required: Vec::new(),
             auto_offset_reset: None,
             instance_id: None,
+            settings: Vec::new(),
             read_settings: Vec::new(),
             kafka_properties: Vec::new(),
             format: "json",
@@ -337,6 +340,7 @@ impl SinkSpec {
             max_record_bytes: None,
             auto_offset_reset: self.auto_offset_reset.clone(),
             instance_id: self.instance_id.clone(),
+            settings: self.settings.clone(),
             read_settings: self.read_settings.clone(),
             kafka_properties: self.kafka_properties.clone(),
             format: self.format,
