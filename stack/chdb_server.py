@@ -48,6 +48,11 @@ Process list (system.processes, KILL QUERY):
   read side of its socket; a streaming INSERT then cancels its chDB insert (never commits) and
   answers Code 394 QUERY_WAS_CANCELLED, and the connection is closed after the answer.
 
+Parallel parsing: chDB parses an insert's body in one stream; ClickHouse, with
+  input_format_parallel_parsing on (the default), cuts it into segments of at least
+  min_chunk_bytes_for_parallel_parsing bytes and counts `(at row N)` from each segment's first row
+  (ClickHouse #34203). An insert's error naming a row is rewritten to that count (JSONEachRow).
+
 Limits of the emulation:
   - A query that is not streaming (a plain conn.query: SELECTs, DDL, INSERT ... SELECT once its
     body is read) cannot be interrupted inside chDB: after a KILL it runs to its normal end (and
@@ -582,6 +587,7 @@ class Body:
         self.done = not self.chunked and self.left == 0
         self.pending = b""
         self.check = lambda: None          # called before every read: raises once the query is killed
+        self.kept = None                   # a list: chunks() keeps what it yields there
 
     def _raw(self):
         """Next piece of body bytes, or b'' at the end."""
@@ -620,10 +626,15 @@ class Body:
             buf.append(data)
             size += len(data)
             if size >= CHUNK:
-                yield b"".join(buf)
+                yield self._keep(b"".join(buf))
                 buf, size = [], 0
         if size:
-            yield b"".join(buf)
+            yield self._keep(b"".join(buf))
+
+    def _keep(self, chunk):
+        if self.kept is not None:
+            self.kept.append(chunk)
+        return chunk
 
     def peek(self, limit):
         """Read up to about `limit` bytes and keep them to be yielded again by chunks()."""
@@ -797,7 +808,11 @@ class Handler(BaseHTTPRequestHandler):
                 if self.has_constraints(conn, head):
                     written = self.do_insert_checked(conn, head, plan.fmt, data_prefix, body, params, proc)
                 else:
-                    written = self.do_insert(conn, head, plan.fmt, data_prefix, body, proc)
+                    try:
+                        written = self.do_insert(conn, head, plan.fmt, data_prefix, body, proc)
+                    except CHError as e:
+                        seen = data_prefix + b"".join(body.kept or [])
+                        raise self.as_parsed_in_parallel(conn, plan.fmt, seen, e) from None
             elif plan is not None:
                 written = self.do_insert_select(conn, plan, data_prefix, body, params, proc)
             elif (kill := parse_kill(query)) is not None:
@@ -835,6 +850,7 @@ class Handler(BaseHTTPRequestHandler):
     def do_insert(conn, head, fmt, prefix, body, proc):
         """Stream the body into chDB's insert API; cancel (never commit) if the body is incomplete
         or the query was killed."""
+        body.kept = []                     # for the row numbers of an error (as_parsed_in_parallel)
         try:
             ins = conn.send_insert(head, fmt)
         except Exception as e:  # noqa: BLE001
@@ -864,9 +880,9 @@ class Handler(BaseHTTPRequestHandler):
         structure = plan.sql[arg_start:arg_end].strip() or quote_str(
             self.input_structure(conn, substitute(head, params) if params else head))
         sql = plan.head[:start] + f"format({plan.fmt}, {structure}, {{__input:String}})" + plan.head[end:]
-        return self.run_with_data(conn, sql, prefix, body, params, proc)
+        return self.run_with_data(conn, sql, plan.fmt, prefix, body, params, proc)
 
-    def run_with_data(self, conn, sql, prefix, body, params, proc):
+    def run_with_data(self, conn, sql, fmt, prefix, body, params, proc):
         """Runs `sql`, whose {__input:String} parameter takes the whole request data; the rows written."""
         data = prefix + body.read_all()
         try:
@@ -875,7 +891,31 @@ class Handler(BaseHTTPRequestHandler):
             raise err("NOT_IMPLEMENTED", "The chDB test stack passes the data of an INSERT as a String "
                                          "parameter: it must be valid UTF-8 (use a text format)") from None
         proc.check()
-        return self.run_sql(conn, sql, "TabSeparated", {**params, "__input": tsv_escape(text)}).rows_written()
+        try:
+            return self.run_sql(conn, sql, "TabSeparated", {**params, "__input": tsv_escape(text)}).rows_written()
+        except CHError as e:
+            raise self.as_parsed_in_parallel(conn, fmt, data, e) from None
+
+    def as_parsed_in_parallel(self, conn, fmt, data, e):
+        """The error `e` of an insert of `data` as ClickHouse reports it when it parses in parallel
+        (`input_format_parallel_parsing`, on by default): the body is cut into segments of at least
+        `min_chunk_bytes_for_parallel_parsing` bytes at row ends, and `(at row N)` counts from the
+        first row of N's segment (ClickHouse #34203). chDB parses the whole body in one stream."""
+        m = re.search(r"\(at row (\d+)\)", e.message)
+        if not m or not fmt.startswith("JSONEachRow"):
+            return e
+        res = self.chdb(conn, "SELECT getSetting('input_format_parallel_parsing'), "
+                              "getSetting('min_chunk_bytes_for_parallel_parsing')")
+        parallel, min_chunk = res.bytes().decode().split()
+        if parallel in ("0", "false"):
+            return e
+        row, first, size = int(m.group(1)), 1, 0
+        for i, line in enumerate(data.split(b"\n")[:row], 1):
+            if size >= int(min_chunk):
+                first, size = i, 0
+            size += len(line) + 1
+        shown = e.message[:m.start()] + f"(at row {row - first + 1})" + e.message[m.end():]
+        return CHError(e.code, shown)
 
     def has_constraints(self, conn, head):
         """Whether the table `head` (INSERT INTO t ...) inserts into has a CONSTRAINT. chDB's streaming
@@ -893,7 +933,7 @@ class Handler(BaseHTTPRequestHandler):
         {__input:String})`, whose errors (a violated CHECK among them) the engine reports."""
         structure = quote_str(self.input_structure(conn, head))
         sql = f"{head} SELECT * FROM format({fmt}, {structure}, {{__input:String}})"
-        return self.run_with_data(conn, sql, prefix, body, params, proc)
+        return self.run_with_data(conn, sql, fmt, prefix, body, params, proc)
 
     def input_structure(self, conn, head):
         """The structure input() takes from the insertion table of `head` (the INSERT before its

@@ -29,9 +29,9 @@ def free_port():
 
 
 class Server:
-    def __init__(self, path, port=None):
+    def __init__(self, path, port=None, args=()):
         self.path, self.port = path, port or free_port()
-        self.proc = subprocess.Popen([sys.executable, SERVER, "--path", path, "--port", str(self.port)],
+        self.proc = subprocess.Popen([sys.executable, SERVER, "--path", path, "--port", str(self.port), *args],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.time() + 60
         while time.time() < deadline:
@@ -138,6 +138,18 @@ class ChdbServerTest(unittest.TestCase):
                                       max_execution_time=5, async_insert=0), "5\tfalse")
         self.assertEqual(self.s.value("SELECT getSetting('async_insert')"), "true")  # not leaked
 
+    def test_row_numbers_count_from_the_parsing_segment(self):
+        rows = b"".join(b'{"a":%d,"s":"x"}\n' % i for i in range(200)).replace(b'{"a":150,', b'{"a":"bad",')
+        for extra, want in [({}, None), ({"input_format_parallel_parsing": 0}, 151)]:
+            st, body, _ = self.s.q("INSERT INTO t FORMAT JSONEachRow", rows, async_insert=0,
+                                   min_chunk_bytes_for_parallel_parsing=1000, **extra)
+            self.assertEqual(st, 400, body)
+            row = int(re.search(rb"\(at row (\d+)\)", body).group(1))
+            if want is None:       # segments of >= 1000 bytes: row 151 is not the first of its segment
+                self.assertLess(row, 151, body)
+            else:
+                self.assertEqual(row, want, body)
+
     def _raw(self, head, payload, close_early=False):
         sock = socket.create_connection(("127.0.0.1", self.s.port))
         sock.sendall(head + payload)
@@ -186,6 +198,18 @@ class ChdbServerTest(unittest.TestCase):
         [t.join() for t in ths]
         self.assertEqual(errors, [])
         self.assertEqual(self.s.value("SELECT count() FROM t"), "30000")
+
+
+class ProfileTest(unittest.TestCase):
+    def test_profile_settings_apply_under_the_requests_own(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            s = Server(os.path.join(tmp, "data"), args=["--profile=limit=2"])
+            try:
+                self.assertEqual(s.value("SELECT count() FROM (SELECT number FROM numbers(5))"), "5")
+                self.assertEqual(s.value("SELECT number FROM numbers(5) FORMAT CSV"), "0\n1")
+                self.assertEqual(s.value("SELECT number FROM numbers(5) FORMAT CSV", limit=0), "0\n1\n2\n3\n4")
+            finally:
+                s.stop()
 
 
 class DedupAndRestartTest(unittest.TestCase):

@@ -55,7 +55,7 @@ async fn main() -> anyhow::Result<()> {
     .await?;
     ch.check_table(&route).await?;
     let engine = ch.engine(&route).await?;
-    ch.consistent_for(&engine);
+    ch.consistent_for(&route.table_ref(), &engine)?;
 
     let table = route.table_ref();
     let done = AtomicU64::new(0);
@@ -75,6 +75,7 @@ async fn main() -> anyhow::Result<()> {
                 };
                 let rows = batch.len() as u64;
                 ch.insert(InsertRequest {
+                    serial: false,
                     table: table.clone(),
                     body: batch.body().clone(),
                     token,

@@ -7,6 +7,15 @@
 //! Everything downstream works from those fields, never from message text:
 //! [`ChError::is_retriable`] classifies by code against an allowlist of what
 //! a retry can fix, and the writer finds a refused record by `row`.
+//!
+//! An answer without a ClickHouse code comes from something in front of the
+//! server (a proxy, a load balancer). The crate hands over its body, or its
+//! status line when the body is empty; the status is read from either
+//! ([`http_status`]) and classified as the codes are: 413 (the body is too
+//! large) asks for fewer rows per insert; 404, 408, 425 and 429 (a deploy, a
+//! timeout, a rate limit) and 5xx, or no status at all, are a network
+//! failure, retried with its outcome unknown; any other 4xx stops the sink
+//! with the status and the start of the body.
 
 use std::fmt;
 
@@ -20,7 +29,11 @@ pub enum ChErrorKind {
     Connect,
     /// Connection reset or broken: the outcome may be unknown.
     Network,
-    /// Anything else the client reported.
+    /// Something in front of the server refused the body as too large
+    /// (HTTP 413): fewer rows per insert may pass.
+    TooLarge,
+    /// Anything else the client reported, or an HTTP 4xx without a
+    /// ClickHouse code (a proxy refused the request).
     Client,
 }
 
@@ -46,6 +59,11 @@ impl fmt::Display for ChError {
             (ChErrorKind::Network, _) => {
                 write!(f, "ClickHouse connection failed: {}", self.message)
             }
+            (ChErrorKind::TooLarge, _) => write!(
+                f,
+                "the insert is too large for ClickHouse or a proxy in front of it: {}",
+                self.message
+            ),
             _ => write!(f, "ClickHouse client error: {}", self.message),
         }
     }
@@ -127,6 +145,7 @@ impl ChErrorKind {
             Self::Timeout => "timeout",
             Self::Connect => "connect",
             Self::Network => "network",
+            Self::TooLarge => "too_large",
             Self::Client => "client",
         }
     }
@@ -152,20 +171,32 @@ impl ChError {
     }
 
     /// An HTTP error answer (`Code: 60. DB::Exception: …`, or a bare status
-    /// line from something in front of the server), parsed once: its code
-    /// and the row it names. An answer without an exception code (a proxy's
-    /// 502, …) says nothing about the insert: it counts as a network failure.
+    /// line or an error page from something in front of the server), parsed
+    /// once: its code and the row it names. Without a code: see the module
+    /// header.
     pub fn from_response(text: impl Into<String>) -> Self {
         let message = text.into();
         let code = parse_code(&message);
-        match code {
-            Some(_) => Self {
+        if code.is_some() {
+            return Self {
                 kind: ChErrorKind::Server,
                 code,
                 row: parse_row(&message),
                 message,
-            },
-            None => Self::without_code(ChErrorKind::Network, message),
+            };
+        }
+        match http_status(&message) {
+            Some(413) => Self::without_code(ChErrorKind::TooLarge, message),
+            // Not found (a deploy in progress), timeouts, rate limits: retried.
+            Some(404 | 408 | 425 | 429) => Self::without_code(ChErrorKind::Network, message),
+            Some(status @ 400..=499) => {
+                let start: String = message.chars().take(200).collect();
+                Self::client(format!(
+                    "HTTP {status} from {}: {start}",
+                    "something in front of ClickHouse (no ClickHouse error code)"
+                ))
+            }
+            _ => Self::without_code(ChErrorKind::Network, message),
         }
     }
 
@@ -174,7 +205,10 @@ impl ChError {
     /// always may; anything else never does.
     pub fn is_retriable(&self) -> bool {
         match self.kind {
-            ChErrorKind::Timeout | ChErrorKind::Connect | ChErrorKind::Network => true,
+            ChErrorKind::Timeout
+            | ChErrorKind::Connect
+            | ChErrorKind::Network
+            | ChErrorKind::TooLarge => true,
             ChErrorKind::Server => self.code.is_some_and(retriable_code),
             ChErrorKind::Client => false,
         }
@@ -205,14 +239,16 @@ impl ChError {
         rest.rsplit_once(": (at row ").map(|(name, _)| name)
     }
 
-    /// Whether the server refused the insert because its rows fall into more
-    /// partitions of the table than one insert may create parts for
-    /// (`max_partitions_per_insert_block`). Same code as merge back-pressure,
-    /// but no retry of the same rows fixes it: fewer rows per insert do.
-    pub fn too_many_partitions(&self) -> bool {
-        self.kind == ChErrorKind::Server
+    /// Whether no retry of the same rows can pass but fewer rows per insert
+    /// may: the rows fall into more partitions of the table than one insert
+    /// may create parts for (`max_partitions_per_insert_block`; the same
+    /// code as merge back-pressure), or the body is too large for something
+    /// in front of the server (413).
+    pub fn wants_fewer_rows(&self) -> bool {
+        let partitions = self.kind == ChErrorKind::Server
             && self.code == Some(TOO_MANY_PARTS)
-            && self.message.contains("partitions for single INSERT block")
+            && self.message.contains("partitions for single INSERT block");
+        partitions || self.kind == ChErrorKind::TooLarge
     }
 }
 
@@ -259,6 +295,26 @@ fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
         src = s.source();
     }
     out
+}
+
+/// The HTTP status of an answer without a ClickHouse code: the crate's
+/// status line for an empty body (`413 Payload Too Large`), or an error
+/// page's title or heading (`<title>502 Bad Gateway</title>`, `<h1>503 …`).
+fn http_status(text: &str) -> Option<u16> {
+    let lead = |s: &str| -> Option<u16> {
+        let s = s.trim_start();
+        let n: u16 = s.get(..3)?.parse().ok()?;
+        let spaced = s
+            .get(3..)
+            .is_some_and(|r| r.is_empty() || r.starts_with(' '));
+        (spaced && (100..600).contains(&n)).then_some(n)
+    };
+    lead(text).or_else(|| {
+        ["<title>", "<h1>"].into_iter().find_map(|marker| {
+            let at = text.find(marker)? + marker.len();
+            lead(&text[at..])
+        })
+    })
 }
 
 /// `Code: 60. DB::Exception: …` → 60.
@@ -330,13 +386,13 @@ mod tests {
         let e = answer("Code: 252. DB::Exception: Too many parts");
         assert_eq!(e.code, Some(252));
         assert!(e.is_retriable());
-        assert!(!e.too_many_partitions());
+        assert!(!e.wants_fewer_rows());
         let e = answer(
             "Code: 252. DB::Exception: Too many partitions for single INSERT block (more than 100). \
              The limit is controlled by 'max_partitions_per_insert_block' setting. (TOO_MANY_PARTS)",
         );
-        assert!(e.too_many_partitions());
-        assert!(!server(53).too_many_partitions());
+        assert!(e.wants_fewer_rows());
+        assert!(!server(53).wants_fewer_rows());
         // Only a status header, no body: the crate gives `Code: N`.
         assert_eq!(answer("Code: 241").code, Some(241));
         assert_eq!(parse_code("Code:  27 ."), Some(27));
@@ -363,6 +419,43 @@ mod tests {
     #[test]
     fn the_allowlist_is_sorted_and_has_no_duplicates() {
         assert!(RETRIABLE.windows(2).all(|w| w[0] < w[1]));
+    }
+
+    #[test]
+    fn answers_without_a_code_are_classified_by_their_status() {
+        let e = answer("413 Payload Too Large");
+        assert_eq!(e.kind, ChErrorKind::TooLarge);
+        assert!(e.wants_fewer_rows() && e.is_retriable());
+        let page = "<html>\r\n<head><title>413 Request Entity Too Large</title></head>\r\n<body>nginx</body></html>";
+        assert_eq!(answer(page).kind, ChErrorKind::TooLarge);
+        for text in [
+            "403 Forbidden",
+            "<html><head><title>401 Authorization Required</title></head></html>",
+            "<html><body><h1>400 Bad Request</h1></body></html>",
+        ] {
+            let e = answer(text);
+            assert_eq!(e.kind, ChErrorKind::Client, "{text}");
+            assert!(!e.is_retriable(), "{text}");
+            assert!(e.to_string().contains("HTTP 4"), "{e}");
+        }
+        for text in [
+            "429 Too Many Requests",
+            "<html><body><h1>429 Too Many Requests</h1></body></html>",
+            "408 Request Timeout",
+            "502 Bad Gateway",
+            "<html><head><title>504 Gateway Time-out</title></head></html>",
+            "<html><body><h1>503 Service Unavailable</h1>No server is available</body></html>",
+            "upstream connect error or disconnect/reset before headers",
+            "4000 rows",
+            "",
+        ] {
+            let e = answer(text);
+            assert_eq!(e.kind, ChErrorKind::Network, "{text}");
+            assert!(e.is_retriable(), "{text}");
+        }
+        assert_eq!(http_status("  418"), Some(418));
+        assert_eq!(http_status("99 x"), None);
+        assert_eq!(http_status("é"), None);
     }
 
     #[test]

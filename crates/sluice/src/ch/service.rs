@@ -56,6 +56,10 @@ pub struct InsertRequest {
     /// Settings the rows' format relies on, over every other
     /// ([`crate::config::Format::insert_settings`]).
     pub format_settings: &'static [(&'static str, &'static str)],
+    /// Parse the body in one stream (`input_format_parallel_parsing = 0`),
+    /// so that a refused row's number counts from the body's first row: in
+    /// parallel, each segment counts from its own (ClickHouse #34203).
+    pub serial: bool,
 }
 
 #[derive(Clone)]
@@ -73,6 +77,7 @@ pub struct ClickHouse {
     /// Look for attempts in the process lists of every replica of this
     /// cluster (`clusterAllReplicas`), not only the server answering.
     cluster: Option<String>,
+    delivery: Delivery,
 }
 
 impl ClickHouse {
@@ -92,6 +97,7 @@ impl ClickHouse {
             ("max_insert_block_size", block.clone()),
             ("min_insert_block_size_rows", block),
             ("max_insert_block_size_bytes", "0".into()),
+            ("min_insert_block_size_bytes", "0".into()),
             // `INSERT … SELECT FROM input()`: one stream, so one block, one part.
             ("max_insert_threads", "1".into()),
             ("max_execution_time", secs.clone()),
@@ -138,6 +144,7 @@ impl ClickHouse {
             columns,
             clock: Arc::default(),
             cluster: cfg.cluster.clone(),
+            delivery,
         };
         ch.server_now(true).await?;
         Ok(ch)
@@ -193,19 +200,15 @@ impl ClickHouse {
 
     /// Adds the settings that make the protocol's reads consistent on
     /// `table`, of engine `engine` (see the module header), where the user
-    /// set none; refuses a `Distributed` table whose inserts would be
-    /// acknowledged before the shards hold the rows.
+    /// set none; refuses a table whose engine the delivery cannot keep its
+    /// promise on ([`refusal`]).
     pub fn consistent_for(&mut self, table: &TableRef, engine: &str) -> Result<(), ChError> {
         let (insert, read) = consistency_defaults(engine);
         add_defaults(&mut self.insert_settings, insert, &self.user_settings);
         add_defaults(&mut self.read_settings, read, &self.user_settings);
-        if engine == "Distributed" && !foreground(&self.insert_settings) {
-            return Err(ChError::client(format!(
-                "table {table} is Distributed and its inserts would be asynchronous: ClickHouse \
-                     acknowledges them before the shards hold the rows, so sluice could not find \
-                     them to reconcile; leave settings.distributed_foreground_insert at 1, or \
-                     insert into the shards' tables"
-            )));
+        let cluster = self.cluster.is_some();
+        if let Some(why) = refusal(engine, self.delivery, cluster, &self.insert_settings) {
+            return Err(ChError::client(format!("table {table} is {engine}: {why}")));
         }
         if engine.starts_with("Replicated") || engine == "Distributed" {
             // A part that missed its quorum must not turn up after the
@@ -345,6 +348,9 @@ impl ClickHouse {
         }
         if let Some(token) = &req.token {
             ins = ins.with_setting("insert_deduplication_token", token);
+        }
+        if req.serial {
+            ins = ins.with_setting("input_format_parallel_parsing", "0");
         }
         let work = async {
             ins.send(req.body).await?;
@@ -507,9 +513,10 @@ impl ClickHouse {
                 .bounded(
                     self.read(&format!(
                         "SELECT toUnixTimestamp64Milli(now64(3)), \
-                         (SELECT count() FROM {} WHERE query_id = ?)",
+                         (SELECT count() FROM {} WHERE query_id = ? OR initial_query_id = ?)",
                         self.processes()
                     ))
+                    .bind(query_id)
                     .bind(query_id)
                     .fetch_one::<(i64, u64)>(),
                 )
@@ -555,7 +562,10 @@ impl ClickHouse {
         let _ = self
             .bounded(
                 self.client
-                    .query(&format!("KILL QUERY{on} WHERE query_id = ? SYNC"))
+                    .query(&format!(
+                        "KILL QUERY{on} WHERE query_id = ? OR initial_query_id = ? SYNC"
+                    ))
+                    .bind(query_id)
                     .bind(query_id)
                     .execute(),
             )
@@ -630,13 +640,47 @@ fn consistency_defaults(engine: &str) -> (Settings, Settings) {
     }
 }
 
+/// Why `delivery` cannot keep its promise on a table of `engine`, if it
+/// cannot; `cluster`: `[clickhouse] cluster` is set.
+fn refusal(
+    engine: &str,
+    delivery: Delivery,
+    cluster: bool,
+    settings: &[(String, String)],
+) -> Option<&'static str> {
+    match engine {
+        "Buffer" => Some(
+            "it acknowledges rows it holds in memory, which a server restart loses after \
+             sluice committed past them; insert into the table it flushes to",
+        ),
+        "Null" if delivery.is_exactly_once() => Some(
+            "it keeps no rows, so exactly-once cannot find what is stored; route the topic to \
+             the table its materialized views write to",
+        ),
+        "Distributed" if !foreground(settings) => Some(
+            "its inserts would be asynchronous: ClickHouse acknowledges them before the shards \
+             hold the rows, so sluice could not find them to reconcile; leave \
+             settings.distributed_foreground_insert at 1, or insert into the shards' tables",
+        ),
+        "Distributed" if delivery.is_exactly_once() && !cluster => Some(
+            "the fence must see an attempt's inserts on every shard: set [clickhouse] cluster \
+             to the table's cluster",
+        ),
+        "Distributed" if delivery == Delivery::TokenOnly => Some(
+            "a retry spreads its rows over the shards differently, so one token stands for \
+             other rows on each shard",
+        ),
+        _ => None,
+    }
+}
+
 /// Whether inserts with `settings` into a `Distributed` table return only
 /// once the shards hold the rows (both names of the setting, old and new).
 fn foreground(settings: &[(String, String)]) -> bool {
     settings
         .iter()
         .filter(|(n, _)| n == "distributed_foreground_insert" || n == "insert_distributed_sync")
-        .all(|(_, v)| v.trim() == "1")
+        .all(|(_, v)| matches!(v.trim(), "1" | "true"))
 }
 
 /// Adds each of `wanted` to `list` unless the user set it or it is there.
@@ -696,6 +740,23 @@ fn q(name: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn engines_that_break_the_promise_are_refused() {
+        let none: &[(String, String)] = &[];
+        let eo = Delivery::ExactlyOnce;
+        assert!(refusal("MergeTree", eo, false, none).is_none());
+        assert!(refusal("Buffer", Delivery::AtLeastOnce, false, none).is_some());
+        assert!(refusal("Null", eo, false, none).is_some());
+        assert!(refusal("Null", Delivery::AtLeastOnce, false, none).is_none());
+        let (insert, _) = consistency_defaults("Distributed");
+        let mut defaults = Vec::new();
+        add_defaults(&mut defaults, insert, &[]);
+        assert!(refusal("Distributed", eo, false, &defaults).is_some());
+        assert!(refusal("Distributed", eo, true, &defaults).is_none());
+        assert!(refusal("Distributed", Delivery::AtLeastOnce, false, &defaults).is_none());
+        assert!(refusal("Distributed", Delivery::TokenOnly, true, &defaults).is_some());
+    }
 
     #[test]
     fn distributed_inserts_must_wait_for_the_shards() {

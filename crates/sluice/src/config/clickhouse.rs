@@ -60,8 +60,8 @@ pub struct ClickHouseConfig {
 /// limit is reached: the answer is then cut short without an error. So the
 /// limits are lifted (sluice's reads are narrow: one topic, one partition's
 /// range), and should one be left that this list does not name, the
-/// overflow modes make it fail loudly; no profile-wide `LIMIT`, `OFFSET` or
-/// row filter applies. A user's `settings` or `read_settings` cannot change
+/// overflow modes make it fail loudly; no profile-wide `LIMIT`, `OFFSET`,
+/// row filter, skipped shard, query cache or skipped input row applies. A user's `settings` or `read_settings` cannot change
 /// them ([`pinned_refusal`]).
 pub const PINNED: &[(&str, &str)] = &[
     ("max_rows_to_read", "0"),
@@ -96,6 +96,16 @@ pub const PINNED: &[(&str, &str)] = &[
     ("offset", "0"),
     ("additional_table_filters", "{}"),
     ("additional_result_filter", ""),
+    ("skip_unavailable_shards", "0"),
+    ("final", "0"),
+    ("parallel_replicas_count", "0"),
+    // A cached answer to a reconciliation read is a stale one.
+    ("use_query_cache", "0"),
+    // `maxOrNull` would change the watermark's type under the row decoder.
+    ("aggregate_functions_null_for_empty", "0"),
+    // An insert that skips rows it cannot parse and answers 200.
+    ("input_format_allow_errors_num", "0"),
+    ("input_format_allow_errors_ratio", "0"),
 ];
 
 /// Whether a user's setting `name = value` would change a [`PINNED`] one.

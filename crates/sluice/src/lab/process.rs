@@ -23,6 +23,7 @@ pub struct RunSpec {
     pub session_timeout: Duration,
     pub delivery: &'static str,
     pub max_batch_rows: usize,
+    pub max_batch_bytes: usize,
     pub insert_timeout: Duration,
     pub fence_wait: Duration,
     pub commit_interval: Duration,
@@ -96,7 +97,7 @@ read_settings = {{ {read_settings} }}
 delivery = "{delivery}"
 max_batch_rows = {rows}
 max_batch_age = "{age}ms"
-max_batch_bytes = 4194304
+max_batch_bytes = {bytes}
 {max_record}max_buffered_bytes = {buf}
 commit_interval = "{ci}ms"
 fence_wait = "{fw}ms"
@@ -118,6 +119,7 @@ extra_fields = "{extra}"
                 it = self.insert_timeout.as_millis(),
                 delivery = self.delivery,
                 rows = self.max_batch_rows,
+                bytes = self.max_batch_bytes,
                 ci = self.commit_interval.as_millis(),
                 age = self.max_batch_age.as_millis(),
                 buf = self.max_buffered_bytes,

@@ -223,6 +223,7 @@ impl Run {
             session_timeout: Duration::from_secs(6),
             delivery,
             max_batch_rows: 1_000,
+            max_batch_bytes: 4 << 20,
             insert_timeout: params.insert_timeout,
             // The default fence: a 10 s lease and the 5 s margin.
             fence_wait: params.insert_timeout * 2 + Duration::from_secs(15),

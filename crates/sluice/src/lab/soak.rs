@@ -128,6 +128,7 @@ pub async fn run(clickhouse_url: &str, o: SoakOptions) -> anyhow::Result<SoakRep
         session_timeout: Duration::from_secs(6),
         delivery: "exactly-once",
         max_batch_rows: 2_000,
+        max_batch_bytes: 4 << 20,
         insert_timeout,
         // The default: 2 × insert_timeout + a 10 s lease + 5 s.
         fence_wait: Duration::from_secs(25),

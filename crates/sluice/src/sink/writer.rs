@@ -19,12 +19,15 @@
 //! With a DLQ, a row ClickHouse rejects (a permanent error naming the row,
 //! `(at row N)`: a wrong type, an unparsable date) goes to the DLQ and the
 //! rest of the batch is tried again (exactly-once: after reconciling). The
+//! row number is taken only from an attempt parsed in one stream: the first
+//! refusal of a batch is sent again that way, as a server parsing in
+//! parallel counts rows from the start of each segment. The
 //! batch is durable once its rows are stored and its DLQ writes are
 //! acknowledged.
 //!
 //! A batch whose rows fall into more of the table's partitions than one
-//! insert may create parts for (`max_partitions_per_insert_block`, code 252)
-//! is split: each insert takes half as many rows as the one refused, until
+//! insert may create parts for (`max_partitions_per_insert_block`, code 252),
+//! or whose body a proxy refuses as too large (413), is split: each insert takes half as many rows as the one refused, until
 //! the server takes them, and the batch is durable once every share is
 //! stored. The next batch of the route starts at twice the size that last
 //! fitted, so a backfill pays at most one refusal per batch, and batches go
@@ -189,6 +192,10 @@ async fn attempt_until_done(job: &Job, ctx: &WriterCtx, letters: &mut Vec<Pendin
     };
     let mut stored: Vec<Offset> = Vec::new();
     let mut inserted = 0;
+    // A row number in a refusal is trusted only from an attempt parsed in
+    // one stream; the first refusal naming a row makes every later attempt
+    // of the batch one.
+    let mut serial = false;
     loop {
         if exactly_once {
             tokio::select! {
@@ -262,6 +269,7 @@ async fn attempt_until_done(job: &Job, ctx: &WriterCtx, letters: &mut Vec<Pendin
             query_id: qid.clone(),
             deadline_ms,
             format_settings: job.route.insert_settings(),
+            serial,
         };
         let result = ctx.ch.insert(req).await;
         let answered = answer(&result);
@@ -278,7 +286,7 @@ async fn attempt_until_done(job: &Job, ctx: &WriterCtx, letters: &mut Vec<Pendin
                 // Each share is the lowest rows left: ascending, as `without` needs.
                 stored.extend(batch.offsets());
             }
-            (_, Err(e)) if e.too_many_partitions() => {
+            (_, Err(e)) if e.wants_fewer_rows() => {
                 if batch.len() == 1 {
                     return Outcome::Failed(e);
                 }
@@ -290,7 +298,7 @@ async fn attempt_until_done(job: &Job, ctx: &WriterCtx, letters: &mut Vec<Pendin
                     rows = batch.len(),
                     per_insert = n,
                     error = %e,
-                    "insert spans more table partitions than ClickHouse takes at once; splitting it"
+                    "ClickHouse takes fewer rows per insert (too many table partitions, or too large a body); splitting it"
                 );
             }
             (Answer::TooLate, Err(_)) => {
@@ -323,6 +331,11 @@ async fn attempt_until_done(job: &Job, ctx: &WriterCtx, letters: &mut Vec<Pendin
                     None => Vec::new(),
                 };
                 if refused.is_empty() {
+                    if !serial && e.row.is_some() {
+                        serial = true;
+                        tracing::info!(partition = %p, error = %e, "ClickHouse refused a row; sending again parsed in one stream, to learn which");
+                        continue;
+                    }
                     match rejected_row(&e, &batch) {
                         Some(named) => refused.push(named),
                         None => return Outcome::Failed(e),
@@ -391,6 +404,9 @@ fn answer(result: &Result<(), ChError>) -> Answer {
     match result {
         Ok(()) => Answer::Stored,
         Err(e) if e.kind == ChErrorKind::Connect => Answer::NotSent,
+        // Refused for its size before it reached the server, or cut off
+        // with the body incomplete: nothing of it commits, no fence.
+        Err(e) if e.kind == ChErrorKind::TooLarge => Answer::Refused,
         Err(e) if deadline_passed(e) => Answer::TooLate,
         Err(e)
             if e.kind == ChErrorKind::Server

@@ -198,8 +198,14 @@ async fn an_asynchronous_distributed_table_is_refused() {
     spec.settings = vec![("distributed_foreground_insert".into(), "0".into())];
     let (code, log) = exit_of(spec.start(), Duration::from_secs(60));
     assert_eq!(code, Some(2), "{log}");
+    let is = format!("table {table} is Distributed: ");
     assert!(
-        log.contains(&format!("table {table} is Distributed and its inserts would be asynchronous")),
+        log.contains(&format!("{is}its inserts would be asynchronous")),
         "{log}"
     );
+    // Synchronous, but the fence would not see the shards' inserts.
+    spec.settings.clear();
+    let (code, log) = exit_of(spec.start(), Duration::from_secs(60));
+    assert_eq!(code, Some(2), "{log}");
+    assert!(log.contains(&format!("{is}the fence must see")), "{log}");
 }

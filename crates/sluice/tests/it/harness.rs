@@ -258,6 +258,7 @@ pub struct SinkSpec {
     /// move on quickly).
     pub session_timeout_s: u64,
     pub max_batch_rows: usize,
+    pub max_batch_bytes: usize,
     pub insert_timeout_s: u64,
     pub fence_wait_ms: u64,
     pub commit_interval_ms: u64,
@@ -298,6 +299,7 @@ impl SinkSpec {
             delivery: "exactly-once",
             session_timeout_s: 6,
             max_batch_rows: 10_000,
+            max_batch_bytes: 4 << 20,
             insert_timeout_s: 5,
             fence_wait_ms: 6_000,
             commit_interval_ms: 1_000,
@@ -328,6 +330,7 @@ impl SinkSpec {
             session_timeout: Duration::from_secs(self.session_timeout_s),
             delivery: self.delivery,
             max_batch_rows: self.max_batch_rows,
+            max_batch_bytes: self.max_batch_bytes,
             insert_timeout: Duration::from_secs(self.insert_timeout_s),
             fence_wait: Duration::from_millis(self.fence_wait_ms),
             commit_interval: Duration::from_millis(self.commit_interval_ms),

@@ -177,3 +177,56 @@ async fn a_refusal_naming_no_row_stops_the_sink_with_its_cause() {
         "{log}"
     );
 }
+
+/// A batch larger than a parallel-parsing segment (10 MiB): a server parsing
+/// it in parallel counts `(at row N)` from the start of the segment, not of
+/// the body (ClickHouse #34203). The record sent to the DLQ is still exactly
+/// the refused one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_row_past_the_first_parsing_segment_is_the_one_sent_to_the_dlq() {
+    let topic = unique("segments");
+    let dlq_topic = unique("segments_dlq");
+    create_topic(&topic, 1).await;
+    create_topic(&dlq_topic, 1).await;
+    // About 30 MB in one batch; the bad record sits in the third 10 MiB segment.
+    let (n, bad) = (60_000u64, 45_000u64);
+    let pad = "x".repeat(480);
+    let values: Vec<Option<String>> = (0..n)
+        .map(|i| match i {
+            _ if i == bad => Some(format!(r#"{{"id":"not a number","payload":"{pad}"}}"#)),
+            _ => Some(format!(r#"{{"id":{i},"payload":"{pad}"}}"#)),
+        })
+        .collect();
+    let t = topic.clone();
+    tokio::task::spawn_blocking(move || poison::produce(&brokers(), &t, 1, &values))
+        .await
+        .unwrap()
+        .unwrap();
+    let ch = ch();
+    let table = create_table(&ch, &unique("it")).await;
+    let mut spec = SinkSpec::new(&topic, &table);
+    spec.dlq_topic = Some(dlq_topic.clone());
+    spec.max_batch_rows = 100_000;
+    spec.max_batch_bytes = 40 << 20;
+    spec.max_buffered_mb = 160;
+    spec.insert_timeout_s = 30;
+    let mut sink = spec.start();
+    let deadline = Instant::now() + Duration::from_secs(240);
+    while committed(&brokers(), &spec.group, &topic) != Some(n as i64) {
+        assert!(Instant::now() < deadline, "{}", sink.log_tail());
+        assert!(sink.is_running(), "sluice stopped: {}", sink.log_tail());
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let d = dlq_topic.clone();
+    let entries = tokio::task::spawn_blocking(move || {
+        poison::read_dlq(&brokers(), &d, 1, Duration::from_secs(60))
+    })
+    .await
+    .unwrap()
+    .unwrap();
+    let offsets: Vec<i64> = entries.iter().map(|e| e.offset).collect();
+    assert_eq!(offsets, vec![bad as i64], "{}", sink.log_tail());
+    let got = landed(&ch, &table).await;
+    assert_eq!((got.rows, got.distinct_offsets), (n - 1, n - 1));
+    assert!(sink.stop(Duration::from_secs(60)), "{}", sink.log_tail());
+}
