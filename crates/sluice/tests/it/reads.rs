@@ -98,6 +98,8 @@ async fn a_profile_that_cuts_reads_short_cuts_no_protocol_read() {
             ("max_rows_to_read", "200"),
             ("read_overflow_mode", "break"),
             ("limit", "150"),
+            ("aggregate_functions_null_for_empty", "1"),
+            ("input_format_allow_errors_num", "5"),
         ],
     );
     let url = format!("http://127.0.0.1:{port}");
