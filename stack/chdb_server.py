@@ -72,7 +72,8 @@ Limits of the emulation:
   - `query_id` is not chDB's internal id (system.query_log shows chDB's own ids); no HTTP
     compression; results are built in memory (no streaming of SELECT output); no sessions.
 
-Usage: python chdb_server.py --path DIR [--port 18123] [--host 127.0.0.1]
+Usage: python chdb_server.py --path DIR [--port 18123] [--host 127.0.0.1] [--profile NAME=VALUE]...
+       [--clock-file PATH]   (now() and now64() moved by the ms in PATH, read per statement)
 """
 import argparse
 import json
@@ -104,6 +105,25 @@ VERSION = chdb.__version__     # replaced by the engine version (SELECT version(
 # Settings of every query, applied before the request's own (`--profile`), as a user's
 # settings profile is in ClickHouse.
 PROFILE = []
+
+# A file holding how far (ms) this server's clock is from the machine's (`--clock-file`): read
+# on every statement, so a test can step the server's clock while clients run.
+CLOCK_FILE = None
+
+
+def shift_clock(sql):
+    """`sql` with now() and now64(...) moved by the offset in CLOCK_FILE, if any."""
+    if CLOCK_FILE is None:
+        return sql
+    try:
+        with open(CLOCK_FILE) as f:
+            off = int(f.read().strip() or 0)
+    except (OSError, ValueError):
+        off = 0
+    if off == 0:
+        return sql
+    sql = re.sub(r"\bnow64\s*\(([^()]*)\)", lambda m: f"addMilliseconds(now64({m.group(1)}), {off})", sql)
+    return re.sub(r"\bnow\s*\(\s*\)", f"addSeconds(now(), {int(off / 1000)})", sql)
 
 # URL parameters handled by the HTTP layer; every other one is applied as a ClickHouse setting.
 HTTP_ONLY = {"query", "database", "default_format", "query_id", "user", "password", "quota_key",
@@ -835,7 +855,7 @@ class Handler(BaseHTTPRequestHandler):
     @staticmethod
     def chdb(conn, sql, fmt="TabSeparated", params=None):
         try:
-            return conn._conn.query(sql, fmt, params=params or {})
+            return conn._conn.query(shift_clock(sql), fmt, params=params or {})
         except Exception as e:  # noqa: BLE001 - chDB raises RuntimeError/ChdbError with CH text
             raise to_ch_error(e) from None
 
@@ -1001,8 +1021,12 @@ def main():
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--profile", action="append", default=[], metavar="NAME=VALUE",
                     help="a setting of every query, under the request's own (a user's settings profile)")
+    ap.add_argument("--clock-file", metavar="PATH",
+                    help="a file holding an offset in ms that now() and now64() are moved by, read per statement")
     a = ap.parse_args()
     PROFILE.extend(tuple(s.split("=", 1)) for s in a.profile)
+    global CLOCK_FILE
+    CLOCK_FILE = a.clock_file
     path = os.path.abspath(a.path)
     os.makedirs(path, exist_ok=True)
     cfg = os.path.join(path, "sluice-chdb-config.xml")

@@ -22,6 +22,15 @@ pub const CLOCK_MARGIN_MS: i64 = 1_000;
 /// later one with a longer round trip.
 pub const CLOCK_READING_TTL: Duration = Duration::from_secs(300);
 
+/// How far a reading may stray from what the held one predicts (beyond both
+/// round trips) before the server's clock counts as moved: stepped, or
+/// drifted against ours. The sink reads the clock every
+/// [`CLOCK_REREAD`], so an error this small is all a deadline carries.
+pub const CLOCK_STEP_MS: i64 = 100;
+
+/// How often the sink reads the server's clock again.
+pub const CLOCK_REREAD: Duration = Duration::from_secs(5);
+
 /// A point on a local monotonic clock: [`std::time::Instant`] in the sink,
 /// a counter in a model.
 pub trait Moment: Copy + Ord {
@@ -85,19 +94,36 @@ struct Reading<T> {
 impl<T: Moment> ServerClock<T> {
     /// A reading `server_ms` (Unix ms) by a request sent at `sent` and
     /// answered at `received`; kept if it is more precise than the one held,
-    /// or that one is older than [`CLOCK_READING_TTL`], or `force`.
-    pub fn observe(&mut self, server_ms: i64, sent: T, received: T, force: bool) {
+    /// or that one is older than [`CLOCK_READING_TTL`], or `force`, or the
+    /// server's clock moved: the reading lies more than [`CLOCK_STEP_MS`]
+    /// outside what the held one predicts for the span of the request.
+    /// Returns how far it moved (ms, negative: back), if it did.
+    pub fn observe(&mut self, server_ms: i64, sent: T, received: T, force: bool) -> Option<i64> {
         let new = Reading {
             at: received,
             server_ms,
             rtt: received.since(sent),
         };
+        // The held reading is behind the server by up to its round trip.
+        let moved = self.held.and_then(|old| {
+            let earliest = self.ms_at(sent)? - CLOCK_STEP_MS;
+            let latest = self.ms_at(received)? + millis(old.rtt) + CLOCK_STEP_MS;
+            match server_ms {
+                m if m < earliest => Some(m - earliest),
+                m if m > latest => Some(m - latest),
+                _ => None,
+            }
+        });
         let keep_old = self.held.is_some_and(|old| {
-            !force && old.rtt < new.rtt && new.at.since(old.at) < CLOCK_READING_TTL
+            !force
+                && moved.is_none()
+                && old.rtt < new.rtt
+                && new.at.since(old.at) < CLOCK_READING_TTL
         });
         if !keep_old {
             self.held = Some(new);
         }
+        moved
     }
 
     /// The server's clock at `t` on ours (Unix ms); `None` before the first
@@ -200,6 +226,25 @@ impl Fence {
 mod tests {
     use super::*;
 
+    #[test]
+    fn a_clock_that_moved_replaces_a_more_precise_reading() {
+        let mut c = ServerClock::default();
+        assert_eq!(c.observe(1_000_000, Millis(0), Millis(2), false), None);
+        // In step, a slower answer: the precise reading stays.
+        assert_eq!(
+            c.observe(1_010_003, Millis(10_000), Millis(10_010), false),
+            None
+        );
+        assert_eq!(c.ms_at(Millis(10_010)), Some(1_010_008));
+        // The server stepped back 30 s: taken at once, and reported.
+        let moved = c.observe(990_000, Millis(20_000), Millis(20_050), false);
+        assert!(moved.is_some_and(|m| m < -29_000), "{moved:?}");
+        assert_eq!(c.ms_at(Millis(20_050)), Some(990_000));
+        // Forward too.
+        let moved = c.observe(1_100_000, Millis(30_000), Millis(30_001), false);
+        assert!(moved.is_some_and(|m| m > 79_000), "{moved:?}");
+    }
+
     use Millis as Ms;
 
     #[test]
@@ -213,10 +258,10 @@ mod tests {
         assert_eq!(c.ms_at(Ms(1_300)), Some(6_000));
         assert_eq!(c.ms_at(Ms(200)), Some(4_900));
         // A looser reading does not replace it; a tighter one does.
-        c.observe(9_999, Ms(400), Ms(900), false);
+        c.observe(5_400, Ms(400), Ms(900), false);
         assert_eq!(c.ms_at(Ms(1_300)), Some(6_000));
-        c.observe(7_000, Ms(1_000), Ms(1_010), false);
-        assert_eq!(c.ms_at(Ms(1_010)), Some(7_000));
+        c.observe(5_705, Ms(1_000), Ms(1_010), false);
+        assert_eq!(c.ms_at(Ms(1_010)), Some(5_705));
         // An old reading gives way to a looser but fresh one, and force wins.
         let later = Ms(1_010 + CLOCK_READING_TTL.as_millis() as u64);
         c.observe(1, Ms(later.0 - 50), later, false);

@@ -151,7 +151,8 @@ impl ClickHouse {
     }
 
     /// The server's clock (Unix ms); also a new reading of it, kept if it is
-    /// the most precise one yet (or always, with `force`: the clock moved).
+    /// the most precise one yet, or the clock moved (or always, with `force`).
+    /// The sink calls it every [`deadline::CLOCK_REREAD`].
     pub async fn server_now(&self, force: bool) -> Result<i64, ChError> {
         let before = Instant::now();
         let now: i64 = self
@@ -710,11 +711,28 @@ fn quote_str(text: &str) -> String {
 struct SharedClock(std::sync::Mutex<deadline::ServerClock<Instant>>);
 
 impl SharedClock {
+    /// Takes a reading; logs a clock that moved (stepped, or drifted
+    /// against ours) by more than [`deadline::CLOCK_STEP_MS`].
     fn observe(&self, server_ms: i64, sent: Instant, received: Instant, force: bool) {
-        self.0
+        let moved = self
+            .0
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .observe(server_ms, sent, received, force);
+        match moved {
+            Some(ms) if ms < -deadline::CLOCK_MARGIN_MS => tracing::error!(
+                moved_ms = ms,
+                "ClickHouse's clock went back by more than the {} ms exactly-once tolerates: \
+                 an attempt sent before the step may start that much later than its deadline \
+                 meant; deadlines follow the new clock from now on",
+                deadline::CLOCK_MARGIN_MS
+            ),
+            Some(ms) => tracing::warn!(
+                moved_ms = ms,
+                "ClickHouse's clock moved against ours; deadlines follow it from now on"
+            ),
+            None => {}
+        }
     }
 
     /// The server's clock at `t` on ours (Unix ms); the client's wall clock

@@ -35,6 +35,7 @@ use anyhow::{anyhow, Context as _};
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::types::{RDKafkaErrorCode, RDKafkaRespErr};
+use sluice_core::deadline::CLOCK_REREAD;
 use sluice_core::RowEncoder;
 use std::collections::HashMap;
 use std::future::Future;
@@ -234,6 +235,7 @@ pub async fn run(
             sink.events(),
             renewing.clone(),
         ));
+        tokio::spawn(reread_clock(ctx.ch.clone(), renewing.clone()));
     }
 
     let consumer = build_consumer(&cfg, sink, me)?;
@@ -585,6 +587,23 @@ impl ConsumerErrors {
                 tracing::warn!(error = %e, "Kafka consumer error; librdkafka retries it");
                 self.seen.push((code, now, 0));
             }
+        }
+    }
+}
+
+/// Reads the server's clock every [`CLOCK_REREAD`] until `stop`: a clock
+/// that stepped or drifted is seen within that, not only at the next fence
+/// or late answer, and every later deadline follows it.
+async fn reread_clock(ch: ClickHouse, stop: CancellationToken) {
+    let mut every = tokio::time::interval(CLOCK_REREAD);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = every.tick() => {}
+            _ = stop.cancelled() => return,
+        }
+        if let Err(e) = ch.server_now(false).await {
+            tracing::debug!(error = %e, "cannot read ClickHouse's clock; will try again");
         }
     }
 }

@@ -426,9 +426,9 @@ pub struct PrivateClickHouse {
 }
 
 impl PrivateClickHouse {
-    /// With `profile`: settings of every query, under the request's own (a
-    /// user's settings profile).
-    pub fn start(port: u16, dir: std::path::PathBuf, profile: &[(&str, &str)]) -> Self {
+    /// `args`: more arguments of `stack/chdb_server.py` (`--profile`,
+    /// `--clock-file`).
+    pub fn start(port: u16, dir: std::path::PathBuf, args: &[String]) -> Self {
         let python = std::env::var("SLUICE_CHDB_PYTHON")
             .expect("SLUICE_CHDB_PYTHON is not set: run `make test`");
         let server = std::env::var("SLUICE_CHDB_SERVER")
@@ -437,7 +437,7 @@ impl PrivateClickHouse {
         let child = Command::new(python)
             .arg(server)
             .args(["--path", dir.to_str().unwrap(), "--port", &port.to_string()])
-            .args(profile.iter().map(|(k, v)| format!("--profile={k}={v}")))
+            .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())

@@ -88,20 +88,20 @@ async fn a_profile_that_cuts_reads_short_cuts_no_protocol_read() {
     produce(&topic, 1, 0, n);
     let port = free_port();
     let dir = std::env::temp_dir().join(unique("chdb"));
-    let _server = PrivateClickHouse::start(
-        port,
-        dir,
-        &[
-            ("max_block_size", "100"),
-            ("max_result_rows", "100"),
-            ("result_overflow_mode", "break"),
-            ("max_rows_to_read", "200"),
-            ("read_overflow_mode", "break"),
-            ("limit", "150"),
-            ("aggregate_functions_null_for_empty", "1"),
-            ("input_format_allow_errors_num", "5"),
-        ],
-    );
+    let profile: Vec<String> = [
+        ("max_block_size", "100"),
+        ("max_result_rows", "100"),
+        ("result_overflow_mode", "break"),
+        ("max_rows_to_read", "200"),
+        ("read_overflow_mode", "break"),
+        ("limit", "150"),
+        ("aggregate_functions_null_for_empty", "1"),
+        ("input_format_allow_errors_num", "5"),
+    ]
+    .iter()
+    .map(|(k, v)| format!("--profile={k}={v}"))
+    .collect();
+    let _server = PrivateClickHouse::start(port, dir, &profile);
     let url = format!("http://127.0.0.1:{port}");
     let ch = ch_at(&url);
     let table = create_table(&ch, &unique("it")).await;
@@ -142,4 +142,72 @@ async fn a_profile_that_cuts_reads_short_cuts_no_protocol_read() {
         "{}",
         sink.log_tail()
     );
+}
+
+/// A server clock that steps back while the sink runs: the sink reads the
+/// clock on a schedule, so the deadlines of its later inserts follow the
+/// new clock (a deadline counted on the old one would let an attempt start
+/// that much later than its lease allows), and every record lands once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deadlines_follow_a_server_clock_that_steps_back() {
+    let topic = unique("clockstep");
+    create_topic(&topic, 1).await;
+    produce(&topic, 1, 0, 500);
+    let port = free_port();
+    let dir = std::env::temp_dir().join(unique("chdb"));
+    let clock = std::env::temp_dir().join(unique("clock"));
+    std::fs::write(&clock, "0").unwrap();
+    let _server =
+        PrivateClickHouse::start(port, dir, &[format!("--clock-file={}", clock.display())]);
+    let ch = ch_at(&format!("http://127.0.0.1:{port}"));
+    let table = create_table(&ch, &unique("it")).await;
+    let mut spec = SinkSpec::new(&topic, &table);
+    spec.clickhouse_url = format!("http://127.0.0.1:{port}");
+    spec.max_batch_rows = 100;
+    let mut sink = spec.start();
+    let got = wait_for(&ch, &table, 500, Duration::from_secs(90)).await;
+    assert_eq!(got.distinct_offsets, 500, "{}", sink.log_tail());
+    // The server's clock goes back a minute.
+    let step_ms: i64 = -60_000;
+    std::fs::write(&clock, step_ms.to_string()).unwrap();
+    wait_for_log(
+        &sink,
+        "ClickHouse's clock went back",
+        Duration::from_secs(30),
+    )
+    .await;
+    let t = topic.clone();
+    tokio::task::spawn_blocking(move || produce(&t, 1, 500, 500))
+        .await
+        .unwrap();
+    let got = wait_for(&ch, &table, 1_000, Duration::from_secs(90)).await;
+    assert!(sink.stop(Duration::from_secs(60)), "{}", sink.log_tail());
+    assert_eq!((got.rows, got.distinct_offsets), (1_000, 1_000));
+    // Each insert sent on the stepped clock carries a deadline within its
+    // timeout (5 s) of that clock, not of the old one.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let starts: Vec<(String, i64)> = ch
+        .query(
+            "SELECT query, toInt64(toUnixTimestamp64Milli(query_start_time_microseconds)) \
+             FROM system.query_log WHERE type = 'QueryStart' AND query LIKE '%throwIf%' \
+               AND query LIKE ?",
+        )
+        .bind(format!("%{step_ms})%"))
+        .fetch_all()
+        .await
+        .unwrap();
+    assert!(!starts.is_empty(), "no insert after the step");
+    for (query, started) in &starts {
+        let deadline: i64 = query
+            .split(" > ")
+            .nth(1)
+            .and_then(|r| r.split(',').next())
+            .and_then(|d| d.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no deadline in {query}"));
+        let ahead = deadline - (started + step_ms);
+        assert!(
+            ahead <= 6_000,
+            "deadline {ahead} ms ahead of the server's clock: {query}"
+        );
+    }
 }
