@@ -19,7 +19,9 @@ Data flow:
            insert_append(); the cancel flag is checked between chunks and before insert_done()
            (data is never put inline after FORMAT: chDB cuts inline data at the first blank line)
        INSERT INTO t [(cols)] SELECT ... input([structure]) ... FORMAT f <data>:  the whole data is
-           read, then the same statement runs with input(...) replaced by
+           read, then the same statement runs, with now() and now64() fixed at the moment its head
+           arrived (in ClickHouse they are the query's start time, and the query starts with its
+           head; nowInBlock() stays the moment the data is processed) and input(...) replaced by
            format(f, '<structure>', {__input:String}) and the data as a TSV-escaped query parameter.
            Without a structure it is built from system.columns of t, as ClickHouse does: the
            insertable columns (ordinary and DEFAULT, in table order, with their DEFAULT
@@ -111,17 +113,32 @@ PROFILE = []
 CLOCK_FILE = None
 
 
-def shift_clock(sql):
-    """`sql` with now() and now64(...) moved by the offset in CLOCK_FILE, if any."""
+def clock_offset():
+    """How far (ms) this server's clock is from the machine's (CLOCK_FILE)."""
     if CLOCK_FILE is None:
-        return sql
+        return 0
     try:
         with open(CLOCK_FILE) as f:
-            off = int(f.read().strip() or 0)
+            return int(f.read().strip() or 0)
     except (OSError, ValueError):
-        off = 0
+        return 0
+
+
+def now_at_start(sql, started_ms):
+    """`sql` with now() and now64(...) fixed at `started_ms` (plus the clock offset): in ClickHouse
+    they are the query's start time, and an INSERT's query starts when its head arrives, while this
+    server runs an INSERT ... SELECT ... input() only once the whole body is read."""
+    ms = started_ms + clock_offset()
+    sql = re.sub(r"\bnow64\s*\([^()]*\)", f"fromUnixTimestamp64Milli(toInt64({ms}))", sql)
+    return re.sub(r"\bnow\s*\(\s*\)", f"toDateTime({ms // 1000})", sql)
+
+
+def shift_clock(sql):
+    """`sql` with now(), now64(...) and nowInBlock() moved by the offset in CLOCK_FILE, if any."""
+    off = clock_offset()
     if off == 0:
         return sql
+    sql = re.sub(r"\bnowInBlock\s*\(\s*\)", f"addSeconds(nowInBlock(), {int(off / 1000)})", sql)
     sql = re.sub(r"\bnow64\s*\(([^()]*)\)", lambda m: f"addMilliseconds(now64({m.group(1)}), {off})", sql)
     return re.sub(r"\bnow\s*\(\s*\)", f"addSeconds(now(), {int(off / 1000)})", sql)
 
@@ -509,6 +526,7 @@ class Process:
         self.address, self.user_agent = address, user_agent
         self.query, self.kind = "", ""
         self.started = time.monotonic()
+        self.started_ms = int(time.time() * 1000)   # when its head arrived: what now() means in it
         self.cancelled = False
         self.interrupted = False           # its socket's read side was shut down
         self._interrupt = interrupt
@@ -900,7 +918,7 @@ class Handler(BaseHTTPRequestHandler):
         structure = plan.sql[arg_start:arg_end].strip() or quote_str(
             self.input_structure(conn, substitute(head, params) if params else head))
         sql = plan.head[:start] + f"format({plan.fmt}, {structure}, {{__input:String}})" + plan.head[end:]
-        return self.run_with_data(conn, sql, plan.fmt, prefix, body, params, proc)
+        return self.run_with_data(conn, now_at_start(sql, proc.started_ms), plan.fmt, prefix, body, params, proc)
 
     def run_with_data(self, conn, sql, fmt, prefix, body, params, proc):
         """Runs `sql`, whose {__input:String} parameter takes the whole request data; the rows written."""

@@ -19,9 +19,11 @@
 //!
 //! Late requests: an exactly-once attempt carries an absolute deadline on the
 //! *server's* clock, checked by the server when the query starts (a scalar
-//! `throwIf` over `now64()`, evaluated before any data is read). A request
+//! `throwIf` over `now64()`, evaluated before any data is read) and again
+//! when its rows are processed (`nowInBlock()` in the row filter). A request
 //! that reaches the server after its deadline (held in a proxy, queued,
-//! retransmitted) fails without storing anything. [`ClickHouse::fence_attempt`]
+//! retransmitted), or whose body is still arriving then, fails without
+//! storing anything. [`ClickHouse::fence_attempt`]
 //! then declares an attempt finished only once the server's clock has passed
 //! its deadline and its query id is gone from `system.processes`: from then
 //! on it can neither start nor still be running, whatever the client's clock
@@ -327,10 +329,15 @@ impl ClickHouse {
     /// Runs one insert attempt, bounded by the insert timeout.
     pub async fn insert(&self, req: InsertRequest) -> Result<(), ChError> {
         let sql = match req.deadline_ms {
-            // The scalar subquery runs when the query starts, before any row.
+            // The scalar subquery runs when the query starts, before any
+            // row; the row filter when the rows' block is processed, so a
+            // body that arrives slowly cannot commit after the deadline
+            // either (`nowInBlock()` counts whole seconds: at most 1 s
+            // late, within the fence's margin).
             Some(d) => format!(
                 "INSERT INTO {} SELECT * FROM input() \
                  WHERE (SELECT throwIf(toUnixTimestamp64Milli(now64(3)) > {d}, '{DEADLINE_PASSED}')) = 0 \
+                 AND throwIf(toUnixTimestamp(nowInBlock()) * 1000 > {d}, '{DEADLINE_PASSED}') = 0 \
                  FORMAT JSONEachRow",
                 req.table.sql()
             ),

@@ -219,7 +219,7 @@ mod tests {
         assert!(pinned_refusal("limit", "10"));
         assert!(pinned_refusal("additional_table_filters", "{'t': 'x > 1'}"));
         assert!(!pinned_refusal("read_overflow_mode", "throw"));
-        assert!(!pinned_refusal("max_result_rows", "10"));
+        assert!(!pinned_refusal("max_threads", "10"));
         let mut raw = RawClickHouse::default();
         raw.read_settings
             .insert("read_overflow_mode".into(), "break".into());

@@ -14,6 +14,10 @@
 //!   client's timeout, and then forwarded whole, as a load balancer, a
 //!   server queue or TCP retransmission can deliver it after the client
 //!   gave up. [`Proxy::late_every`] gives it to every n-th INSERT.
+//! - [`Fault::SlowBody`]: the request's head and the first bytes of its
+//!   body are forwarded at once, the rest `hold` later, as a slow client or
+//!   network delivers a body: the server starts the query on the head, and
+//!   the rows arrive after the client gave up.
 //!
 //! [`Proxy::hold_reads`] gives [`Fault::HoldRequest`] to the next n
 //! requests that are not INSERTs (a network blip on a read).
@@ -34,6 +38,7 @@ pub enum Fault {
     HoldRequest = 2,
     DropRequest = 3,
     LateRequest = 4,
+    SlowBody = 5,
 }
 
 #[derive(Default)]
@@ -179,6 +184,19 @@ async fn pipe(client: TcpStream, server: TcpStream, st: Arc<State>, hold: Durati
                 }
             }
             match m.load(Ordering::SeqCst) {
+                x if x == Fault::SlowBody as u8 => {
+                    let head = chunk
+                        .windows(4)
+                        .position(|w| w == b"\r\n\r\n")
+                        .map_or(chunk.len(), |at| (at + 4 + 64).min(chunk.len()));
+                    if sw.write_all(&chunk[..head]).await.is_err() {
+                        break;
+                    }
+                    s2.late_pending.fetch_add(1, Ordering::SeqCst);
+                    deliver_late(chunk[head..].to_vec(), &mut cr, &mut sw, hold).await;
+                    s2.late_pending.fetch_sub(1, Ordering::SeqCst);
+                    break;
+                }
                 x if x == Fault::LateRequest as u8 => {
                     s2.late_pending.fetch_add(1, Ordering::SeqCst);
                     deliver_late(chunk.to_vec(), &mut cr, &mut sw, hold).await;
@@ -204,7 +222,7 @@ async fn pipe(client: TcpStream, server: TcpStream, st: Arc<State>, hold: Durati
             Ok(0) | Err(_) => break,
             Ok(n) => n,
         };
-        if mode.load(Ordering::SeqCst) == Fault::LateRequest as u8 {
+        if late(&mode) {
             // The client gave up long ago: the answer goes nowhere.
             continue;
         }
@@ -218,7 +236,7 @@ async fn pipe(client: TcpStream, server: TcpStream, st: Arc<State>, hold: Durati
             break;
         }
     }
-    if mode.load(Ordering::SeqCst) == Fault::LateRequest as u8 {
+    if late(&mode) {
         // The server answered a late request (or hung up): it is delivered.
         let _ = upstream.await;
     } else {
@@ -249,6 +267,12 @@ async fn deliver_late(
         }
     }
     let _ = server.write_all(&held).await;
+}
+
+/// Whether the connection carries a request delivered late, whole or in part.
+fn late(mode: &AtomicU8) -> bool {
+    let m = mode.load(Ordering::SeqCst);
+    m == Fault::LateRequest as u8 || m == Fault::SlowBody as u8
 }
 
 fn contains(hay: &[u8], needle: &[u8]) -> bool {

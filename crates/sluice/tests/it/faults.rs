@@ -78,6 +78,53 @@ async fn withheld_response_after_commit_makes_no_duplicate() {
     assert_eq!((got.rows, missing), (50_000, 0), "{got:?}");
 }
 
+/// An insert whose head reaches the server at once and whose rows arrive
+/// after its deadline, while its owner is killed and a new owner writes the
+/// same records: ClickHouse started the query in time, but its rows are
+/// checked when they are processed, so the late rows cannot commit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_that_arrives_after_the_deadline_commits_nothing() {
+    let n = 1_000;
+    let (topic, table, ch) = setup("slowbody", 1, n).await;
+    let hold = Duration::from_secs(30);
+    let proxy = Proxy::start(upstream(), hold).await.unwrap();
+    proxy.arm(Fault::SlowBody);
+    let mut spec = SinkSpec::new(&topic, &table);
+    spec.clickhouse_url = proxy.url.clone();
+    spec.insert_timeout_s = 3;
+    spec.max_batch_rows = 2_000;
+    let mut owner = spec.start();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while proxy.fired() == 0 {
+        assert!(Instant::now() < deadline, "{}", owner.log_tail());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let sent = Instant::now();
+    // The whole body has left the owner (the proxy holds it), then it dies.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    owner.kill9();
+    // A new owner, straight to the server, takes the partition and writes
+    // it in other batches (the same ones would share the old attempt's
+    // query id, and the server would refuse them while it runs).
+    spec.clickhouse_url = clickhouse_url();
+    spec.max_batch_rows = 700;
+    let mut next = spec.start();
+    let got = wait_for(&ch, &table, n, Duration::from_secs(60)).await;
+    assert_eq!(got.distinct_offsets, n, "{}", next.log_tail());
+    assert!(
+        sent.elapsed() < hold,
+        "the new owner was too slow to show anything"
+    );
+    // The rest of the old body reaches the server, and its query ends.
+    while proxy.late_pending() > 0 {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let got = landed(&ch, &table).await;
+    assert!(next.stop(Duration::from_secs(60)), "{}", next.log_tail());
+    assert_eq!((got.rows, got.distinct_offsets), (n, n), "{got:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dropped_request_loses_nothing() {
     let (got, missing, _) = behind_proxy(Fault::DropRequest, Duration::from_secs(1)).await;
