@@ -75,7 +75,6 @@ async fn main() -> anyhow::Result<()> {
                 };
                 let rows = batch.len() as u64;
                 ch.insert(InsertRequest {
-                    serial: false,
                     table: table.clone(),
                     body: batch.body().clone(),
                     token,

@@ -58,10 +58,6 @@ pub struct InsertRequest {
     /// Settings the rows' format relies on, over every other
     /// ([`crate::config::Format::insert_settings`]).
     pub format_settings: &'static [(&'static str, &'static str)],
-    /// Parse the body in one stream (`input_format_parallel_parsing = 0`),
-    /// so that a refused row's number counts from the body's first row: in
-    /// parallel, each segment counts from its own (ClickHouse #34203).
-    pub serial: bool,
 }
 
 #[derive(Clone)]
@@ -102,6 +98,11 @@ impl ClickHouse {
             ("min_insert_block_size_bytes", "0".into()),
             // `INSERT … SELECT FROM input()`: one stream, so one block, one part.
             ("max_insert_threads", "1".into()),
+            // One stream of parsing too: a refused row's number counts from
+            // the body's first row, and the row filter's deadline check runs
+            // on the last block after the body's last byte (in parallel, a
+            // segment can end there and leave an empty one to the end).
+            ("input_format_parallel_parsing", "0".into()),
             ("max_execution_time", secs.clone()),
             ("http_receive_timeout", secs.clone()),
             ("http_send_timeout", secs),
@@ -332,12 +333,12 @@ impl ClickHouse {
             // The scalar subquery runs when the query starts, before any
             // row; the row filter when the rows' block is processed, so a
             // body that arrives slowly cannot commit after the deadline
-            // either (`nowInBlock()` counts whole seconds: at most 1 s
-            // late, within the fence's margin).
+            // either (`nowInBlock()` counts whole seconds: a block passes
+            // only if its whole second ends by the deadline).
             Some(d) => format!(
                 "INSERT INTO {} SELECT * FROM input() \
                  WHERE (SELECT throwIf(toUnixTimestamp64Milli(now64(3)) > {d}, '{DEADLINE_PASSED}')) = 0 \
-                 AND throwIf(toUnixTimestamp(nowInBlock()) * 1000 > {d}, '{DEADLINE_PASSED}') = 0 \
+                 AND throwIf(toUnixTimestamp(nowInBlock()) * 1000 + 999 > {d}, '{DEADLINE_PASSED}') = 0 \
                  FORMAT JSONEachRow",
                 req.table.sql()
             ),
@@ -356,9 +357,6 @@ impl ClickHouse {
         }
         if let Some(token) = &req.token {
             ins = ins.with_setting("insert_deduplication_token", token);
-        }
-        if req.serial {
-            ins = ins.with_setting("input_format_parallel_parsing", "0");
         }
         let work = async {
             ins.send(req.body).await?;

@@ -31,13 +31,17 @@ pub const DEFAULT_COMMIT_INTERVAL: Duration = Duration::from_secs(1);
 pub const DEFAULT_PROGRESS_INTERVAL: Duration = Duration::from_secs(10);
 
 /// Insert settings exactly-once relies on: a bound on a running insert,
-/// one part per insert, synchronous inserts, a bound on a quorum insert.
+/// one part per insert, one parsing stream, synchronous inserts, a bound on
+/// a quorum insert.
 const PROTOCOL_SETTINGS: &[&str] = &[
     "max_execution_time",
     "timeout_overflow_mode",
     "max_insert_threads",
     "async_insert",
     "insert_quorum_timeout",
+    "max_insert_block_size",
+    "min_insert_block_size_rows",
+    "input_format_parallel_parsing",
 ];
 
 /// Insert settings that make ClickHouse skip rows it cannot parse and still

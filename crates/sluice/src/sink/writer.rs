@@ -18,10 +18,10 @@
 //!
 //! With a DLQ, a row ClickHouse rejects (a permanent error naming the row,
 //! `(at row N)`: a wrong type, an unparsable date) goes to the DLQ and the
-//! rest of the batch is tried again (exactly-once: after reconciling). The
-//! row number is taken only from an attempt parsed in one stream: the first
-//! refusal of a batch is sent again that way, as a server parsing in
-//! parallel counts rows from the start of each segment. The
+//! rest of the batch is tried again (exactly-once: after reconciling). Every
+//! insert is parsed in one stream (`input_format_parallel_parsing = 0`), so
+//! the row number counts from the body's first row: in parallel, ClickHouse
+//! counts from each segment's (ClickHouse #34203). The
 //! batch is durable once its rows are stored and its DLQ writes are
 //! acknowledged.
 //!
@@ -192,10 +192,6 @@ async fn attempt_until_done(job: &Job, ctx: &WriterCtx, letters: &mut Vec<Pendin
     };
     let mut stored: Vec<Offset> = Vec::new();
     let mut inserted = 0;
-    // A row number in a refusal is trusted only from an attempt parsed in
-    // one stream; the first refusal naming a row makes every later attempt
-    // of the batch one.
-    let mut serial = false;
     loop {
         if exactly_once {
             tokio::select! {
@@ -269,7 +265,6 @@ async fn attempt_until_done(job: &Job, ctx: &WriterCtx, letters: &mut Vec<Pendin
             query_id: qid.clone(),
             deadline_ms,
             format_settings: job.route.insert_settings(),
-            serial,
         };
         let result = ctx.ch.insert(req).await;
         let answered = answer(&result);
@@ -331,11 +326,6 @@ async fn attempt_until_done(job: &Job, ctx: &WriterCtx, letters: &mut Vec<Pendin
                     None => Vec::new(),
                 };
                 if refused.is_empty() {
-                    if !serial && e.row.is_some() {
-                        serial = true;
-                        tracing::info!(partition = %p, error = %e, "ClickHouse refused a row; sending again parsed in one stream, to learn which");
-                        continue;
-                    }
                     match rejected_row(&e, &batch) {
                         Some(named) => refused.push(named),
                         None => return Outcome::Failed(e),
