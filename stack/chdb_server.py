@@ -12,7 +12,7 @@ Data flow:
        one is cancelled and waited for, at most replace_running_query_max_wait_ms)
     -> read the query: the `query` param + "\n" + body, or the body alone (as clickhouse-server)
     -> open ONE chDB connection for this request on the shared data dir (--path),
-       `USE <database>`, `SET <setting> = '<value>'` for every --profile setting, then for every
+       `USE <database>`, one `SET <setting> = '<value>', ...` for every --profile setting and every
        settings param (as a user's settings profile, which the query's own settings override)
     -> then one of:
        INSERT ... FORMAT f / VALUES <data>:  conn.send_insert(head, f); the data (body chunks) go to
@@ -837,10 +837,13 @@ class Handler(BaseHTTPRequestHandler):
         try:
             if database:
                 self.chdb(conn, f"USE {quote_ident(database)}")
-            for k, v in PROFILE + settings:
+            merged = dict(PROFILE)
+            merged.update(settings)            # the request's own over the profile's
+            for k in merged:
                 if not re.fullmatch(r"[A-Za-z_]\w*", k):
                     raise err("UNKNOWN_SETTING", f"Unknown setting '{k}'")
-                self.chdb(conn, f"SET {k} = {quote_str(v)}")
+            if merged:                         # one statement: a request may carry dozens
+                self.chdb(conn, "SET " + ", ".join(f"{k} = {quote_str(v)}" for k, v in merged.items()))
             if plan is not None and plan.kind == "data":
                 head = substitute(plan.head, params) if params else plan.head
                 if self.has_constraints(conn, head):
