@@ -6,6 +6,9 @@
 //! cheap first line of defence against re-submits inside ClickHouse's dedup
 //! window, never the guarantee. Query ids add the attempt number, so every
 //! attempt can be found in `system.processes` and killed before a retry.
+//! Every id of one partition of one table and topic starts with the same
+//! [`partition_query_prefix`], so a new owner can find and end whatever an
+//! earlier owner of the partition still runs.
 
 use crate::offset::Offset;
 use xxhash_rust::xxh3::Xxh3;
@@ -18,6 +21,7 @@ pub fn insert_token(
     offsets: impl ExactSizeIterator<Item = Offset>,
 ) -> String {
     let n = offsets.len();
+    let prefix = partition_query_prefix(table, topic, partition);
     let mut h = Xxh3::new();
     for part in [table.as_bytes(), b"\0", topic.as_bytes(), b"\0"] {
         h.update(part);
@@ -33,7 +37,7 @@ pub fn insert_token(
         (Some(f), Some(l)) => format!("{f}-{l}"),
         _ => "empty".into(),
     };
-    format!("sluice-{partition}-{span}-{n}-{:032x}", h.digest128())
+    format!("{prefix}{span}-{n}-{:032x}", h.digest128())
 }
 
 /// The query id of attempt `attempt` of the insert with `token`.
@@ -42,9 +46,12 @@ pub fn query_id(token: &str, attempt: u32) -> String {
 }
 
 /// The prefix shared by the query ids of every insert sluice makes for one
-/// partition of one table, for finding them in `system.processes`.
-pub fn partition_query_prefix(partition: i32) -> String {
-    format!("sluice-{partition}-")
+/// partition of one topic into one table, for finding them in
+/// `system.processes`: `sluice-`, 8 hex digits naming the table and topic,
+/// the partition and a dash (so partition 1 never matches partition 10).
+pub fn partition_query_prefix(table: &str, topic: &str, partition: i32) -> String {
+    let scope = xxhash_rust::xxh3::xxh3_64(format!("{table}\0{topic}").as_bytes());
+    format!("sluice-{:08x}-{partition}-", scope as u32)
 }
 
 #[cfg(test)]
@@ -67,10 +74,13 @@ mod tests {
     #[test]
     fn token_names_its_range_and_is_stable() {
         let t = tok("db.t", "orders", 3, &[5, 6, 9]);
-        assert!(t.starts_with("sluice-3-5-9-3-"), "{t}");
+        let prefix = partition_query_prefix("db.t", "orders", 3);
+        assert!(t.starts_with(&format!("{prefix}5-9-3-")), "{t}");
         assert_eq!(t, tok("db.t", "orders", 3, &[5, 6, 9]));
         assert!(query_id(&t, 2).ends_with("-a2"));
-        assert!(t.starts_with(&partition_query_prefix(3)));
+        assert!(!tok("db.t", "orders", 30, &[5]).starts_with(&prefix));
+        assert!(!tok("db.t", "payments", 3, &[5]).starts_with(&prefix));
+        assert!(!tok("db.u", "orders", 3, &[5]).starts_with(&prefix));
     }
 
     proptest! {

@@ -35,6 +35,7 @@ use crate::config::{ClickHouseConfig, Delivery, Route};
 use bytes::Bytes;
 use sluice_core::deadline::{self, FenceStep};
 use sluice_core::dedup::{key_hash, KeyHash};
+use sluice_core::token::partition_query_prefix;
 use sluice_core::{MetadataColumns, Offset};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -557,9 +558,77 @@ impl ClickHouse {
         }
     }
 
+    /// Ends every insert any process still runs for `partitions` of
+    /// `route` (their query ids start with [`partition_query_prefix`]) and
+    /// waits until the process lists show none. A new owner does this after
+    /// its claim and before it reads what the table holds: an earlier
+    /// owner's insert that outlived its deadline (a part written late, a
+    /// paused server) cannot commit after that read. Errs while one still
+    /// runs after a kill and the insert timeout, for the caller to retry.
+    pub async fn end_partition_queries(
+        &self,
+        route: &Route,
+        partitions: &[i32],
+    ) -> Result<(), ChError> {
+        let table = route.table_ref().sql();
+        let prefixes: Vec<String> = partitions
+            .iter()
+            .map(|&p| partition_query_prefix(&table, &route.topic, p))
+            .collect();
+        let cond =
+            "arrayExists(p -> startsWith(query_id, p) OR startsWith(initial_query_id, p), ?)";
+        let give_up = Instant::now() + self.insert_timeout + Duration::from_secs(5);
+        loop {
+            let seen = self
+                .bounded(
+                    self.read(&format!(
+                        "SELECT count() FROM {} WHERE {cond}",
+                        self.processes()
+                    ))
+                    .bind(&prefixes)
+                    .fetch_one::<u64>(),
+                )
+                .await;
+            let running = match seen {
+                Ok(n) => n,
+                // No view of the processes (as in `fence_attempt`): the
+                // claim's fence alone bounds an earlier owner's inserts.
+                Err(e) if e.kind == ChErrorKind::Server => {
+                    tracing::warn!(error = %e, "cannot read the process list; relying on the claim's fence alone");
+                    return Ok(());
+                }
+                Err(e) => return Err(e),
+            };
+            if running == 0 {
+                return Ok(());
+            }
+            if Instant::now() >= give_up {
+                return Err(ChError::client(format!(
+                    "{running} insert(s) of an earlier owner of {}{partitions:?} still run after a kill and the insert timeout",
+                    route.topic
+                )));
+            }
+            tracing::warn!(
+                running,
+                topic = %route.topic,
+                ?partitions,
+                "an earlier owner's inserts of these partitions still run; ending them before reading the table"
+            );
+            self.kill_where(cond, &prefixes).await;
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
     /// Asks the server (every replica of `cluster`) to end `query_id` (best
     /// effort: it may be gone, or the server may not know it).
     async fn kill(&self, query_id: &str) {
+        self.kill_where("? IN (query_id, initial_query_id)", query_id)
+            .await
+    }
+
+    /// Asks the server (every replica of `cluster`) to end every query that
+    /// matches `cond`, whose one `?` is `bind` (best effort).
+    async fn kill_where(&self, cond: &str, bind: impl serde::Serialize) {
         let on = self
             .cluster
             .as_ref()
@@ -568,11 +637,8 @@ impl ClickHouse {
         let _ = self
             .bounded(
                 self.client
-                    .query(&format!(
-                        "KILL QUERY{on} WHERE query_id = ? OR initial_query_id = ? SYNC"
-                    ))
-                    .bind(query_id)
-                    .bind(query_id)
+                    .query(&format!("KILL QUERY{on} WHERE {cond} SYNC"))
+                    .bind(bind)
                     .execute(),
             )
             .await;

@@ -7,7 +7,8 @@
 //! [`Claim`] (`sluice-core`) decides each read, write and wait, with its
 //! fence and its yield, and this task does them. A partition given up
 //! meanwhile (revoked, lost, taken) leaves the claim within a second. Then
-//! the task reads the watermarks from ClickHouse and the log's bounds from
+//! the task ends any insert of the partitions still running on the server
+//! (an earlier owner's, late past its deadline), reads the watermarks from ClickHouse and the log's bounds from
 //! the broker, and plans each partition with [`resume_plan`]: what
 //! ClickHouse holds decides, the reset policy applies only where it holds
 //! nothing. Out: each plan, as an [`Event::Prepared`] to the consumer
@@ -291,6 +292,21 @@ impl Preparation {
                 continue;
             }
             let route = &self.routes[*ri];
+            // No insert an earlier owner started may commit after the read
+            // below: end whatever of these partitions still runs.
+            let numbers: Vec<i32> = parts.iter().map(|((k, _), _)| k.1).collect();
+            if self.exactly_once
+                && self
+                    .retry("end an earlier owner's inserts", || async {
+                        Ok::<_, anyhow::Error>(
+                            self.ch.end_partition_queries(route, &numbers).await?,
+                        )
+                    })
+                    .await
+                    .is_none()
+            {
+                return false;
+            }
             let Some(marks) = self
                 .retry("read watermarks", || async {
                     let t0 = Instant::now();

@@ -2,6 +2,8 @@
 
 use crate::harness::*;
 use sluice::lab::proxy::{Fault, Proxy};
+use sluice_core::token::{insert_token, query_id};
+use sluice_core::Offset;
 use std::time::{Duration, Instant};
 
 const PARTITIONS: i32 = 8;
@@ -267,4 +269,82 @@ async fn frozen_instance_wakes_up_without_writing() {
     );
     assert_eq!(missing_ids(&ch, &table, n).await, 0, "{got:?}");
     assert_eq!(got.duplicates(), 0, "{got:?}");
+}
+
+/// One row of the test table, for an insert made by hand.
+#[derive(serde::Serialize, clickhouse::Row)]
+struct EventRow {
+    id: u64,
+    payload: String,
+    _topic: String,
+    _partition: u32,
+    _offset: u64,
+}
+
+/// An insert an earlier owner started that still runs when a new owner has
+/// claimed the partition (its part written late, past its deadline; a
+/// paused server) is ended before the new owner reads the table: its rows
+/// never land beside the new owner's. Here the earlier owner's insert is
+/// made by hand, under the query id sluice would give it, and its body
+/// arrives 20 s after its head.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_earlier_owners_insert_still_running_at_the_claim_is_ended_first() {
+    let n = 300u64;
+    let (topic, table, ch) = setup("lateowner", 1, n).await;
+    let table_ref = sluice::ch::TableRef::parse(&table).unwrap();
+    let table_sql = table_ref.sql();
+    let offsets: Vec<Offset> = (0..n as i64).map(Offset).collect();
+    let qid = query_id(&insert_token(&table_sql, &topic, 0, offsets.into_iter()), 0);
+    let late = ch
+        .clone()
+        .with_database(&table_ref.database)
+        .with_setting("query_id", &qid);
+    let (t, tp) = (table_ref.table.clone(), topic.clone());
+    let earlier = tokio::spawn(async move {
+        let mut insert = late.insert::<EventRow>(&t).await?;
+        for o in 0..n {
+            insert
+                .write(&EventRow {
+                    id: o,
+                    payload: "late".into(),
+                    _topic: tp.clone(),
+                    _partition: 0,
+                    _offset: o,
+                })
+                .await?;
+        }
+        tokio::time::sleep(Duration::from_secs(20)).await;
+        insert.end().await
+    });
+    // The head has reached the server: the insert runs.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let running: u64 = ch
+            .query("SELECT count() FROM system.processes WHERE query_id = ?")
+            .bind(&qid)
+            .fetch_one()
+            .await
+            .unwrap();
+        if running > 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the hand-made insert never started"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let spec = SinkSpec::new(&topic, &table);
+    let mut sink = spec.start();
+    let got = wait_for(&ch, &table, n, Duration::from_secs(60)).await;
+    assert_eq!(got.distinct_offsets, n, "{}", sink.log_tail());
+    // Whatever became of the earlier insert, it has ended by now.
+    let ended = tokio::time::timeout(Duration::from_secs(40), earlier).await;
+    let got = landed(&ch, &table).await;
+    let log = sink.log_tail();
+    assert!(sink.stop(Duration::from_secs(60)), "{log}");
+    // Killed, or committed before the new owner read the table: either way
+    // its rows are there once.
+    let _ = ended.expect("the earlier insert still runs").unwrap();
+    assert_eq!((got.rows, got.distinct_offsets), (n, n), "{got:?}\n{log}");
 }
