@@ -15,7 +15,10 @@
 //! large) asks for fewer rows per insert; 404, 408, 425 and 429 (a deploy, a
 //! timeout, a rate limit) and 5xx, or no status at all, are a network
 //! failure, retried with its outcome unknown; any other 4xx stops the sink
-//! with the status and the start of the body.
+//! with the status and the start of the body. The crate keeps the status
+//! only for an empty body: a plain-text body that names no status (Envoy's
+//! `upstream connect error …`, a firewall's own words) is retried as a
+//! network failure, and logged with its start, since it may be a 5xx.
 
 use std::fmt;
 
@@ -196,7 +199,14 @@ impl ChError {
                     "something in front of ClickHouse (no ClickHouse error code)"
                 ))
             }
-            _ => Self::without_code(ChErrorKind::Network, message),
+            Some(_) => Self::without_code(ChErrorKind::Network, message),
+            None => {
+                let start: String = message.chars().take(200).collect();
+                Self::without_code(
+                    ChErrorKind::Network,
+                    format!("an answer with no ClickHouse error code and no HTTP status in it (from something in front of ClickHouse?): {start}"),
+                )
+            }
         }
     }
 

@@ -18,6 +18,10 @@
 //!   body are forwarded at once, the rest `hold` later, as a slow client or
 //!   network delivers a body: the server starts the query on the head, and
 //!   the rows arrive after the client gave up.
+//! - [`Fault::Answer`]: the request is taken whole and never forwarded;
+//!   the proxy answers it itself with what [`Proxy::answer_next_insert`]
+//!   set (a 413 of a body limit, a gateway's 502 page, a 200 carrying an
+//!   exception), as a load balancer or gateway in front of ClickHouse does.
 //!
 //! [`Proxy::hold_reads`] gives [`Fault::HoldRequest`] to the next n
 //! requests that are not INSERTs (a network blip on a read).
@@ -39,6 +43,7 @@ pub enum Fault {
     DropRequest = 3,
     LateRequest = 4,
     SlowBody = 5,
+    Answer = 6,
 }
 
 #[derive(Default)]
@@ -55,6 +60,8 @@ struct State {
     slow_ms: AtomicU64,
     /// Requests other than INSERTs still to hold.
     hold_reads: AtomicU32,
+    /// The whole HTTP response [`Fault::Answer`] gives.
+    answer: std::sync::Mutex<Vec<u8>>,
 }
 
 pub struct Proxy {
@@ -104,6 +111,32 @@ impl Proxy {
     /// refused while down).
     pub fn fired(&self) -> u32 {
         self.state.fired.load(Ordering::SeqCst)
+    }
+
+    /// The next INSERT is answered by the proxy itself with `status` and
+    /// `body` (and `headers`, each `Name: value`), and never reaches the
+    /// server.
+    pub fn answer_next_insert(&self, status: u16, headers: &[&str], body: &str) {
+        let reason = match status {
+            200 => "OK",
+            400 => "Bad Request",
+            403 => "Forbidden",
+            413 => "Payload Too Large",
+            502 => "Bad Gateway",
+            503 => "Service Unavailable",
+            504 => "Gateway Timeout",
+            _ => "Status",
+        };
+        let mut head = format!("HTTP/1.1 {status} {reason}\r\n");
+        for h in headers {
+            head.push_str(&format!("{h}\r\n"));
+        }
+        head.push_str(&format!(
+            "Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        ));
+        *self.state.answer.lock().unwrap() = head.into_bytes();
+        self.arm(Fault::Answer);
     }
 
     /// Every `n`-th INSERT from now on is delivered late (0: none).
@@ -204,6 +237,21 @@ async fn pipe(client: TcpStream, server: TcpStream, st: Arc<State>, hold: Durati
                     break;
                 }
                 x if x == Fault::DropRequest as u8 => break,
+                x if x == Fault::Answer as u8 => {
+                    // Take the whole request (its chunked body ends with an
+                    // empty chunk), then hang up on the server unasked.
+                    let mut tail = chunk.to_vec();
+                    while !tail.ends_with(b"0\r\n\r\n") {
+                        match cr.read(&mut buf).await {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => {
+                                tail.extend_from_slice(&buf[..n]);
+                                tail.drain(..tail.len().saturating_sub(8));
+                            }
+                        }
+                    }
+                    break;
+                }
                 x if x == Fault::HoldRequest as u8 => {
                     tokio::time::sleep(hold).await;
                     break;
@@ -239,6 +287,11 @@ async fn pipe(client: TcpStream, server: TcpStream, st: Arc<State>, hold: Durati
     if late(&mode) {
         // The server answered a late request (or hung up): it is delivered.
         let _ = upstream.await;
+    } else if mode.load(Ordering::SeqCst) == Fault::Answer as u8 {
+        // The request is taken whole: the proxy answers it.
+        let _ = upstream.await;
+        let answer = st.answer.lock().unwrap().clone();
+        let _ = cw.write_all(&answer).await;
     } else {
         upstream.abort();
     }

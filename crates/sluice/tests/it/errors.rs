@@ -4,6 +4,7 @@
 use crate::harness::*;
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
 use rdkafka::ClientConfig;
+use sluice::lab::proxy::Proxy;
 use std::time::Duration;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -208,4 +209,87 @@ async fn an_asynchronous_distributed_table_is_refused() {
     let (code, log) = exit_of(spec.start(), Duration::from_secs(60));
     assert_eq!(code, Some(2), "{log}");
     assert!(log.contains(&format!("{is}the fence must see")), "{log}");
+}
+
+/// Answers from something in front of the server, without a ClickHouse
+/// code, are classified by what a retry can fix. Each of these answers one
+/// insert that never reaches the server: a gateway's 502, 503 and 504 pages
+/// are retried like a refused connection, a 200 whose body carries an
+/// exception is a failure (its rows would be missing if it counted as
+/// stored), and a 413 of a body limit splits the batch. Every record lands
+/// once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_from_in_front_of_the_server_are_retried_or_split() {
+    let html = "Content-Type: text/html";
+    let answers: [(u16, &[&str], &str); 6] = [
+        (502, &[html], "<html>\r\n<head><title>502 Bad Gateway</title></head>\r\n<body>\r\n<center><h1>502 Bad Gateway</h1></center>\r\n<hr><center>nginx</center>\r\n</body>\r\n</html>\r\n"),
+        (503, &[html], "<html><body><h1>503 Service Unavailable</h1>\nNo server is available to handle this request.\n</body></html>\n"),
+        (504, &[html], "<html><head><title>504 Gateway Time-out</title></head><body><h1>504 Gateway Time-out</h1></body></html>\n"),
+        (503, &["Content-Type: text/plain"], "upstream connect error or disconnect/reset before headers. reset reason: connection failure"),
+        (200, &["X-ClickHouse-Format: JSONEachRow"], "Code: 241. DB::Exception: Memory limit (total) exceeded: would use 9.31 GiB (attempt to allocate chunk of 4194304 bytes), maximum: 9.31 GiB. (MEMORY_LIMIT_EXCEEDED) (version 25.3.2.39 (official build))\n"),
+        (413, &[html], "<html>\r\n<head><title>413 Request Entity Too Large</title></head>\r\n<body>\r\n<center><h1>413 Request Entity Too Large</h1></center>\r\n</body>\r\n</html>\r\n"),
+    ];
+    let round = 400;
+    let (topic, table, ch) = setup("gateway", 1, 0).await;
+    let proxy = Proxy::start(
+        Proxy::upstream_of(&clickhouse_url()),
+        Duration::from_secs(5),
+    )
+    .await
+    .unwrap();
+    let mut spec = SinkSpec::new(&topic, &table);
+    spec.clickhouse_url = proxy.url.clone();
+    let mut sink = spec.start();
+    for (i, (status, headers, body)) in answers.iter().enumerate() {
+        let i = i as u64;
+        proxy.answer_next_insert(*status, headers, body);
+        produce(&topic, 1, i * round, round);
+        let got = wait_for(&ch, &table, (i + 1) * round, Duration::from_secs(60)).await;
+        assert_eq!(
+            got.rows,
+            (i + 1) * round,
+            "{status}: {got:?}\n{}",
+            sink.log_tail()
+        );
+        assert_eq!(proxy.fired(), i as u32 + 1, "{status} was never given");
+    }
+    let log = sink.log_tail();
+    assert!(sink.stop(Duration::from_secs(60)), "{log}");
+    assert!(
+        log.contains("splitting it"),
+        "the 413 split no batch: {log}"
+    );
+    let got = landed(&ch, &table).await;
+    let n = round * answers.len() as u64;
+    assert_eq!((got.rows, got.distinct_offsets), (n, n), "{got:?}");
+}
+
+/// Any other 4xx from something in front of the server (here nginx's 403
+/// page) is not something a retry fixes: the sink stops with the status and
+/// the start of the body, and lands nothing of that batch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateways_other_refusal_stops_the_sink_with_its_status() {
+    let (topic, table, ch) = setup("gateway403", 1, 100).await;
+    let proxy = Proxy::start(
+        Proxy::upstream_of(&clickhouse_url()),
+        Duration::from_secs(5),
+    )
+    .await
+    .unwrap();
+    proxy.answer_next_insert(
+        403,
+        &["Content-Type: text/html"],
+        "<html>\r\n<head><title>403 Forbidden</title></head>\r\n<body>\r\n<center><h1>403 Forbidden</h1></center>\r\n<hr><center>nginx</center>\r\n</body>\r\n</html>\r\n",
+    );
+    let mut spec = SinkSpec::new(&topic, &table);
+    spec.clickhouse_url = proxy.url.clone();
+    let (code, log) = exit_of(spec.start(), Duration::from_secs(90));
+    assert_eq!(code, Some(2), "{log}");
+    assert!(
+        log.contains("HTTP 403 from something in front of ClickHouse"),
+        "{log}"
+    );
+    assert!(log.contains("<title>403 Forbidden</title>"), "{log}");
+    assert_eq!(landed(&ch, &table).await.rows, 0);
+    assert_eq!(proxy.fired(), 1);
 }
