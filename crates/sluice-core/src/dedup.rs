@@ -107,6 +107,9 @@ pub struct KeyWindow {
     order: VecDeque<(i64, Stored)>,
     stream_ms: i64,
     evicted_early: u64,
+    /// A rebuilt window replaying the records up to this offset: nothing
+    /// expires until a record past it (see [`KeyWindow::rebuilt`]).
+    hold: Option<Offset>,
 }
 
 impl KeyWindow {
@@ -118,6 +121,7 @@ impl KeyWindow {
             order: VecDeque::new(),
             stream_ms: i64::MIN,
             evicted_early: 0,
+            hold: None,
         }
     }
 
@@ -126,6 +130,9 @@ impl KeyWindow {
     /// remembers a new key.
     pub fn check(&mut self, key: KeyHash, ts_ms: Option<i64>, offset: Offset) -> Seen {
         use std::collections::hash_map::Entry;
+        if self.hold.is_some_and(|through| offset > through) {
+            self.end_hold();
+        }
         let ts = self.advance(ts_ms);
         let cutoff = self.cutoff();
         let key = Stored::from(key);
@@ -149,18 +156,42 @@ impl KeyWindow {
     /// A window rebuilt when a partition changes hands: `keys` are already
     /// in the table (read back from its rows), remembered as durable
     /// ([`SEEDED`]) from `at_ms`, the stream time reached before the hand-off.
+    ///
+    /// The records up to `through` (the table's highest offset) may be read
+    /// again, at a higher stream time than they were first judged at: a key
+    /// that dropped one of them then may have expired by now. So nothing
+    /// expires until a record past `through` comes; then the keys loaded
+    /// count from the stream time reached, and expire from there. A key is
+    /// remembered longer than its own time says, never shorter: the only
+    /// cost is a drop whose key is in the table.
     pub fn rebuilt(
         window: Duration,
         max_keys: usize,
         keys: impl IntoIterator<Item = KeyHash>,
         at_ms: i64,
+        through: Offset,
     ) -> Self {
         let mut w = Self::new(window, max_keys);
         for k in keys {
             w.seed(k, at_ms);
         }
         w.advance_to(at_ms);
+        w.hold = Some(through);
         w
+    }
+
+    /// The replay of a rebuilt window is over: its loaded keys count from
+    /// the stream time reached.
+    fn end_hold(&mut self) {
+        self.hold = None;
+        let now = self.stream_ms;
+        for (key, e) in self.latest.iter_mut() {
+            if e.1 == SEEDED && e.0 < now {
+                e.0 = now;
+                self.order.push_back((now, *key));
+            }
+        }
+        self.expire();
     }
 
     /// Decides a keyed record ([`check`](Self::check), then [`verdict`]):
@@ -249,7 +280,12 @@ impl KeyWindow {
         ts
     }
 
+    /// The time before which a key is forgotten; none while a rebuilt
+    /// window replays.
     fn cutoff(&self) -> i64 {
+        if self.hold.is_some() {
+            return i64::MIN;
+        }
         self.stream_ms.saturating_sub(self.window_ms)
     }
 
@@ -480,7 +516,7 @@ mod tests {
 
     #[test]
     fn a_rebuilt_window_drops_the_keys_the_table_holds() {
-        let mut w = KeyWindow::rebuilt(Duration::from_secs(60), 100, [7, 8], 10 * MIN);
+        let mut w = KeyWindow::rebuilt(Duration::from_secs(60), 100, [7, 8], 10 * MIN, Offset(1));
         assert_eq!(w.copy_of(7), Some(SEEDED));
         // Durable whatever the frontier: they are in the table.
         assert_eq!(w.decide(8, None, Offset(0), NextOffset(0)), Verdict::Drop);
@@ -495,8 +531,59 @@ mod tests {
             w.decide(7, Some(12 * MIN), Offset(3), NextOffset(0)),
             Verdict::Write
         );
-        let fresh = KeyWindow::rebuilt(Duration::from_secs(60), 100, [], 0);
+        let fresh = KeyWindow::rebuilt(Duration::from_secs(60), 100, [], 0, Offset(0));
         assert!(fresh.is_empty());
+    }
+
+    /// The table holds A@0 min (offset 0) and B@100 min (offset 2); A@50 min
+    /// (offset 1) was dropped for A, and the commit stayed at 1. Replayed
+    /// after a restart at the stream time 100 min, it is dropped again,
+    /// though A's own time is over a window before that.
+    #[test]
+    fn a_replayed_record_is_judged_by_the_keys_it_was_dropped_for() {
+        let (a, b) = (7, 8);
+        let mut w =
+            KeyWindow::rebuilt(Duration::from_secs(3600), 100, [a, b], 100 * MIN, Offset(2));
+        assert_eq!(
+            w.decide(a, Some(50 * MIN), Offset(1), NextOffset(1)),
+            Verdict::Drop
+        );
+        assert_eq!(
+            w.decide(b, Some(100 * MIN), Offset(2), NextOffset(2)),
+            Verdict::Drop
+        );
+        // Past the table's rows, the keys loaded count from the stream time
+        // reached (100 min) and expire a window later.
+        assert_eq!(
+            w.decide(a, Some(150 * MIN), Offset(3), NextOffset(3)),
+            Verdict::Drop
+        );
+        assert_eq!(
+            w.decide(a, Some(161 * MIN), Offset(4), NextOffset(4)),
+            Verdict::Write
+        );
+    }
+
+    /// Timestamps out of order: A@100 min (offset 0, stored), A@110 min
+    /// (offset 1, dropped), B@5 min (offset 2, stored), the commit at 1. The
+    /// restart loads A and B at 5 min; replaying A@110 min must not expire
+    /// them before it is judged.
+    #[test]
+    fn the_keys_loaded_outlive_the_replay() {
+        let (a, b) = (7, 8);
+        let mut w = KeyWindow::rebuilt(Duration::from_secs(3600), 100, [a, b], 5 * MIN, Offset(2));
+        assert_eq!(
+            w.decide(a, Some(110 * MIN), Offset(1), NextOffset(1)),
+            Verdict::Drop
+        );
+        assert_eq!(
+            w.decide(b, Some(5 * MIN), Offset(2), NextOffset(2)),
+            Verdict::Drop
+        );
+        assert_eq!(
+            w.decide(a, Some(111 * MIN), Offset(3), NextOffset(3)),
+            Verdict::Drop
+        );
     }
 
     #[test]
@@ -585,6 +672,50 @@ mod tests {
             }
             let want: Vec<Offset> = bad.iter().position(|b| !b).map(|p| Offset(p as i64)).into_iter().collect();
             prop_assert_eq!(landed, want);
+        }
+
+        /// A restart rebuilt as `sink/dedup.rs` does (the keys the table
+        /// holds from the first offset within a window of the commit's or
+        /// the last row's time, whichever is earlier, through the last row)
+        /// and replaying from the commit stores no key twice within the
+        /// window: for stored copies i < j of a key, the stream time at j is
+        /// over a window past i. Timestamps in order (ties allowed).
+        #[test]
+        fn a_restart_replaying_from_the_commit_stores_no_key_twice(
+            records in prop::collection::vec((0u8..6, 0i64..30), 1..120),
+            crash in 0usize..120,
+            commit in 0usize..121,
+        ) {
+            let window = 60i64;
+            let mut t = 0;
+            let records: Vec<(u128, i64)> = records.iter().map(|&(k, d)| { t += d; (k as u128, t) }).collect();
+            let n = records.len();
+            let crash = crash % n;
+            let mut first = KeyWindow::new(Duration::from_millis(window as u64), usize::MAX);
+            let mut stored = vec![false; n];
+            for (i, &(k, ts)) in records.iter().enumerate().take(crash + 1) {
+                stored[i] = first.check(k, Some(ts), Offset(i as i64)) == Seen::New;
+            }
+            let w = (0..=crash).rev().find(|&i| stored[i]).unwrap();
+            let c = commit % (w + 2);
+            let since = if c <= w { records[c].1.min(records[w].1) } else { records[w].1 } - window;
+            let from = (0..=w).find(|&i| records[i].1 >= since).unwrap_or(w);
+            let seeds = (from..=w).filter(|&i| stored[i]).map(|i| records[i].0);
+            let mut second = KeyWindow::rebuilt(Duration::from_millis(window as u64), usize::MAX, seeds, records[w].1, Offset(w as i64));
+            for (i, &(k, ts)) in records.iter().enumerate().skip(c) {
+                let seen = second.check(k, Some(ts), Offset(i as i64));
+                if i > w || !stored[i] {
+                    stored[i] = seen == Seen::New;
+                }
+            }
+            for j in 0..n {
+                for i in 0..j {
+                    if stored[i] && stored[j] && records[i].0 == records[j].0 {
+                        let stream = records[..=j].iter().map(|r| r.1).max().unwrap();
+                        prop_assert!(stream - window > records[i].1, "{i} and {j}: {records:?} crash {crash} commit {c}");
+                    }
+                }
+            }
         }
 
         /// The same records give the same answers, whatever came before a

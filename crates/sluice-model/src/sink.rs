@@ -603,7 +603,7 @@ pub fn activate(
             Some(high) => {
                 let held = (0..=high.0 as usize).filter(|&o| w.table[o] > 0);
                 let seeds = held.map(|o| KeyHash::from(of[o]));
-                KeyWindow::rebuilt(Keys::WINDOW, Keys::MAX_KEYS, seeds, 0)
+                KeyWindow::rebuilt(Keys::WINDOW, Keys::MAX_KEYS, seeds, 0, high)
             }
             None => KeyWindow::new(Keys::WINDOW, Keys::MAX_KEYS),
         };

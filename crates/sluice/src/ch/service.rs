@@ -591,9 +591,10 @@ impl ClickHouse {
                 .await;
             let running = match seen {
                 Ok(n) => n,
-                // No view of the processes (as in `fence_attempt`): the
-                // claim's fence alone bounds an earlier owner's inserts.
-                Err(e) if e.kind == ChErrorKind::Server => {
+                // No view of the processes, for good (no grant, no such
+                // table): the claim's fence alone bounds an earlier owner's
+                // inserts. A busy server is asked again.
+                Err(e) if e.kind == ChErrorKind::Server && !e.is_retriable() => {
                     tracing::warn!(error = %e, "cannot read the process list; relying on the claim's fence alone");
                     return Ok(());
                 }

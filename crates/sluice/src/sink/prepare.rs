@@ -293,14 +293,21 @@ impl Preparation {
             }
             let route = &self.routes[*ri];
             // No insert an earlier owner started may commit after the read
-            // below: end whatever of these partitions still runs.
-            let numbers: Vec<i32> = parts.iter().map(|((k, _), _)| k.1).collect();
+            // below: end whatever of these partitions still runs, for as
+            // long as they are still this preparation's (a partition given
+            // up meanwhile has a new owner, whose inserts are not to end).
             if self.exactly_once
                 && self
                     .retry("end an earlier owner's inserts", || async {
-                        Ok::<_, anyhow::Error>(
-                            self.ch.end_partition_queries(route, &numbers).await?,
-                        )
+                        let numbers: Vec<i32> = parts
+                            .iter()
+                            .filter(|(p, _)| self.current(p))
+                            .map(|((k, _), _)| k.1)
+                            .collect();
+                        if !numbers.is_empty() {
+                            self.ch.end_partition_queries(route, &numbers).await?;
+                        }
+                        Ok::<_, anyhow::Error>(())
                     })
                     .await
                     .is_none()
@@ -348,15 +355,15 @@ impl Preparation {
         }
         for (key, generation, confirmed, position, w, log) in checked {
             let route = &self.routes[key.0];
+            let mut plan = resume_plan(position, w.filter(|_| self.exactly_once), log, self.reset);
             let Some(seeds) = self
                 .retry("rebuild the key dedup window", || {
-                    rebuild(&self.kafka, &self.ch, route, key.1, w)
+                    rebuild(&self.kafka, &self.ch, route, key.1, w, plan.start)
                 })
                 .await
             else {
                 return false;
             };
-            let mut plan = resume_plan(position, w.filter(|_| self.exactly_once), log, self.reset);
             // If ClickHouse holds every offset of the zone, nothing there
             // needs reading again.
             if let Some((first, last)) = plan.zone() {

@@ -246,3 +246,102 @@ async fn a_rejected_copy_does_not_hide_its_key_in_one_batch() {
 async fn a_rejected_copy_does_not_hide_its_key_across_batches() {
     a_rejected_copy_does_not_hide_its_key(1).await;
 }
+
+/// Sends `records` (payload, CreateTime in ms) to partition 0 of `topic`.
+fn produce_at(topic: &str, records: &[(&str, i64)]) {
+    use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+    let producer: ThreadedProducer<DefaultProducerContext> = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", brokers())
+        .create()
+        .unwrap();
+    for (payload, ts) in records {
+        producer
+            .send(
+                BaseRecord::<(), str>::to(topic)
+                    .payload(payload)
+                    .partition(0)
+                    .timestamp(*ts),
+            )
+            .map_err(|(e, _)| e)
+            .unwrap();
+    }
+    producer.flush(Duration::from_secs(10)).unwrap();
+}
+
+/// The rows of each id in `table`, for ids stored more than once.
+async fn ids_twice(ch: &clickhouse::Client, table: &str) -> Vec<(u64, u64)> {
+    ch.query(&format!(
+        "SELECT id, count() FROM {table} GROUP BY id HAVING count() > 1 ORDER BY id"
+    ))
+    .fetch_all()
+    .await
+    .unwrap()
+}
+
+/// A restart reads again the records from the commit to the table's last
+/// row, at a later stream time than they were first judged at. Here (a 1 h
+/// window) id 1 at T and id 1 again at T+50 min (dropped), id 2 at
+/// T+100 min; the sink dies before it commits anything. The restart judges
+/// the second id 1 again: it must be dropped again, though id 1's own time
+/// is over a window before the table's last row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_dropped_before_a_restart_is_dropped_again_after_it() {
+    for (name, minutes) in [("in order", [0, 50, 100]), ("out of order", [100, 110, 5])] {
+        let topic = unique("dedup_replay");
+        create_topic(&topic, 1).await;
+        let ch = ch();
+        let table = create_table(&ch, &unique("it")).await;
+        let t0 = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as i64
+            - 3 * 3_600_000;
+        let at = |m: i64| t0 + m * 60_000;
+        let records = [
+            (r#"{"id":1,"payload":"first"}"#, at(minutes[0])),
+            (r#"{"id":1,"payload":"copy"}"#, at(minutes[1])),
+            (r#"{"id":2,"payload":"other"}"#, at(minutes[2])),
+        ];
+        let t = topic.clone();
+        tokio::task::spawn_blocking(move || produce_at(&t, &records))
+            .await
+            .unwrap();
+        let mut spec = SinkSpec::new(&topic, &table);
+        spec.dedup_key = Some("id");
+        // No commit before the kill: the restart reads everything again.
+        spec.commit_interval_ms = 3_600_000;
+        let mut sink = spec.start();
+        wait_for(&ch, &table, 2, Duration::from_secs(60)).await;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        sink.kill9();
+        assert_eq!(
+            landed(&ch, &table).await.rows,
+            2,
+            "{name}: {}",
+            sink.log_tail()
+        );
+        let (b, g, t) = (brokers(), spec.group.clone(), topic.clone());
+        let commit = tokio::task::spawn_blocking(move || committed(&b, &g, &t))
+            .await
+            .unwrap();
+        assert!(
+            commit.is_none_or(|c| c <= 1),
+            "{name}: committed {commit:?}"
+        );
+
+        spec.commit_interval_ms = 1_000;
+        let mut sink = spec.start();
+        wait_for_log(
+            &sink,
+            "rebuilt the key dedup window",
+            Duration::from_secs(60),
+        )
+        .await;
+        // The replay is three records: give it time to land anything.
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let log = sink.log_tail();
+        assert!(sink.stop(Duration::from_secs(60)), "{log}");
+        assert_eq!(ids_twice(&ch, &table).await, vec![], "{name}: {log}");
+        assert_eq!(landed(&ch, &table).await.rows, 2, "{name}: {log}");
+    }
+}
