@@ -15,9 +15,12 @@ Data flow:
        `USE <database>`, one `SET <setting> = '<value>', ...` for every --profile setting and every
        settings param (as a user's settings profile, which the query's own settings override)
     -> then one of:
-       INSERT ... FORMAT f / VALUES <data>:  conn.send_insert(head, f); the data (body chunks) go to
-           insert_append(); the cancel flag is checked between chunks and before insert_done()
-           (data is never put inline after FORMAT: chDB cuts inline data at the first blank line)
+       INSERT ... FORMAT f <data>:  the whole data is read (the cancel flag checked after it), then
+           `INSERT ... SELECT * FROM format(f, '<structure of t>', {__input:String})` runs with the
+           data as a TSV-escaped query parameter: one statement, whose errors the engine reports
+           (chDB's streaming insert API drops a block that fails when written, a violated CHECK or
+           more partitions than max_partitions_per_insert_block, and answers success); data is
+           never put inline after FORMAT (chDB cuts inline data at the first blank line)
        INSERT INTO t [(cols)] SELECT ... input([structure]) ... FORMAT f <data>:  the whole data is
            read, then the same statement runs, with now() and now64() fixed at the moment its head
            arrived (in ClickHouse they are the query's start time, and the query starts with its
@@ -47,8 +50,8 @@ Process list (system.processes, KILL QUERY):
   30 s, a victim still running then is reported 'waiting'), 'unknown_status' (TEST), 'finished'
   for an id that ended before it could be cancelled.
   A cancelled query whose request thread is still reading the body is woken by shutting down the
-  read side of its socket; a streaming INSERT then cancels its chDB insert (never commits) and
-  answers Code 394 QUERY_WAS_CANCELLED, and the connection is closed after the answer.
+  read side of its socket; an INSERT then never runs its statement and answers Code 394
+  QUERY_WAS_CANCELLED, and the connection is closed after the answer.
 
 Parallel parsing: chDB parses an insert's body in one stream; ClickHouse, with
   input_format_parallel_parsing on (the default), cuts it into segments of at least
@@ -56,12 +59,10 @@ Parallel parsing: chDB parses an insert's body in one stream; ClickHouse, with
   (ClickHouse #34203). An insert's error naming a row is rewritten to that count (JSONEachRow).
 
 Limits of the emulation:
-  - A query that is not streaming (a plain conn.query: SELECTs, DDL, INSERT ... SELECT once its
-    body is read) cannot be interrupted inside chDB: after a KILL it runs to its normal end (and
+  - A query running inside chDB (SELECTs, DDL, an INSERT once its body is read) cannot be
+    interrupted: after a KILL it runs to its normal end (and
     answers as it would have); KILL ... SYNC waits for that end. An INSERT is never left running
     after KILL ... SYNC returned 'finished', so it cannot commit later.
-  - A streaming INSERT killed during insert_done() (the commit itself) may still commit; it is in
-    the list until that call returns.
   - The process list shows only this server's HTTP queries (no internal or background queries);
     read_rows, memory_usage, ProfileEvents etc. are 0/empty. `processes` reached through
     `USE system` is not rewritten. Under readonly=1 a query over system.processes fails with
@@ -846,14 +847,7 @@ class Handler(BaseHTTPRequestHandler):
                 self.chdb(conn, "SET " + ", ".join(f"{k} = {quote_str(v)}" for k, v in merged.items()))
             if plan is not None and plan.kind == "data":
                 head = substitute(plan.head, params) if params else plan.head
-                if self.has_constraints(conn, head):
-                    written = self.do_insert_checked(conn, head, plan.fmt, data_prefix, body, params, proc)
-                else:
-                    try:
-                        written = self.do_insert(conn, head, plan.fmt, data_prefix, body, proc)
-                    except CHError as e:
-                        seen = data_prefix + b"".join(body.kept or [])
-                        raise self.as_parsed_in_parallel(conn, plan.fmt, seen, e) from None
+                written = self.do_insert_checked(conn, head, plan.fmt, data_prefix, body, params, proc)
             elif plan is not None:
                 written = self.do_insert_select(conn, plan, data_prefix, body, params, proc)
             elif (kill := parse_kill(query)) is not None:
@@ -886,32 +880,6 @@ class Handler(BaseHTTPRequestHandler):
         if refs:
             params = {**params, "__procs": tsv_escape(PROCESSES.json_rows())}
         return self.chdb(conn, sql, fmt, params)
-
-    @staticmethod
-    def do_insert(conn, head, fmt, prefix, body, proc):
-        """Stream the body into chDB's insert API; cancel (never commit) if the body is incomplete
-        or the query was killed."""
-        body.kept = []                     # for the row numbers of an error (as_parsed_in_parallel)
-        try:
-            ins = conn.send_insert(head, fmt)
-        except Exception as e:  # noqa: BLE001
-            raise to_ch_error(e) from None
-        try:
-            if prefix.strip():
-                ins.append(prefix)
-            for chunk in body.chunks():
-                proc.check()
-                ins.append(chunk)
-            proc.check()
-            return ins.finish().rows_written
-        except Exception as e:  # noqa: BLE001
-            try:
-                ins.cancel()
-            except Exception:  # noqa: BLE001
-                pass
-            if isinstance(e, (CHError, ConnectionError, OSError)):
-                raise
-            raise to_ch_error(e) from None
 
     def do_insert_select(self, conn, plan, prefix, body, params, proc):
         """INSERT ... SELECT ... input(...) ... FORMAT f: read all the data, then run the statement with
@@ -958,20 +926,12 @@ class Handler(BaseHTTPRequestHandler):
         shown = e.message[:m.start()] + f"(at row {row - first + 1})" + e.message[m.end():]
         return CHError(e.code, shown)
 
-    def has_constraints(self, conn, head):
-        """Whether the table `head` (INSERT INTO t ...) inserts into has a CONSTRAINT. chDB's streaming
-        insert drops a block that violates a CHECK without reporting it (insert_done() answers no
-        error, query_log says 469): such inserts run as one query instead (do_insert_checked)."""
-        db, table, _ = insert_target(head)
-        where = "currentDatabase()" if db is None else "{__db:String}"
-        res = self.chdb(conn, f"SELECT count() FROM system.tables WHERE database = {where} "
-                              "AND name = {__table:String} AND create_table_query LIKE '%CONSTRAINT%'",
-                        "TabSeparated", {"__db": tsv_escape(db or ""), "__table": tsv_escape(table)})
-        return res.bytes().strip() not in (b"", b"0")
-
     def do_insert_checked(self, conn, head, fmt, prefix, body, params, proc):
         """INSERT ... FORMAT f <data> as one statement, `head SELECT * FROM format(f, '<structure>',
-        {__input:String})`, whose errors (a violated CHECK among them) the engine reports."""
+        {__input:String})`, whose errors the engine reports. chDB's streaming insert API drops a block
+        that fails when it is written (a violated CHECK, more partitions than
+        max_partitions_per_insert_block) without reporting it: insert_done() answers success and
+        counts the rows, none stored."""
         structure = quote_str(self.input_structure(conn, head))
         sql = f"{head} SELECT * FROM format({fmt}, {structure}, {{__input:String}})"
         return self.run_with_data(conn, sql, fmt, prefix, body, params, proc)

@@ -462,6 +462,20 @@ class InsertSelectInputTest(unittest.TestCase):
         self.assertEqual(self.s.value("SELECT groupArray((n, s)) FROM (SELECT * FROM db.c ORDER BY n)"),
                          "[(1,'d'),(2,'x')]")
 
+    def test_an_insert_over_the_partition_limit_is_reported_and_stores_nothing(self):
+        # chDB's streaming insert drops such a block silently and counts its rows as written.
+        st, body, _ = self.s.q("CREATE TABLE db.p (n UInt32) ENGINE = MergeTree PARTITION BY n ORDER BY n")
+        self.assertEqual(st, 200, body)
+        data = b"".join(b'{"n":%d}\n' % i for i in range(150))
+        st, body, h = self.s.q("INSERT INTO db.p FORMAT JSONEachRow", data, async_insert=0)
+        self.assertEqual((st, h.get("X-ClickHouse-Exception-Code")), (500, "252"), body)
+        self.assertEqual(self.s.value("SELECT count() FROM db.p"), "0")
+        st, body, h = self.s.q("INSERT INTO db.p FORMAT JSONEachRow", data[:data.index(b'{"n":100}')],
+                               async_insert=0)
+        self.assertEqual(st, 200, body)
+        self.assertEqual(json.loads(h["X-ClickHouse-Summary"])["written_rows"], "100")
+        self.assertEqual(self.s.value("SELECT count() FROM db.p"), "100")
+
     def test_settings_apply_to_insert_select(self):
         st, body, _ = self.s.q("INSERT INTO db.t SELECT a, toString(getSetting('max_execution_time')) "
                                "FROM input('a UInt64') FORMAT JSONEachRow", b'{"a":1}\n', max_execution_time=7)

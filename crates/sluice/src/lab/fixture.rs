@@ -67,9 +67,63 @@ impl Stack {
         Ok(())
     }
 
+    /// Deletes `topic` and creates it again with `partitions`, retrying
+    /// while the broker still finishes the deletion.
+    pub async fn recreate_topic(&self, topic: &str, partitions: i32) -> anyhow::Result<()> {
+        let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+            .set("bootstrap.servers", &self.brokers)
+            .create()?;
+        let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
+        for r in admin.delete_topics(&[topic], &opts).await? {
+            r.map_err(|(t, e)| anyhow!("deleting topic {t}: {e}"))?;
+        }
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let new = NewTopic::new(topic, partitions, TopicReplication::Fixed(1));
+            match admin.create_topics(&[new], &opts).await?.remove(0) {
+                Ok(_) => return Ok(()),
+                Err((_, e)) if Instant::now() > deadline => {
+                    anyhow::bail!("recreating topic {topic}: {e}")
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(500)).await,
+            }
+        }
+    }
+
+    /// `kafka-consumer-groups --reset-offsets --to-earliest` for a group
+    /// with no member: commits offset 0 on every partition of `topic`.
+    pub fn reset_to_earliest(
+        &self,
+        group: &str,
+        topic: &str,
+        partitions: i32,
+    ) -> anyhow::Result<()> {
+        use rdkafka::consumer::CommitMode;
+        let c: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", &self.brokers)
+            .set("group.id", group)
+            .create()?;
+        let mut tpl = rdkafka::TopicPartitionList::new();
+        for p in 0..partitions {
+            tpl.add_partition_offset(topic, p, rdkafka::Offset::Offset(0))?;
+        }
+        c.commit(&tpl, CommitMode::Sync)?;
+        Ok(())
+    }
+
     /// Creates `db.events` with the metadata columns and the watermark
     /// projection; `window` is the table's `non_replicated_deduplication_window`.
     pub async fn create_table(&self, db: &str, window: u32) -> anyhow::Result<String> {
+        self.create_table_partitioned(db, window, "tuple()").await
+    }
+
+    /// [`Self::create_table`], with `PARTITION BY partition_by`.
+    pub async fn create_table_partitioned(
+        &self,
+        db: &str,
+        window: u32,
+        partition_by: &str,
+    ) -> anyhow::Result<String> {
         let ch = self.ch();
         ch.query(&format!("CREATE DATABASE IF NOT EXISTS {db}"))
             .execute()
@@ -79,7 +133,7 @@ impl Stack {
                 id UInt64, payload String,
                 _topic LowCardinality(String), _partition UInt32, _offset UInt64,
                 PROJECTION watermark (SELECT _topic, _partition, max(_offset) GROUP BY _topic, _partition)
-            ) ENGINE = MergeTree ORDER BY (_topic, _partition, _offset)
+            ) ENGINE = MergeTree PARTITION BY {partition_by} ORDER BY (_topic, _partition, _offset)
             SETTINGS non_replicated_deduplication_window = {window},
                      deduplicate_merge_projection_mode = 'rebuild'"
         ))
@@ -422,6 +476,84 @@ impl Drop for PrivateBroker {
         if let Some(keep) = std::env::var_os("SLUICE_LAB_BROKER_LOGS") {
             let to = std::path::Path::new(&keep).join(format!("kafka-{}.log", self.port));
             let _ = std::fs::copy(self.dir.join("kafka.log"), to);
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A private ClickHouse engine behind the stack's HTTP server
+/// (`SLUICE_CHDB_SERVER`, run by `SLUICE_CHDB_PYTHON`), on its own port and
+/// data directory: it can be stopped, or its clock stepped
+/// (`--clock-file`), without disturbing anything else. Stopped and its
+/// directory removed when dropped.
+pub struct PrivateClickHouse {
+    child: Option<std::process::Child>,
+    port: u16,
+    dir: std::path::PathBuf,
+}
+
+impl PrivateClickHouse {
+    /// `args`: more arguments of `stack/chdb_server.py` (`--profile`,
+    /// `--clock-file`).
+    pub fn start(port: u16, dir: std::path::PathBuf, args: &[String]) -> anyhow::Result<Self> {
+        let python = std::env::var("SLUICE_CHDB_PYTHON")
+            .context("SLUICE_CHDB_PYTHON is not set: run `make test` or `make stack`")?;
+        let server = std::env::var("SLUICE_CHDB_SERVER")
+            .context("SLUICE_CHDB_SERVER is not set: run `make test` or `make stack`")?;
+        std::fs::create_dir_all(&dir)?;
+        let child = std::process::Command::new(python)
+            .arg(server)
+            .arg("--path")
+            .arg(&dir)
+            .args(["--port", &port.to_string()])
+            .args(args)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .context("starting a private ClickHouse server")?;
+        let me = Self {
+            child: Some(child),
+            port,
+            dir,
+        };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "the private ClickHouse server on port {port} did not start within 60 s"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        Ok(me)
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// Stops the server (SIGTERM, then SIGKILL after 20 s); its data stays.
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = std::process::Command::new("kill")
+                .args(["-TERM", &c.id().to_string()])
+                .status();
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while matches!(c.try_wait(), Ok(None)) {
+                if Instant::now() > deadline {
+                    let _ = c.kill();
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+    }
+}
+
+impl Drop for PrivateClickHouse {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
         }
         let _ = std::fs::remove_dir_all(&self.dir);
     }

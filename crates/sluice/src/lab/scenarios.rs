@@ -34,6 +34,10 @@ pub const SCENARIOS: &[&str] = &[
     "manual-resend",
     "poison-records",
     "reject-every-type",
+    "partition-limit",
+    "recreated-topic",
+    "slow-body",
+    "clock-step",
 ];
 
 /// Scenarios whose copies are made before Kafka (same key, new offset):
@@ -301,6 +305,24 @@ impl Run {
         let report =
             tokio::task::spawn_blocking(move || crate::send::send(&opts, &lines)).await??;
         Ok((report, retry_file))
+    }
+
+    /// The README's way on after a recreated topic, first half: the rows
+    /// of the old topic (ids below `old`) are kept elsewhere and taken out.
+    async fn move_out_old_rows(&self, old: u64) -> anyhow::Result<()> {
+        let ch = self.stack.ch();
+        let (t, a) = (&self.table, format!("{}_before_recreate", self.table));
+        for sql in [
+            format!("CREATE TABLE {a} AS {t}"),
+            format!("INSERT INTO {a} SELECT * FROM {t} WHERE id < {old}"),
+            format!("ALTER TABLE {t} DELETE WHERE id < {old} SETTINGS mutations_sync = 2"),
+        ] {
+            ch.query(&sql)
+                .execute()
+                .await
+                .with_context(|| sql.clone())?;
+        }
+        Ok(())
     }
 
     async fn rows(&self) -> anyhow::Result<u64> {
@@ -723,6 +745,146 @@ pub async fn run(
             cell.fault_injected = poison::KINDS
                 .iter()
                 .all(|k| entries.iter().any(|e| e.kind == *k));
+            Ok(cell)
+        }
+        "partition-limit" => {
+            // A backfill into a table partitioned by day: one day per 32
+            // ids, so a batch of 1,000 rows of one Kafka partition spans
+            // 125 days, past the 100 partitions one insert may create
+            // parts for (`max_partitions_per_insert_block`, code 252).
+            let n = n / 4;
+            let mut r = Run::new(stack, mode, p, 0, false).await?;
+            let db = Stack::unique("lab");
+            r.table = stack
+                .create_table_partitioned(
+                    &db,
+                    0,
+                    "toYYYYMMDD(toDate('2025-01-01') + intDiv(id, 32))",
+                )
+                .await?;
+            r.spec.table = r.table.clone();
+            r.produce(0, n).await?;
+            let sink = r.spec.start()?;
+            let log = sink.log.clone();
+            let mut cell = r.finish(scenario, vec![sink], n, Instant::now()).await?;
+            cell.fault_injected =
+                std::fs::read_to_string(&log)?.contains("ClickHouse takes fewer rows per insert");
+            Ok(cell)
+        }
+        "recreated-topic" => {
+            // The table holds the old topic's rows; the topic is deleted
+            // and created again, and its new records start at offset 0,
+            // under those rows, and below the group's commit. The sink stops
+            // (exit 2, the documented stop); the operator follows the
+            // README's way on (the old rows out, the group reset), and
+            // every new record lands once. Only the new topic's records
+            // are counted.
+            let old = n / 4;
+            let new = n / 8;
+            let r = Run::new(stack, mode, p, 0, false).await?;
+            r.produce(0, old).await?;
+            let mut sink = r.spec.start()?;
+            r.wait_rows(&mut sink, old).await?;
+            sink.stop(Duration::from_secs(60));
+            r.stack.recreate_topic(&r.spec.topic, PARTITIONS).await?;
+            r.produce(old, new).await?;
+            // Every mode stops: exactly-once on the table's rows past the
+            // log's end, every mode on the group's commit past it.
+            let mut sink = r.spec.start()?;
+            let deadline = Instant::now() + r.params.timeout;
+            while sink.is_running() && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            let log = std::fs::read_to_string(&sink.log)?;
+            let said = if r.spec.delivery == "exactly-once" {
+                log.contains("ClickHouse holds rows up to offset")
+            } else {
+                log.contains("but the log ends before")
+            };
+            let stopped = sink.exit_code() == Some(2) && said;
+            sink.stop(Duration::from_secs(30));
+            anyhow::ensure!(
+                r.rows().await? == old,
+                "recreated-topic: rows landed before the operator moved the old ones out"
+            );
+            r.move_out_old_rows(old).await?;
+            r.stack
+                .reset_to_earliest(&r.spec.group, &r.spec.topic, PARTITIONS)?;
+            let sink = r.spec.start()?;
+            let mut cell = r.finish(scenario, vec![sink], new, Instant::now()).await?;
+            cell.fault_injected = stopped;
+            Ok(cell)
+        }
+        "slow-body" => {
+            // The first insert's head and the first bytes of its body reach
+            // the server at once, the rest past the client's timeout while
+            // its owner is killed; a new owner writes the partition in
+            // other batches. The old body must commit nothing.
+            let n = n / 4;
+            let mut r = Run::new(stack, mode, p, 0, true).await?;
+            r.produce(0, n).await?;
+            let proxy = r.proxy.as_ref().context("proxy")?;
+            proxy.arm(Fault::SlowBody);
+            let mut a = r.spec.start()?;
+            let deadline = Instant::now() + p.timeout;
+            while proxy.fired() == 0 && Instant::now() < deadline && a.is_running() {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            a.kill9();
+            r.spec.max_batch_rows = 700;
+            let b = r.spec.start()?;
+            let proxy = r.proxy.as_ref().context("proxy")?;
+            while proxy.late_pending() > 0 && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            r.finish(scenario, vec![b], n, Instant::now()).await
+        }
+        "clock-step" => {
+            // A ClickHouse of the lab's own whose clock steps back a minute
+            // while the sink runs, and every 7th insert delivered after the
+            // client gave up: deadlines counted on the old clock would let
+            // a late attempt start a minute after its fence.
+            let clock = std::env::temp_dir().join(Stack::unique("lab_clock"));
+            std::fs::write(&clock, "0")?;
+            let port = std::net::TcpListener::bind("127.0.0.1:0")?
+                .local_addr()?
+                .port();
+            let dir = std::env::temp_dir().join(Stack::unique("lab_chdb"));
+            let server = super::fixture::PrivateClickHouse::start(
+                port,
+                dir,
+                &[format!("--clock-file={}", clock.display())],
+            )
+            .context("clock-step needs the stack's test server, whose clock can be stepped")?;
+            let own = Stack {
+                brokers: stack.brokers.clone(),
+                clickhouse_url: server.url(),
+            };
+            let r = Run::new(&own, mode, p, 0, true).await?;
+            r.produce(0, n / 2).await?;
+            let proxy = r.proxy.as_ref().context("proxy")?;
+            proxy.late_every(7);
+            let mut sink = r.spec.start()?;
+            r.wait_rows(&mut sink, n / 8).await?;
+            std::fs::write(&clock, "-60000")?;
+            r.produce(n / 2, n - n / 2).await?;
+            let deadline = Instant::now() + p.timeout;
+            while r.stack.landed(&r.table).await?.distinct_ids < n
+                && Instant::now() < deadline
+                && sink.is_running()
+            {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            proxy.late_every(0);
+            while proxy.late_pending() > 0 && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            let mut cell = r.finish(scenario, vec![sink], n, Instant::now()).await?;
+            cell.fault_injected &= std::fs::read_to_string(&clock)? == "-60000";
+            drop(r);
+            drop(server);
+            let _ = std::fs::remove_file(&clock);
             Ok(cell)
         }
         other => bail!(

@@ -37,7 +37,7 @@ fn quick_matrix_exactly_once_is_clean_and_baselines_fail() {
     // The Avro scenarios have no key dedup mode.
     assert_eq!(
         cells.len(),
-        15 * 4 + 2 * 3,
+        19 * 4 + 2 * 3,
         "every scenario × mode: {cells:?}"
     );
     let producer_side = ["producer-retry", "manual-resend"];
@@ -147,5 +147,21 @@ fn quick_matrix_exactly_once_is_clean_and_baselines_fail() {
             0,
             "{m}"
         );
+        // A body that arrives after its owner died lands beside the new
+        // owner's rows; so do late requests, whatever the server's clock.
+        for s in ["slow-body", "clock-step"] {
+            let c = cell(s, m);
+            assert!(c.fault_injected && c.duplicates > 0, "{c:?}");
+        }
+    }
+    // Every mode splits what the server's partition limit refuses, and
+    // stops on a recreated topic until the operator chooses; then every
+    // record lands once.
+    for c in cells
+        .iter()
+        .filter(|c| ["partition-limit", "recreated-topic"].contains(&c.scenario.as_str()))
+    {
+        assert!(c.fault_injected, "{c:?}");
+        assert_eq!((c.duplicates, c.missing, c.stalled), (0, 0, false), "{c:?}");
     }
 }

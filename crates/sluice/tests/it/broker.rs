@@ -442,26 +442,11 @@ fn held(log: &str) -> std::collections::BTreeSet<String> {
     held
 }
 
-/// Deletes `topic` and creates it again with `partitions`, retrying while
-/// the broker still finishes the deletion.
 async fn recreate_topic(topic: &str, partitions: i32) {
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", brokers())
-        .create()
-        .unwrap();
-    let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
-    for r in admin.delete_topics(&[topic], &opts).await.unwrap() {
-        r.unwrap();
-    }
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let new = NewTopic::new(topic, partitions, TopicReplication::Fixed(1));
-        match admin.create_topics(&[new], &opts).await.unwrap().remove(0) {
-            Ok(_) => return,
-            Err((_, e)) => assert!(Instant::now() < deadline, "recreating {topic}: {e}"),
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    stack()
+        .recreate_topic(topic, partitions)
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}"));
 }
 
 /// A topic deleted and created again under the same name starts its
@@ -522,20 +507,8 @@ async fn a_recreated_topic_stops_the_sink_until_the_old_rows_are_moved_out() {
     assert!(sink.stop(Duration::from_secs(60)), "{}", sink.log_tail());
 }
 
-/// `kafka-consumer-groups --reset-offsets --to-earliest` for a group with no
-/// member: commits offset 0 on every partition.
 fn reset_to_earliest(group: &str, topic: &str, partitions: i32) {
-    use rdkafka::consumer::CommitMode;
-    use rdkafka::{Offset, TopicPartitionList};
-    let c: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", brokers())
-        .set("group.id", group)
-        .create()
-        .unwrap();
-    let mut tpl = TopicPartitionList::new();
-    for p in 0..partitions {
-        tpl.add_partition_offset(topic, p, Offset::Offset(0))
-            .unwrap();
-    }
-    c.commit(&tpl, CommitMode::Sync).unwrap();
+    stack()
+        .reset_to_earliest(group, topic, partitions)
+        .unwrap_or_else(|e| panic!("{e:#}"));
 }

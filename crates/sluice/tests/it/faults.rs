@@ -142,7 +142,7 @@ async fn clickhouse_down_for_a_minute() {
     kafka.create_topic(&topic, PARTITIONS).await.unwrap();
     let port = free_port();
     let dir = std::env::temp_dir().join(unique("chdb"));
-    let mut server = PrivateClickHouse::start(port, dir.clone(), &[]);
+    let mut server = private_clickhouse(port, dir.clone(), &[]);
     let ch = ch_at(&server.url());
     let table = create_table(&ch, "outage").await;
     let (k, t) = (kafka.clone(), topic.clone());
@@ -180,7 +180,7 @@ async fn clickhouse_down_for_a_minute() {
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     producer.await.unwrap();
-    let server = PrivateClickHouse::start(port, dir, &[]);
+    let server = private_clickhouse(port, dir, &[]);
     let ch = ch_at(&server.url());
     let got = wait_for(&ch, &table, n, Duration::from_secs(300)).await;
     let log = sink.log_tail();

@@ -1,9 +1,9 @@
 //! Test fixtures: the stack's addresses, topics, tables, a producer, sink
 //! processes and the queries that count duplicates and losses.
 
+pub use sluice::lab::fixture::PrivateClickHouse;
 use sluice::lab::fixture::{PrivateBroker, Stack};
 use sluice::lab::process::{RunSpec, SinkProcess};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 pub fn brokers() -> String {
@@ -417,74 +417,12 @@ pub fn committed(brokers: &str, group: &str, topic: &str) -> Option<i64> {
     }
 }
 
-/// A private ClickHouse engine behind our HTTP server, on its own port and
-/// data directory, so it can be stopped without disturbing other tests.
-pub struct PrivateClickHouse {
-    child: Option<Child>,
+/// A private ClickHouse engine (see the lab's fixture), started or the
+/// test fails.
+pub fn private_clickhouse(
     port: u16,
     dir: std::path::PathBuf,
-}
-
-impl PrivateClickHouse {
-    /// `args`: more arguments of `stack/chdb_server.py` (`--profile`,
-    /// `--clock-file`).
-    pub fn start(port: u16, dir: std::path::PathBuf, args: &[String]) -> Self {
-        let python = std::env::var("SLUICE_CHDB_PYTHON")
-            .expect("SLUICE_CHDB_PYTHON is not set: run `make test`");
-        let server = std::env::var("SLUICE_CHDB_SERVER")
-            .expect("SLUICE_CHDB_SERVER is not set: run `make test`");
-        std::fs::create_dir_all(&dir).unwrap();
-        let child = Command::new(python)
-            .arg(server)
-            .args(["--path", dir.to_str().unwrap(), "--port", &port.to_string()])
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("starting the ClickHouse server");
-        let me = Self {
-            child: Some(child),
-            port,
-            dir,
-        };
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(
-                Instant::now() < deadline,
-                "private ClickHouse did not start"
-            );
-            std::thread::sleep(Duration::from_millis(200));
-        }
-        me
-    }
-
-    pub fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
-    }
-
-    pub fn stop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = Command::new("kill")
-                .args(["-TERM", &c.id().to_string()])
-                .status();
-            let deadline = Instant::now() + Duration::from_secs(20);
-            while c.try_wait().unwrap().is_none() {
-                if Instant::now() > deadline {
-                    let _ = c.kill();
-                }
-                std::thread::sleep(Duration::from_millis(100));
-            }
-        }
-    }
-}
-
-impl Drop for PrivateClickHouse {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
+    args: &[String],
+) -> PrivateClickHouse {
+    PrivateClickHouse::start(port, dir, args).unwrap_or_else(|e| panic!("{e:#}"))
 }

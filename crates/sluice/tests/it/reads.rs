@@ -101,7 +101,7 @@ async fn a_profile_that_cuts_reads_short_cuts_no_protocol_read() {
     .iter()
     .map(|(k, v)| format!("--profile={k}={v}"))
     .collect();
-    let _server = PrivateClickHouse::start(port, dir, &profile);
+    let _server = private_clickhouse(port, dir, &profile);
     let url = format!("http://127.0.0.1:{port}");
     let ch = ch_at(&url);
     let table = create_table(&ch, &unique("it")).await;
@@ -157,8 +157,7 @@ async fn deadlines_follow_a_server_clock_that_steps_back() {
     let dir = std::env::temp_dir().join(unique("chdb"));
     let clock = std::env::temp_dir().join(unique("clock"));
     std::fs::write(&clock, "0").unwrap();
-    let _server =
-        PrivateClickHouse::start(port, dir, &[format!("--clock-file={}", clock.display())]);
+    let _server = private_clickhouse(port, dir, &[format!("--clock-file={}", clock.display())]);
     let ch = ch_at(&format!("http://127.0.0.1:{port}"));
     let table = create_table(&ch, &unique("it")).await;
     let mut spec = SinkSpec::new(&topic, &table);
