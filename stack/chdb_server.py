@@ -16,8 +16,8 @@ Data flow:
        settings param (as a user's settings profile, which the query's own settings override)
     -> then one of:
        INSERT ... FORMAT f <data>:  the whole data is read (the cancel flag checked after it), then
-           `INSERT ... SELECT * FROM format(f, '<structure of t>', {__input:String})` runs with the
-           data as a TSV-escaped query parameter: one statement, whose errors the engine reports
+           `INSERT ... SELECT * FROM file('<temporary file holding the data>', f, '<structure of t>')`
+           runs: one statement, whose errors the engine reports
            (chDB's streaming insert API drops a block that fails when written, a violated CHECK or
            more partitions than max_partitions_per_insert_block, and answers success); data is
            never put inline after FORMAT (chDB cuts inline data at the first blank line)
@@ -25,7 +25,7 @@ Data flow:
            read, then the same statement runs, with now() and now64() fixed at the moment its head
            arrived (in ClickHouse they are the query's start time, and the query starts with its
            head; nowInBlock() stays the moment the data is processed) and input(...) replaced by
-           format(f, '<structure>', {__input:String}) and the data as a TSV-escaped query parameter.
+           file('<a temporary file holding the data>', f, '<structure>').
            Without a structure it is built from system.columns of t, as ClickHouse does: the
            insertable columns (ordinary and DEFAULT, in table order, with their DEFAULT
            expressions) or the INSERT's column list.
@@ -67,8 +67,8 @@ Limits of the emulation:
     read_rows, memory_usage, ProfileEvents etc. are 0/empty. `processes` reached through
     `USE system` is not rewritten. Under readonly=1 a query over system.processes fails with
     READONLY, since format() is a table function.
-  - input() data is passed as a query parameter (a String): it must be valid UTF-8, so binary
-    formats with bytes >= 0x80 are refused (NOT_IMPLEMENTED); only one input() per query.
+  - An INSERT's data is read whole before its statement runs (into a temporary file the
+    statement reads with file()); only one input() per query.
   - INSERT shapes that cannot be run faithfully fail loudly with Code 48 NOT_IMPLEMENTED (never a
     200 for data that was not stored): an INSERT ... SELECT with data but no input(), input()
     without a structure into a table function or with a column-list matcher, two input() calls.
@@ -85,6 +85,7 @@ import re
 import signal
 import socket
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -883,27 +884,30 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_insert_select(self, conn, plan, prefix, body, params, proc):
         """INSERT ... SELECT ... input(...) ... FORMAT f: read all the data, then run the statement with
-        input(...) replaced by format(f, '<structure>', {__input:String})."""
+        input(...) replaced by file('<a temporary file holding the data>', f, '<structure>')."""
         start, end, arg_start, arg_end = plan.call
         head = plan.sql[:plan.select_at]
         structure = plan.sql[arg_start:arg_end].strip() or quote_str(
             self.input_structure(conn, substitute(head, params) if params else head))
-        sql = plan.head[:start] + f"format({plan.fmt}, {structure}, {{__input:String}})" + plan.head[end:]
-        return self.run_with_data(conn, now_at_start(sql, proc.started_ms), plan.fmt, prefix, body, params, proc)
+        def sql_from(path):
+            sql = plan.head[:start] + f"file({quote_str(path)}, {plan.fmt}, {structure})" + plan.head[end:]
+            return now_at_start(sql, proc.started_ms)
+        return self.run_with_data(conn, sql_from, plan.fmt, prefix, body, params, proc)
 
-    def run_with_data(self, conn, sql, fmt, prefix, body, params, proc):
-        """Runs `sql`, whose {__input:String} parameter takes the whole request data; the rows written."""
+    def run_with_data(self, conn, sql_from, fmt, prefix, body, params, proc):
+        """Runs `sql_from(source)`, where `source` is a table function reading the whole request data
+        (any bytes) from a temporary file; the rows written."""
         data = prefix + body.read_all()
-        try:
-            text = data.decode("utf-8")
-        except UnicodeDecodeError:
-            raise err("NOT_IMPLEMENTED", "The chDB test stack passes the data of an INSERT as a String "
-                                         "parameter: it must be valid UTF-8 (use a text format)") from None
         proc.check()
+        fd, path = tempfile.mkstemp(prefix="chdb_input_", suffix=".data")
         try:
-            return self.run_sql(conn, sql, "TabSeparated", {**params, "__input": tsv_escape(text)}).rows_written()
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            return self.run_sql(conn, sql_from(path), "TabSeparated", params).rows_written()
         except CHError as e:
             raise self.as_parsed_in_parallel(conn, fmt, data, e) from None
+        finally:
+            os.unlink(path)
 
     def as_parsed_in_parallel(self, conn, fmt, data, e):
         """The error `e` of an insert of `data` as ClickHouse reports it when it parses in parallel
@@ -927,14 +931,15 @@ class Handler(BaseHTTPRequestHandler):
         return CHError(e.code, shown)
 
     def do_insert_checked(self, conn, head, fmt, prefix, body, params, proc):
-        """INSERT ... FORMAT f <data> as one statement, `head SELECT * FROM format(f, '<structure>',
-        {__input:String})`, whose errors the engine reports. chDB's streaming insert API drops a block
+        """INSERT ... FORMAT f <data> as one statement, `head SELECT * FROM file('<the data>', f,
+        '<structure>')`, whose errors the engine reports. chDB's streaming insert API drops a block
         that fails when it is written (a violated CHECK, more partitions than
         max_partitions_per_insert_block) without reporting it: insert_done() answers success and
         counts the rows, none stored."""
         structure = quote_str(self.input_structure(conn, head))
-        sql = f"{head} SELECT * FROM format({fmt}, {structure}, {{__input:String}})"
-        return self.run_with_data(conn, sql, fmt, prefix, body, params, proc)
+        def sql_from(path):
+            return f"{head} SELECT * FROM file({quote_str(path)}, {fmt}, {structure})"
+        return self.run_with_data(conn, sql_from, fmt, prefix, body, params, proc)
 
     def input_structure(self, conn, head):
         """The structure input() takes from the insertion table of `head` (the INSERT before its
