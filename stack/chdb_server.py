@@ -937,6 +937,9 @@ class Handler(BaseHTTPRequestHandler):
         max_partitions_per_insert_block) without reporting it: insert_done() answers success and
         counts the rows, none stored."""
         structure = quote_str(self.input_structure(conn, head))
+        # A plain INSERT is deduplicated by its blocks' hashes (when deduplicate_insert allows); an
+        # INSERT SELECT only when its SELECT is "stable": this one reads the data as sent.
+        self.chdb(conn, "SET deduplicate_insert_select = 'enable_even_for_bad_queries'")
         def sql_from(path):
             return f"{head} SELECT * FROM file({quote_str(path)}, {fmt}, {structure})"
         return self.run_with_data(conn, sql_from, fmt, prefix, body, params, proc)

@@ -476,6 +476,20 @@ class InsertSelectInputTest(unittest.TestCase):
         self.assertEqual(json.loads(h["X-ClickHouse-Summary"])["written_rows"], "100")
         self.assertEqual(self.s.value("SELECT count() FROM db.p"), "100")
 
+    def test_a_plain_insert_sent_again_is_deduplicated_by_its_rows(self):
+        st, body, _ = self.s.q("CREATE TABLE db.d (n UInt32) ENGINE = MergeTree ORDER BY n "
+                               "SETTINGS non_replicated_deduplication_window = 10")
+        self.assertEqual(st, 200, body)
+        for _ in range(2):
+            st, body, _ = self.s.q("INSERT INTO db.d FORMAT JSONEachRow", b'{"n":1}\n{"n":2}\n',
+                                   async_insert=0, deduplicate_insert="enable")
+            self.assertEqual(st, 200, body)
+        self.assertEqual(self.s.value("SELECT count() FROM db.d"), "2")
+        st, body, _ = self.s.q("INSERT INTO db.d FORMAT JSONEachRow", b'{"n":1}\n{"n":2}\n',
+                               async_insert=0, deduplicate_insert="disable")
+        self.assertEqual(st, 200, body)
+        self.assertEqual(self.s.value("SELECT count() FROM db.d"), "4")
+
     def test_data_that_is_not_utf8_is_inserted_as_sent(self):
         st, body, _ = self.s.q("CREATE TABLE db.b (n UInt32, s String) ENGINE = MergeTree ORDER BY n")
         self.assertEqual(st, 200, body)
