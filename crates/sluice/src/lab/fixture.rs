@@ -206,14 +206,22 @@ impl Stack {
             .ch()
             .with_setting("async_insert", "0")
             .with_setting("insert_deduplicate", "1");
+        // Plain inserts, as an application's: ClickHouse 26.x records an
+        // INSERT SELECT in the dedup window only when its SELECT is stable.
         for i in 0..blocks {
-            ch.query(&format!(
-                "INSERT INTO {table} (id, payload, _topic, _partition, _offset) \
-                 SELECT {i}, 'filler', '{OTHER_WRITER}', 0, {i}"
-            ))
-            .execute()
-            .await
-            .with_context(|| format!("another writer's insert into {table}"))?;
+            let row = format!(
+                r#"{{"id":{i},"payload":"filler","_topic":"{OTHER_WRITER}","_partition":0,"_offset":{i}}}"#
+            );
+            let mut insert =
+                ch.insert_formatted_with(format!("INSERT INTO {table} FORMAT JSONEachRow"));
+            insert
+                .send(bytes::Bytes::from(row + "\n"))
+                .await
+                .with_context(|| format!("another writer's insert into {table}"))?;
+            insert
+                .end()
+                .await
+                .with_context(|| format!("another writer's insert into {table}"))?;
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
         Ok(())
