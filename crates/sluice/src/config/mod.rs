@@ -24,6 +24,8 @@ pub mod security;
 mod sink;
 
 #[cfg(test)]
+mod documented_defaults;
+#[cfg(test)]
 mod fuzz_tests;
 
 pub use clickhouse::{

@@ -1,0 +1,1 @@
+//! Every default the docs state is the code's default.
