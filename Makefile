@@ -66,7 +66,7 @@ bench:
 
 bench-formats:
 	@$(STACK) up >/dev/null
-	@cargo run --release --quiet -p sluice-core --example decode_cost
+	@cargo run --release --quiet -p sluice-formats --example decode_cost
 	@cargo build --release --quiet --bin sluice
 	@$(ENV); BENCH_BIN=target/release "$$SLUICE_CLIENTS_PYTHON" scripts/bench/formats.py
 

@@ -4,4 +4,4 @@
 # docs/bench-dedup.md. Needs no stack.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-cargo run --release --quiet -p sluice-core --example bench_dedup -- "${BENCH_RECORDS:-2000000}" "${BENCH_KEYS:-5000000}" | tee docs/bench-dedup.md
+cargo run --release --quiet -p sluice-formats --example bench_dedup -- "${BENCH_RECORDS:-2000000}" "${BENCH_KEYS:-5000000}" | tee docs/bench-dedup.md

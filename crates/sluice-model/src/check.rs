@@ -10,10 +10,10 @@
 use crate::sink::{self, Step};
 use crate::world::{Claim, Phase, Rewrite, World};
 use crate::{Bounds, Rules, Settings, Start};
-use sluice_core::attempt::Answer;
-use sluice_core::deadline::{Millis, Moment};
-use sluice_core::lease::Owner;
-use sluice_core::resume::Committed;
+use sluice_protocol::attempt::Answer;
+use sluice_protocol::deadline::{Millis, Moment};
+use sluice_protocol::lease::Owner;
+use sluice_protocol::resume::Committed;
 use stateright::{Model, Path, Property};
 use std::time::Duration;
 
@@ -109,7 +109,7 @@ impl Model for Sluice {
                 w.group.shared = self.bounds.start == Start::SharedByBoth;
                 for p in &mut w.procs {
                     p.heard = 1;
-                    let start = sluice_core::claim::Start::Now;
+                    let start = sluice_protocol::claim::Start::Now;
                     let claim = Claim::new(p.id, 1, Committed::Nothing, &self.settings, start);
                     p.phase = Phase::Claiming(claim);
                 }

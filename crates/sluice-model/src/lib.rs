@@ -7,7 +7,7 @@
 //! exactly-once properties (the `properties` of [`Sluice`]).
 //!
 //! The processes decide as the sink does, by calling the same functions of
-//! `sluice-core`: the resume plan, batch cutting, tokens and query ids, the
+//! `sluice-protocol`: the resume plan, batch cutting, tokens and query ids, the
 //! attempt rule and the rows an attempt holds, the server-side deadline and
 //! the fence, the lease and the register's meaning, the durable frontier,
 //! key dedup (the window rebuilt from the table, each record's verdict, the
@@ -90,7 +90,7 @@ pub enum KeyDrop {
     /// settled (below the durable frontier) or in the table; a copy still
     /// in flight makes the record a conditional row instead.
     ///
-    /// [`KeyWindow::decide`]: sluice_core::dedup::KeyWindow::decide
+    /// [`KeyWindow::decide`]: sluice_protocol::dedup::KeyWindow::decide
     SettledCopy,
     /// Unsafe: as soon as the window has seen the key.
     AnyCopy,
@@ -102,7 +102,7 @@ pub enum RejectedKey {
     /// The product: the batch's completion forgets it
     /// ([`KeyWindow::forget`]), unless a later copy stands for the key.
     ///
-    /// [`KeyWindow::forget`]: sluice_core::dedup::KeyWindow::forget
+    /// [`KeyWindow::forget`]: sluice_protocol::dedup::KeyWindow::forget
     Forget,
     /// Unsafe: it is remembered as written.
     Keep,
@@ -250,7 +250,7 @@ impl Bounds {
 /// fence reaches the interesting interleavings sooner. The lease term
 /// follows from both, as in the sink.
 ///
-/// [`FENCE_MARGIN`]: sluice_core::timing::FENCE_MARGIN
+/// [`FENCE_MARGIN`]: sluice_protocol::timing::FENCE_MARGIN
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Settings {
     pub insert_timeout: Duration,
@@ -261,7 +261,7 @@ pub struct Settings {
     /// How far past an attempt's deadline the fence waits for servers that
     /// disagree ([`CLOCK_MARGIN_MS`]).
     ///
-    /// [`CLOCK_MARGIN_MS`]: sluice_core::deadline::CLOCK_MARGIN_MS
+    /// [`CLOCK_MARGIN_MS`]: sluice_protocol::deadline::CLOCK_MARGIN_MS
     pub clock_margin_ms: i64,
 }
 
@@ -269,7 +269,7 @@ impl Settings {
     /// `insert_timeout` 1 s, and a fence `slack` longer than the previous
     /// owner's lease and two insert timeouts (negative: shorter).
     pub fn with_slack(slack_s: i64) -> Self {
-        use sluice_core::timing::{lease_term, MIN_LEASE, SETTLE_WAIT};
+        use sluice_protocol::timing::{lease_term, MIN_LEASE, SETTLE_WAIT};
         let insert_timeout = Duration::from_secs(1);
         let covered = (MIN_LEASE + insert_timeout * 2).as_secs() as i64;
         let fence_wait = Duration::from_secs((covered + slack_s).max(0) as u64);
@@ -278,7 +278,7 @@ impl Settings {
             fence_wait,
             lease: lease_term(fence_wait, insert_timeout),
             settle_wait: SETTLE_WAIT,
-            clock_margin_ms: sluice_core::deadline::CLOCK_MARGIN_MS,
+            clock_margin_ms: sluice_protocol::deadline::CLOCK_MARGIN_MS,
         }
     }
 }

@@ -8,7 +8,7 @@
 //! of the writer's loop (`sink/writer.rs`: which rows an attempt holds, a
 //! row ClickHouse rejected), a batch's completion (the window forgets a
 //! rejected copy), a commit or a hand-off (`sink/state/handoff.rs`). The
-//! decisions are `sluice-core`'s; the unsafe [`Rules`] replace one of them
+//! decisions are `sluice-protocol`'s; the unsafe [`Rules`] replace one of them
 //! each.
 
 use crate::world::{Claim, Insert, Job, Keys, Letter, Part, Phase, Rewrite, Wait, World};
@@ -16,14 +16,16 @@ use crate::{
     ClaimConfirm, ClaimYield, DlqConfirm, KeyDrop, LateGuard, RejectedKey, RewriteCheck, Rules,
     Settings, Sluice, UnbackedRows,
 };
-use sluice_core::attempt::{rows_left, Answer, Attempts};
-use sluice_core::claim::{counts_afresh, taken_wait, Do, Start, Why};
-use sluice_core::deadline::{attempt_deadline, Fence, FenceStep, Millis, Moment};
-use sluice_core::dedup::{conditional_excluded, KeyHash, KeyWindow, Seen, Verdict};
-use sluice_core::lease::{on_register, Leases, Owner, Renewal};
-use sluice_core::resume::{resume_plan, Committed, LogBounds, ResetPolicy};
-use sluice_core::token::{insert_token, query_id};
-use sluice_core::{AckTracker, Batch, BatchBuilder, BatchLimits, NextOffset, Offset, PartitionId};
+use sluice_protocol::attempt::{rows_left, Answer, Attempts};
+use sluice_protocol::claim::{counts_afresh, taken_wait, Do, Start, Why};
+use sluice_protocol::deadline::{attempt_deadline, Fence, FenceStep, Millis, Moment};
+use sluice_protocol::dedup::{conditional_excluded, KeyHash, KeyWindow, Seen, Verdict};
+use sluice_protocol::lease::{on_register, Leases, Owner, Renewal};
+use sluice_protocol::resume::{resume_plan, Committed, LogBounds, ResetPolicy};
+use sluice_protocol::token::{insert_token, query_id};
+use sluice_protocol::{
+    AckTracker, Batch, BatchBuilder, BatchLimits, NextOffset, Offset, PartitionId,
+};
 use std::time::Duration;
 
 /// What a process does next.

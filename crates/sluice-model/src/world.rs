@@ -8,14 +8,14 @@
 //! what a process does is in [`crate::sink`].
 
 use crate::{Bounds, Rules, Settings};
-use sluice_core::acks::Ticket;
-use sluice_core::attempt::{Answer, Attempts};
-use sluice_core::claim::{ClaimTimes, Start};
-use sluice_core::deadline::{Fence, Millis, ServerClock};
-use sluice_core::dedup::{KeyHash, KeyWindow};
-use sluice_core::lease::{Leases, Owner};
-use sluice_core::resume::Committed;
-use sluice_core::{AckTracker, Batch, BatchBuilder, NextOffset, Offset};
+use sluice_protocol::acks::Ticket;
+use sluice_protocol::attempt::{Answer, Attempts};
+use sluice_protocol::claim::{ClaimTimes, Start};
+use sluice_protocol::deadline::{Fence, Millis, ServerClock};
+use sluice_protocol::dedup::{KeyHash, KeyWindow};
+use sluice_protocol::lease::{Leases, Owner};
+use sluice_protocol::resume::Committed;
+use sluice_protocol::{AckTracker, Batch, BatchBuilder, NextOffset, Offset};
 
 /// The whole state.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -131,12 +131,12 @@ pub enum Phase {
 }
 
 /// A partition being prepared: the group's commit as last read, and the
-/// claim ([`sluice_core::claim::Claim`], the sink's own).
+/// claim ([`sluice_protocol::claim::Claim`], the sink's own).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Claim {
     pub generation: u64,
     pub committed: Committed,
-    pub claim: sluice_core::claim::Claim<(), Millis>,
+    pub claim: sluice_protocol::claim::Claim<(), Millis>,
 }
 
 impl Claim {
@@ -154,7 +154,7 @@ impl Claim {
         Claim {
             generation,
             committed,
-            claim: sluice_core::claim::Claim::new(vec![()], me, times, start),
+            claim: sluice_protocol::claim::Claim::new(vec![()], me, times, start),
         }
     }
 }

@@ -182,7 +182,7 @@ fn a_clean_claim_read_back_as_soon_as_it_may_land_lets_two_owners_write() {
         ..bounds(1, 7, [0, 0, 0, 0])
     };
     let mut m = Sluice::new(Rules::SAFE, b);
-    m.settings.settle_wait = sluice_core::timing::SETTLE;
+    m.settings.settle_wait = sluice_protocol::timing::SETTLE;
     breaks(m, TWICE);
 }
 

@@ -8,7 +8,7 @@
 
 use sluice::ch::ClickHouse;
 use sluice::config::{ClickHouseConfig, Delivery, Route};
-use sluice_core::MetadataColumns;
+use sluice_formats::MetadataColumns;
 use std::time::{Duration, Instant};
 
 #[tokio::main]

@@ -11,7 +11,8 @@
 //! - [`telemetry`], [`http`]: Prometheus series, `/metrics`, `/health`, `/ready`.
 //! - [`lab`]: `sluice lab`, the fault matrix against the real stack.
 //!
-//! The exactly-once rules themselves live in the I/O-free `sluice-core` crate.
+//! The exactly-once rules themselves live in the I/O-free `sluice-protocol`
+//! crate; turning a record value into a row lives in `sluice-formats`.
 
 pub mod ch;
 pub mod check;

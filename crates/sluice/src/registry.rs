@@ -1,7 +1,7 @@
 //! The schema registry client: schema ids → the decoders of their records.
 //!
 //! In: a [`SchemaRegistryConfig`] and schema ids (from a record's wire
-//! format, [`sluice_core::wire`]) or subjects. Out: the schema's text with
+//! format, [`sluice_formats::wire`]) or subjects. Out: the schema's text with
 //! every schema it references fetched too ([`Registry::resolve`]), and a
 //! [`Decoder`] built from it (the sink caches it per id: a registered id
 //! never changes). Requests carry basic auth and TLS as configured and give
@@ -14,8 +14,8 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::TokioExecutor;
 use serde::Deserialize;
-use sluice_core::avro::{AvroError, AvroSchema};
-use sluice_core::protobuf::{ProtoError, ProtoSchema};
+use sluice_formats::avro::{AvroError, AvroSchema};
+use sluice_formats::protobuf::{ProtoError, ProtoSchema};
 use std::sync::Arc;
 
 /// The largest answer read from the registry.

@@ -33,10 +33,11 @@ use super::error::{ChError, ChErrorKind};
 use super::TableRef;
 use crate::config::{ClickHouseConfig, Delivery, Route};
 use bytes::Bytes;
-use sluice_core::deadline::{self, FenceStep};
-use sluice_core::dedup::{key_hash, KeyHash};
-use sluice_core::token::partition_query_prefix;
-use sluice_core::{MetadataColumns, Offset};
+use sluice_formats::MetadataColumns;
+use sluice_protocol::deadline::{self, FenceStep};
+use sluice_protocol::dedup::{key_hash, KeyHash};
+use sluice_protocol::token::partition_query_prefix;
+use sluice_protocol::Offset;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -435,7 +436,7 @@ impl ClickHouse {
     }
 
     /// The business keys of the rows of one partition in `first..=last`,
-    /// hashed as [`sluice_core::RowEncoder::encode_keyed`] hashes a record's:
+    /// hashed as [`sluice_formats::RowEncoder::encode_keyed`] hashes a record's:
     /// each field's `toString`, joined by `0x1f`. Rows with a NULL key field
     /// are left out (such records are never deduped).
     pub async fn keys_between(

@@ -8,7 +8,7 @@
 
 use super::{bounded, invalid, secret, security, ConfigError, KafkaSecurity};
 use serde::Deserialize;
-use sluice_core::resume::ResetPolicy;
+use sluice_protocol::resume::ResetPolicy;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -37,7 +37,7 @@ pub struct RawKafka {
     pub heartbeat_interval: Option<Duration>,
     /// Where to start a partition that ClickHouse holds nothing of, when
     /// nothing is committed either: `earliest` (default) or `latest`. Where
-    /// ClickHouse holds rows, they decide (see `sluice_core::resume`).
+    /// ClickHouse holds rows, they decide (see `sluice_protocol::resume`).
     pub auto_offset_reset: Option<String>,
     /// `plaintext`, `ssl`, `sasl_plaintext` or `sasl_ssl`. Default: from
     /// the `tls` and `sasl` sections present.

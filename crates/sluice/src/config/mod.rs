@@ -43,8 +43,8 @@ pub use sink::{
 };
 
 use serde::Deserialize;
-use sluice_core::timing;
-use sluice_core::{MetadataColumns, RowEncoder};
+use sluice_formats::{MetadataColumns, RowEncoder};
+use sluice_protocol::timing;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 

@@ -8,7 +8,7 @@
 use super::{bounded, invalid, positive, ConfigError};
 use crate::ch::TableRef;
 use serde::Deserialize;
-use sluice_core::MetadataColumns;
+use sluice_formats::MetadataColumns;
 use std::time::Duration;
 
 /// How long a written key is remembered when the route does not say.
@@ -75,7 +75,7 @@ impl Format {
 
     /// The insert settings this format's rows rely on, over the user's
     /// (`extra_to_dlq`: the route's `extra_fields = "dlq"`). The registry
-    /// decoders write timestamps as RFC 3339 in UTC (`sluice_core::avro`),
+    /// decoders write timestamps as RFC 3339 in UTC (`sluice_formats::avro`),
     /// which only `best_effort` reads exactly, and floats as their shortest
     /// text, which only the precise parser reads exactly when it has an
     /// exponent (the fast one, the default before 26.7, reads
@@ -175,7 +175,7 @@ impl RawRoute {
         }
         let dedup = key_dedup(i, &r, columns)?;
         distinct_fields(&format!("route[{i}].required"), &r.required, columns)?;
-        if r.required.len() > sluice_core::row::MAX_REQUIRED_FIELDS {
+        if r.required.len() > sluice_formats::row::MAX_REQUIRED_FIELDS {
             return Err(invalid(
                 &format!("route[{i}].required"),
                 "at most 64 fields",
@@ -263,7 +263,7 @@ fn key_dedup(
         }
         return Ok(None);
     }
-    if r.dedup_key.len() > sluice_core::row::MAX_KEY_FIELDS {
+    if r.dedup_key.len() > sluice_formats::row::MAX_KEY_FIELDS {
         return Err(invalid(
             &format!("route[{i}].dedup_key"),
             "at most 8 fields",

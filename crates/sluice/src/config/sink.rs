@@ -9,8 +9,9 @@
 
 use super::{bounded, invalid, positive, ClickHouseConfig, ConfigError, Overrides};
 use serde::Deserialize;
-use sluice_core::timing::{FENCE_MARGIN, MAX_LEASE};
-use sluice_core::{BatchLimits, MetadataColumns};
+use sluice_formats::MetadataColumns;
+use sluice_protocol::timing::{FENCE_MARGIN, MAX_LEASE};
+use sluice_protocol::BatchLimits;
 use std::time::Duration;
 
 /// Rows per insert when the file does not say.

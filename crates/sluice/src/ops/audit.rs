@@ -17,7 +17,7 @@ use super::db::{parse_columns, ChArgs, Columns, Conn, Table};
 use super::{grid, progress, thousands, OpsError, Outcome};
 use crate::ch::{ident as qi, ident_list, literal, TableRef};
 use serde::Serialize;
-use sluice_core::MetadataColumns;
+use sluice_formats::MetadataColumns;
 use std::time::Duration;
 
 #[derive(Debug, Clone, clap::Args)]

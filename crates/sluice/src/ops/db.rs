@@ -10,7 +10,7 @@
 use super::OpsError;
 use crate::ch::TableRef;
 use crate::config::{ClickHouseConfig, ConfigError, RawConfig, Secret};
-use sluice_core::row::MetadataColumns;
+use sluice_formats::row::MetadataColumns;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 

@@ -14,7 +14,7 @@
 use super::db::{parse_columns, ChArgs, Columns, Conn, Table};
 use super::{OpsError, Outcome};
 use crate::ch::{ident as qi, ident_list, TableRef};
-use sluice_core::MetadataColumns;
+use sluice_formats::MetadataColumns;
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct SchemaArgs {

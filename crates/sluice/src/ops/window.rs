@@ -7,7 +7,7 @@
 //! replicas) and the re-submits the window caught (`error = 389`). Out: a
 //! report, readable or JSON, with the window in seconds set against the
 //! re-submit interval, a recommended size and its Keeper cost. The
-//! arithmetic lives in [`sluice_core::window`].
+//! arithmetic lives in [`sluice_protocol::window`].
 //!
 //! Exit status: 0 when the window covers the longest re-submit, 1 when it
 //! does not, 2 on error.
@@ -17,7 +17,7 @@ use super::{progress, thousands, OpsError, Outcome};
 use crate::ch::{literal, TableRef};
 use comfy_table::Table as Grid;
 use serde::Serialize;
-use sluice_core::window::{self, Recommendation, RetryInterval, WindowSettings};
+use sluice_protocol::window::{self, Recommendation, RetryInterval, WindowSettings};
 use std::time::Duration;
 
 #[derive(Debug, Clone, clap::Args)]

@@ -12,9 +12,9 @@
 use crate::config::{RawConfig, SchemaRegistryConfig};
 use crate::registry::Registry;
 use anyhow::{bail, Context};
-use sluice_core::avro::AvroSchema;
-use sluice_core::protobuf::ProtoSchema;
-use sluice_core::wire::write_header;
+use sluice_formats::avro::AvroSchema;
+use sluice_formats::protobuf::ProtoSchema;
+use sluice_formats::wire::write_header;
 use std::path::{Path, PathBuf};
 
 /// `sluice send`'s and `sluice resend`'s format flags.

@@ -86,12 +86,12 @@ impl TableColumns {
         if known.stale && now >= known.reread_at {
             known.read(ch, handle, now);
         }
-        let extra = sluice_core::row::extra_field(row, &known.names)?;
+        let extra = sluice_formats::row::extra_field(row, &known.names)?;
         if now < known.reread_at {
             return Some(extra);
         }
         known.read(ch, handle, now);
-        sluice_core::row::extra_field(row, &known.names)
+        sluice_formats::row::extra_field(row, &known.names)
     }
 }
 

@@ -24,8 +24,8 @@ use crate::ch::ClickHouse;
 use crate::config::{KafkaConfig, KeyDedup, Route};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::{Message, Offset as KOffset, TopicPartitionList};
-use sluice_core::dedup::{KeyHash, KeyWindow};
-use sluice_core::{NextOffset, Offset};
+use sluice_protocol::dedup::{KeyHash, KeyWindow};
+use sluice_protocol::{NextOffset, Offset};
 use std::time::Duration;
 
 /// Keys already written, the record time they count from, and the

@@ -35,8 +35,8 @@ use anyhow::{anyhow, Context as _};
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::types::{RDKafkaErrorCode, RDKafkaRespErr};
-use sluice_core::deadline::CLOCK_REREAD;
-use sluice_core::RowEncoder;
+use sluice_formats::RowEncoder;
+use sluice_protocol::deadline::CLOCK_REREAD;
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -369,7 +369,7 @@ fn build_consumer(cfg: &Config, sink: Sink, me: u64) -> anyhow::Result<BaseConsu
     // librdkafka's share of the memory bound: its prefetch queue.
     let queued_kb = cfg.sink.kafka_buffer_bytes() / 1024;
     // Exactly-once seeks every partition to a start of its own (see
-    // `sluice_core::resume`, where `auto_offset_reset` is applied). The
+    // `sluice_protocol::resume`, where `auto_offset_reset` is applied). The
     // client falls back on its policy only when a position is out of range,
     // and then the beginning is the one place that skips nothing that
     // still exists.

@@ -11,10 +11,10 @@ use super::owners::{Key, Owner};
 use crate::ch::ChError;
 use crate::registry::Decoder;
 use crate::retry::Delays;
-use sluice_core::acks::Ticket;
-use sluice_core::dedup::KeyHash;
-use sluice_core::resume::{Mismatch, ResumePlan};
-use sluice_core::Offset;
+use sluice_protocol::acks::Ticket;
+use sluice_protocol::dedup::KeyHash;
+use sluice_protocol::resume::{Mismatch, ResumePlan};
+use sluice_protocol::Offset;
 use std::time::Instant;
 
 pub(super) enum Event {

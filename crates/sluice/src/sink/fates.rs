@@ -2,7 +2,7 @@
 //!
 //! Key dedup drops a record only once a copy of its key is durable. While
 //! that copy is still in flight, the record goes into its batch on the
-//! condition that the copy is not stored ([`sluice_core::dedup::Verdict`]).
+//! condition that the copy is not stored ([`sluice_protocol::dedup::Verdict`]).
 //! Writers publish here, per finished batch, which of its rows were *not*
 //! covered (ClickHouse rejected them into the DLQ); a writer whose batch
 //! holds conditional rows waits here for the batches holding their copies.
@@ -13,7 +13,7 @@
 //! pruned by the consumer thread below the durable frontier and below the
 //! lowest copy a conditional row still waits on.
 
-use sluice_core::{NextOffset, Offset};
+use sluice_protocol::{NextOffset, Offset};
 use std::collections::BTreeSet;
 use std::sync::Mutex;
 use tokio::sync::Notify;

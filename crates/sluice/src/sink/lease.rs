@@ -24,12 +24,12 @@
 //! attempt this process started under a lease read before the claim has
 //! ended by then, on the server's clock (see [`super::handoff`]).
 //!
-//! The decisions are [`sluice_core::lease`]'s; here are the table shared on
+//! The decisions are [`sluice_protocol::lease`]'s; here are the table shared on
 //! this host's monotonic clock and the task that reads the register.
 
 use super::event::Event;
 use super::owners::{Key, Owner, Owners};
-use sluice_core::lease::{on_register, Leases, Renewal};
+use sluice_protocol::lease::{on_register, Leases, Renewal};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;

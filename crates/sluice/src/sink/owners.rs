@@ -31,7 +31,7 @@ use std::time::Duration;
 /// A partition of a route: `(route index, partition)`.
 pub(crate) type Key = (usize, i32);
 
-pub(crate) use sluice_core::lease::Owner;
+pub(crate) use sluice_protocol::lease::Owner;
 
 /// The register's client, shareable across threads.
 #[derive(Clone)]

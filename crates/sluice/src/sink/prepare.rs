@@ -4,7 +4,7 @@
 //! see [`super::state`]), with their generations. A task reads the group's
 //! committed positions until it knows them, then, in exactly-once mode,
 //! *claims* each partition in the register of owners ([`super::owners`]):
-//! [`Claim`] (`sluice-core`) decides each read, write and wait, with its
+//! [`Claim`] (`sluice-protocol`) decides each read, write and wait, with its
 //! fence and its yield, and this task does them. A partition given up
 //! meanwhile (revoked, lost, taken) leaves the claim within a second. Then
 //! the task ends any insert of the partitions still running on the server
@@ -23,9 +23,11 @@ use crate::retry::{self, Delays};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaResult;
 use rdkafka::{Offset as KOffset, TopicPartitionList};
-use sluice_core::claim::{Claim, ClaimTimes, Do, Start, Why, WATCH_EVERY};
-use sluice_core::resume::{check_log, resume_plan, Committed, LogBounds, Mismatch, ResetPolicy};
-use sluice_core::NextOffset;
+use sluice_protocol::claim::{Claim, ClaimTimes, Do, Start, Why, WATCH_EVERY};
+use sluice_protocol::resume::{
+    check_log, resume_plan, Committed, LogBounds, Mismatch, ResetPolicy,
+};
+use sluice_protocol::NextOffset;
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::sync::{mpsc, Arc};

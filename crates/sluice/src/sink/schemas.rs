@@ -3,7 +3,7 @@
 //!
 //! In: a record value of an `avro` or `protobuf` route. Out
 //! ([`Schemas::decode`]): its row, as JSON written by the decoder of the
-//! schema its id names (`sluice_core::avro`, `sluice_core::protobuf`), or
+//! schema its id names (`sluice_formats::avro`, `sluice_formats::protobuf`), or
 //! why it cannot be one, or "schema id N is not known here yet".
 //!
 //! An id not known yet is fetched off the consumer thread ([`fetch`]) while
@@ -21,8 +21,9 @@ use super::event::Event;
 use crate::config::{Format, Route};
 use crate::registry::{Decoder, Registry, RegistryError};
 use crate::retry::Delays;
-use sluice_core::wire::frame;
-use sluice_core::{Offset, RowError};
+use sluice_formats::wire::frame;
+use sluice_formats::RowError;
+use sluice_protocol::Offset;
 use std::collections::HashMap;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};

@@ -50,11 +50,12 @@ use crate::ch::{deadline_passed, ChError, ChErrorKind, ClickHouse, InsertRequest
 use crate::config::{Delivery, Route};
 use crate::retry::Delays;
 use crate::telemetry;
-use sluice_core::acks::Ticket;
-use sluice_core::attempt::{rows_left, Answer, Attempts, Unsettled, REFUSED_AT_START};
-use sluice_core::dedup::conditional_excluded;
-use sluice_core::token::{insert_token, query_id};
-use sluice_core::{Batch, Offset, RowEncoder};
+use sluice_formats::RowEncoder;
+use sluice_protocol::acks::Ticket;
+use sluice_protocol::attempt::{rows_left, Answer, Attempts, Unsettled, REFUSED_AT_START};
+use sluice_protocol::dedup::conditional_excluded;
+use sluice_protocol::token::{insert_token, query_id};
+use sluice_protocol::{Batch, Offset};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -321,7 +322,7 @@ async fn attempt_until_done(job: &Job, ctx: &WriterCtx, letters: &mut Vec<Pendin
                 let mut refused: Vec<(Offset, &[u8])> = match e.unknown_field() {
                     Some(field) => (0..batch.len())
                         .filter_map(|i| batch.row(i))
-                        .filter(|&(_, r)| sluice_core::row::has_field(r, field))
+                        .filter(|&(_, r)| sluice_formats::row::has_field(r, field))
                         .collect(),
                     None => Vec::new(),
                 };
@@ -515,7 +516,7 @@ async fn reconcile(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sluice_core::{BatchBuilder, BatchLimits, PartitionId};
+    use sluice_protocol::{BatchBuilder, BatchLimits, PartitionId};
 
     fn batch(offsets: &[i64]) -> Batch {
         let mut b = BatchBuilder::new(

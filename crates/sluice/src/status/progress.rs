@@ -36,10 +36,10 @@ impl Reading {
     /// table's highest offset is not taken: rows can stand above a gap
     /// (batches landing out of order, a topic recreated under its name).
     /// A partition marked as one whose offsets went back
-    /// ([`sluice_core::resume::MISMATCH_MARK`]) has done nothing.
+    /// ([`sluice_protocol::resume::MISMATCH_MARK`]) has done nothing.
     pub fn done(&self) -> i64 {
         self.committed
-            .filter(|c| *c != sluice_core::resume::MISMATCH_MARK.0)
+            .filter(|c| *c != sluice_protocol::resume::MISMATCH_MARK.0)
             .unwrap_or(self.low_watermark)
             .max(self.low_watermark)
     }
@@ -153,7 +153,7 @@ mod tests {
         let mut unknown = reading(10, Some(5), None);
         unknown.done_timestamp = None;
         assert_eq!(unknown.lag_time(), None);
-        let marked = reading(10, Some(sluice_core::resume::MISMATCH_MARK.0), None);
+        let marked = reading(10, Some(sluice_protocol::resume::MISMATCH_MARK.0), None);
         assert_eq!(marked.lag_records(), 10, "a marked partition is all lag");
     }
 

@@ -111,7 +111,7 @@ impl Reader {
 
     fn read_kafka(
         &self,
-        stored: &[HashMap<i32, sluice_core::Offset>],
+        stored: &[HashMap<i32, sluice_protocol::Offset>],
     ) -> anyhow::Result<Vec<(usize, Reading)>> {
         let mut readings = Vec::new();
         let mut tpl = TopicPartitionList::new();

@@ -2,8 +2,8 @@
 
 use crate::harness::*;
 use sluice::lab::proxy::{Fault, Proxy};
-use sluice_core::token::{insert_token, query_id};
-use sluice_core::Offset;
+use sluice_protocol::token::{insert_token, query_id};
+use sluice_protocol::Offset;
 use std::time::{Duration, Instant};
 
 const PARTITIONS: i32 = 8;

@@ -250,7 +250,7 @@ const TYPED: &str = r#"{"type":"record","name":"Typed","namespace":"shop","field
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn avro_values_come_back_from_clickhouse_as_they_went_in() {
     use apache_avro::types::Value as V;
-    let schema = sluice_core::avro::AvroSchema::parse(TYPED, &[]).unwrap();
+    let schema = sluice_formats::avro::AvroSchema::parse(TYPED, &[]).unwrap();
     let table = format!("default.{}", unique("avro_typed"));
     let cols: Vec<String> = schema
         .columns()
@@ -351,7 +351,7 @@ async fn avro_values_come_back_from_clickhouse_as_they_went_in() {
 async fn floats_come_back_bit_for_bit_through_the_registry_settings() {
     const FLOATS: &str = r#"{"type":"record","name":"F","fields":[
       {"name":"id","type":"long"},{"name":"f","type":"float"},{"name":"d","type":"double"}]}"#;
-    let schema = sluice_core::avro::AvroSchema::parse(FLOATS, &[]).unwrap();
+    let schema = sluice_formats::avro::AvroSchema::parse(FLOATS, &[]).unwrap();
     let table = format!("default.{}", unique("avro_floats"));
     ch_post(
         &format!(
@@ -451,7 +451,7 @@ message Order {
 async fn protobuf_values_come_back_from_clickhouse_as_they_went_in() {
     use prost_reflect::prost::Message;
     use prost_reflect::{DynamicMessage, MapKey, ReflectMessage, Value as P};
-    let schema = sluice_core::protobuf::ProtoSchema::parse(TYPED_PROTO, &[]).unwrap();
+    let schema = sluice_formats::protobuf::ProtoSchema::parse(TYPED_PROTO, &[]).unwrap();
     let table = format!("default.{}", unique("proto_typed"));
     let cols: Vec<String> = schema
         .columns(&[0])

@@ -35,8 +35,8 @@ use crate::sink::SinkContext;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::error::KafkaResult;
 use rdkafka::{Offset as KOffset, TopicPartitionList};
-use sluice_core::claim;
-use sluice_core::AckTracker;
+use sluice_protocol::claim;
+use sluice_protocol::AckTracker;
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 

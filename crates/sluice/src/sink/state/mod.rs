@@ -32,11 +32,10 @@ use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::message::Message;
 use rdkafka::{Offset as KOffset, TopicPartitionList};
 use record::{Fate, Record, Value};
-use sluice_core::dedup::KeyWindow;
-use sluice_core::resume::{Mismatch, MISMATCH_MARK};
-use sluice_core::{
-    AckTracker, BatchBuilder, BatchLimits, NextOffset, Offset, PartitionId, RowError,
-};
+use sluice_formats::RowError;
+use sluice_protocol::dedup::KeyWindow;
+use sluice_protocol::resume::{Mismatch, MISMATCH_MARK};
+use sluice_protocol::{AckTracker, BatchBuilder, BatchLimits, NextOffset, Offset, PartitionId};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::mpsc;
 use std::sync::Arc;
@@ -81,7 +80,7 @@ struct Part {
     /// The memory `letters` hold.
     letter_bytes: usize,
     /// Key dedup: rows of the batch being built written on condition,
-    /// `(row, copy)` ([`sluice_core::dedup::Verdict::WriteUnless`]).
+    /// `(row, copy)` ([`sluice_protocol::dedup::Verdict::WriteUnless`]).
     conditional: Vec<(Offset, Offset)>,
     /// The copies that conditional rows, in flight or being batched, wait
     /// on (with their counts): [`Fates`] keeps what is at or above the
@@ -514,7 +513,7 @@ impl Sink {
         }
     }
 
-    /// Partitions whose offsets went back (`sluice_core::resume::check_log`):
+    /// Partitions whose offsets went back (`sluice_protocol::resume::check_log`):
     /// the sink stops naming each one. In exactly-once mode, those this
     /// process still holds in the generation that found it get the commit
     /// [`MISMATCH_MARK`], so that no later start reads them either once
@@ -788,7 +787,7 @@ impl Sink {
         // At least once, a partition without a commit starts at its end:
         // nothing before the target is ever read.
         let starts_at_end = !self.cfg.sink.delivery.is_exactly_once()
-            && self.cfg.kafka.auto_offset_reset == sluice_core::ResetPolicy::Latest;
+            && self.cfg.kafka.auto_offset_reset == sluice_protocol::ResetPolicy::Latest;
         targets.iter().all(|(key, &target)| {
             let commit = committed.get(key).copied();
             let Some(part) = self.parts.get(key) else {

@@ -13,8 +13,9 @@
 
 use super::{Letter, Part, Phase};
 use rdkafka::message::Message;
-use sluice_core::dedup::Verdict;
-use sluice_core::{AckTracker, NextOffset, Offset, RowEncoder, RowError};
+use sluice_formats::{RowEncoder, RowError};
+use sluice_protocol::dedup::Verdict;
+use sluice_protocol::{AckTracker, NextOffset, Offset};
 use std::fmt;
 use std::time::Instant;
 
@@ -209,8 +210,9 @@ impl Part {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sluice_core::dedup::KeyWindow;
-    use sluice_core::{BatchLimits, MetadataColumns, PartitionId};
+    use sluice_formats::MetadataColumns;
+    use sluice_protocol::dedup::KeyWindow;
+    use sluice_protocol::{BatchLimits, PartitionId};
     use std::time::Duration;
 
     fn part(phase: Phase) -> Part {

@@ -23,9 +23,9 @@ use proptest::sample::{select, Index};
 use proptest::test_runner::{FileFailurePersistence, TestCaseError};
 use serde::de::IgnoredAny;
 use serde_json::{Map, Value};
-use sluice_core::dedup::{key_hash, KeyHash};
-use sluice_core::row::{MAX_KEY_FIELDS, MAX_REQUIRED_FIELDS};
-use sluice_core::{MetadataColumns, RowEncoder, RowError};
+use sluice_formats::row::{MAX_KEY_FIELDS, MAX_REQUIRED_FIELDS};
+use sluice_formats::{MetadataColumns, RowEncoder, RowError};
+use sluice_protocol::dedup::{key_hash, KeyHash};
 
 const CASES: u32 = 256;
 

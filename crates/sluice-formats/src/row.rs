@@ -7,7 +7,7 @@
 //! collide with the metadata columns; anything else is a [`RowError`], so a
 //! bad record never reaches ClickHouse inside a batch of good ones.
 
-use crate::dedup::KeyHash;
+use sluice_protocol::dedup::KeyHash;
 use std::borrow::Cow;
 use std::collections::HashSet;
 use xxhash_rust::xxh3::Xxh3;
@@ -461,7 +461,7 @@ enum KeyPart<'v> {
     Bool(bool),
 }
 
-/// Hashes key parts as [`crate::dedup::key_hash`] hashes their canonical
+/// Hashes key parts as [`sluice_protocol::dedup::key_hash`] hashes their canonical
 /// text: a string's contents, a number or a boolean as ClickHouse's
 /// `toString` prints it, `0x1f` between fields.
 fn hash_parts(parts: &[Option<KeyPart>]) -> KeyHash {
@@ -572,7 +572,7 @@ mod tests {
         let k = key(r#"{"order_id": 1001, "region": "eu", "x": {"order_id": 5}}"#);
         assert_eq!(
             k,
-            Some(crate::dedup::key_hash([
+            Some(sluice_protocol::dedup::key_hash([
                 b"eu".as_slice(),
                 b"1001".as_slice()
             ]))
@@ -588,7 +588,7 @@ mod tests {
             one.encode_keyed(Some(v.as_bytes()), 0, 1, &mut Vec::new())
                 .unwrap()
         };
-        let h = |s: &str| Some(crate::dedup::key_hash([s.as_bytes()]));
+        let h = |s: &str| Some(sluice_protocol::dedup::key_hash([s.as_bytes()]));
         assert_eq!(k1(r#"{"k":"a\"b"}"#), h("a\"b"));
         assert_eq!(k1(r#"{"k":-7}"#), h("-7"));
         assert_eq!(k1(r#"{"k":1.5}"#), h("1.5"));

@@ -8,9 +8,9 @@
 //! records) and the ratio to JSON. An argument (`json`, `avro`,
 //! `protobuf`) runs that format alone, for a profiler.
 
-use sluice_core::avro::AvroSchema;
-use sluice_core::protobuf::ProtoSchema;
-use sluice_core::{MetadataColumns, RowEncoder};
+use sluice_formats::avro::AvroSchema;
+use sluice_formats::protobuf::ProtoSchema;
+use sluice_formats::{MetadataColumns, RowEncoder};
 use std::time::Instant;
 
 const N: u64 = 100_000;

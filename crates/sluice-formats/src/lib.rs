@@ -1,0 +1,24 @@
+//! A Kafka record's value → its ClickHouse row, per format, free of I/O.
+//!
+//! A route's records flow in as bytes (a JSON object, or a registry-framed
+//! Avro or Protobuf payload); out comes one JSONEachRow line per record,
+//! with the route's metadata columns and the hash of its dedup key, or the
+//! reason it cannot become a row (which sends it to the DLQ):
+//!
+//! - [`wire`]: a registry-framed record value → its schema id and payload.
+//! - [`avro`]: an Avro record and its registry schema → one JSON row, typed
+//!   for ClickHouse.
+//! - [`protobuf`]: a Protobuf message and its registry schema → one JSON
+//!   row, typed as [`avro`] types it.
+//! - [`row`]: one record value (JSON, or what a decoder wrote) → one
+//!   JSONEachRow line with metadata and the dedup key's hash.
+//! - `json_text`: the one way the decoders write a string, a number and a
+//!   time as JSON.
+
+pub mod avro;
+mod json_text;
+pub mod protobuf;
+pub mod row;
+pub mod wire;
+
+pub use row::{MetadataColumns, RowEncoder, RowError};
