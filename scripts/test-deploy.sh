@@ -86,13 +86,13 @@ else
 fi
 
 # Every SLUICE_… variable the unit or the example sets names a setting
-# (crates/sluice/src/config/env.rs) or a flag's variable (main.rs).
+# (crates/sluice/src/config/env.rs) or a flag's variable (crates/sluice-cli/src/main.rs).
 env_names() {
   local known name bad=0
   known=$( {
     grep -o '^ *("[a-z_.]*", \(Str\|Int\|Bool\))' crates/sluice/src/config/env.rs |
       sed 's/^ *("\([a-z_.]*\)".*/\1/' | tr 'a-z.' 'A-Z_' | sed 's/^/SLUICE_/'
-    grep -o 'env = "SLUICE_[A-Z0-9_]*"' crates/sluice/src/main.rs | sed 's/env = "\(.*\)"/\1/'
+    grep -o 'env = "SLUICE_[A-Z0-9_]*"' crates/sluice-cli/src/main.rs | sed 's/env = "\(.*\)"/\1/'
   })
   [ "$(wc -l <<<"$known")" -gt 40 ] || { echo "cannot read the settings from crates/sluice/src/config/env.rs"; return 1; }
   for name in $(grep -ohE '^#?(Environment=)?SLUICE_[A-Z0-9_]+=' "$UNIT" "$ENVEX" | sed -E 's/^#?(Environment=)?//; s/=$//' | sort -u); do

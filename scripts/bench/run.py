@@ -56,7 +56,7 @@ CASE_TIMEOUT = float(os.environ.get("BENCH_CASE_TIMEOUT", "600"))
 KAFKA_PROPS = os.environ.get("BENCH_KAFKA_PROPERTIES", "")   # "k=v,k=v": extra librdkafka properties
 RUN = time.strftime("%Y%m%d%H%M%S")
 WORK = f"/tmp/sluice-bench-{RUN}"          # configs and logs of this run
-# What sluice uses (crates/sluice/src/config.rs defaults, the bench's config below).
+# What sluice uses (crates/sluice/src/config defaults, the bench's config below).
 BATCH_ROWS, BATCH_BYTES, CONCURRENCY = 100_000, 16 << 20, 4
 MAX_BUFFERED = int(os.environ.get("BENCH_MAX_BUFFERED_MB", "128")) << 20
 TICK = os.sysconf("SC_CLK_TCK")

@@ -9,7 +9,6 @@
 //! - [`registry`]: the schema registry client, schema ids → decoders.
 //! - [`retry`]: the one retry policy, for every loop that waits and tries again.
 //! - [`telemetry`], [`http`]: Prometheus series, `/metrics`, `/health`, `/ready`.
-//! - [`lab`]: `sluice lab`, the fault matrix against the real stack.
 //!
 //! The exactly-once rules themselves live in the I/O-free `sluice-protocol`
 //! crate; turning a record value into a row lives in `sluice-formats`.
@@ -18,7 +17,6 @@ pub mod ch;
 pub mod check;
 pub mod config;
 pub mod http;
-pub mod lab;
 pub mod ops;
 pub mod registry;
 pub mod retry;

@@ -18,8 +18,8 @@
 //!   outlasts A's last inserts, and A stops with `FencedInstanceId`.
 
 use crate::harness::*;
-use sluice::lab::fixture::{PrivateBroker, Stack};
-use sluice::lab::kafka_proxy::{KafkaProxy, ProxiedBroker};
+use sluice_lab::fixture::{PrivateBroker, Stack};
+use sluice_lab::kafka_proxy::{KafkaProxy, ProxiedBroker};
 use std::time::{Duration, Instant};
 
 /// The one-partition topic, table and group on a broker of our own behind

@@ -13,7 +13,7 @@ use rdkafka::producer::{
     BaseProducer, BaseRecord, DefaultProducerContext, Producer, ThreadedProducer,
 };
 use rdkafka::{ClientConfig, Message};
-use sluice::lab::poison;
+use sluice_lab::poison;
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 

@@ -1,7 +1,7 @@
 //! Faults between the sink and ClickHouse, and group membership changes.
 
 use crate::harness::*;
-use sluice::lab::proxy::{Fault, Proxy};
+use sluice_lab::proxy::{Fault, Proxy};
 use sluice_protocol::token::{insert_token, query_id};
 use sluice_protocol::Offset;
 use std::time::{Duration, Instant};

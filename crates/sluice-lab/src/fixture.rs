@@ -45,7 +45,7 @@ impl Stack {
     }
 
     pub fn ch(&self) -> clickhouse::Client {
-        crate::ch::client(&crate::config::ClickHouseConfig::at(
+        sluice::ch::client(&sluice::config::ClickHouseConfig::at(
             self.clickhouse_url.clone(),
         ))
     }
@@ -157,7 +157,7 @@ impl Stack {
         partitions: i32,
         start: u64,
         n: u64,
-        framing: Option<&crate::send::framing::Framing>,
+        framing: Option<&sluice::send::framing::Framing>,
     ) -> anyhow::Result<()> {
         let producer: ThreadedProducer<DefaultProducerContext> = ClientConfig::new()
             .set("bootstrap.servers", &self.brokers)

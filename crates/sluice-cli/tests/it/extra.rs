@@ -6,7 +6,7 @@
 use crate::binary::{framed, produce_raw, SCHEMA_V1, SCHEMA_V2};
 use crate::harness::*;
 use crate::registry::{register, registry_url};
-use sluice::lab::poison::read_dlq;
+use sluice_lab::poison::read_dlq;
 use std::collections::BTreeSet;
 use std::ops::Range;
 use std::time::Duration;
@@ -124,7 +124,7 @@ async fn dlq_entries(
     dlq: &str,
     at_least: usize,
     wait: Duration,
-) -> Vec<sluice::lab::poison::DlqEntry> {
+) -> Vec<sluice_lab::poison::DlqEntry> {
     let dlq = dlq.to_string();
     tokio::task::spawn_blocking(move || read_dlq(&brokers(), &dlq, at_least, wait).unwrap())
         .await

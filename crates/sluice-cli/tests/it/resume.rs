@@ -8,8 +8,8 @@
 use crate::harness::*;
 use rdkafka::mocking::MockCluster;
 use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
-use sluice::lab::fixture::Stack;
-use sluice::lab::kafka_proxy::ProxiedBroker;
+use sluice_lab::fixture::Stack;
+use sluice_lab::kafka_proxy::ProxiedBroker;
 use std::time::{Duration, Instant};
 
 /// Fills `table` with the rows of the records whose ids pass `keep`, among

@@ -6,7 +6,7 @@
 
 use crate::binary::produce_raw;
 use crate::harness::*;
-use sluice::lab::proxy::{Fault, Proxy};
+use sluice_lab::proxy::{Fault, Proxy};
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

@@ -4,8 +4,8 @@
 
 use crate::harness::*;
 use crate::metrics::value;
-use sluice::lab::kafka_proxy::ProxiedBroker;
-use sluice::lab::poison;
+use sluice_lab::kafka_proxy::ProxiedBroker;
+use sluice_lab::poison;
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 

@@ -6,8 +6,8 @@
 use crate::harness::*;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::ClientConfig;
-use sluice::lab::poison;
-use sluice::lab::reject::{self, FAMILIES};
+use sluice_lab::poison;
+use sluice_lab::reject::{self, FAMILIES};
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 

@@ -18,10 +18,10 @@ pub mod report;
 pub mod scenarios;
 pub mod soak;
 
-use crate::ops::Outcome;
 use clap::builder::PossibleValuesParser;
 use fixture::Stack;
 use scenarios::{Cell, Params, MODES, SCENARIOS};
+use sluice::ops::Outcome;
 use std::path::PathBuf;
 use std::time::Duration;
 

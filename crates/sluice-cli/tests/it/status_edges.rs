@@ -6,7 +6,7 @@
 
 use crate::harness::*;
 use crate::status::{partitions as json_parts, status_of};
-use sluice::lab::proxy::Proxy;
+use sluice_lab::proxy::Proxy;
 use std::time::{Duration, Instant};
 
 /// At least once, a partition with nothing to read (empty, or committed up
@@ -276,7 +276,7 @@ async fn until_caught_up_two_members_leave_nothing_behind() {
     let mock = rdkafka::mocking::MockCluster::new(1).unwrap();
     let topic = unique("rv-two");
     mock.create_topic(&topic, 2, 1).unwrap();
-    let own = sluice::lab::fixture::Stack {
+    let own = sluice_lab::fixture::Stack {
         brokers: mock.bootstrap_servers(),
         clickhouse_url: clickhouse_url(),
     };

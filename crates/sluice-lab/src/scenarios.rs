@@ -162,7 +162,7 @@ struct Run {
     proxy: Option<Proxy>,
     params: Params,
     /// Avro records through the registry, for a `/avro` scenario.
-    framing: Option<std::sync::Arc<crate::send::framing::Framing>>,
+    framing: Option<std::sync::Arc<sluice::send::framing::Framing>>,
 }
 
 impl Run {
@@ -196,8 +196,8 @@ impl Run {
         let framing = match &registry {
             None => None,
             Some(url) => Some(std::sync::Arc::new(
-                crate::send::framing::Framing::register(
-                    &crate::config::SchemaRegistryConfig::from_url(url),
+                sluice::send::framing::Framing::register(
+                    &sluice::config::SchemaRegistryConfig::from_url(url),
                     &format!("{topic}-value"),
                     "avro",
                     LAB_AVRO,
@@ -277,19 +277,19 @@ impl Run {
         n: u64,
         again: Option<&std::path::Path>,
         delivery_timeout: Duration,
-    ) -> anyhow::Result<(crate::send::SendReport, std::path::PathBuf)> {
+    ) -> anyhow::Result<(sluice::send::SendReport, std::path::PathBuf)> {
         let pad = "x".repeat(60);
         let lines = match again {
-            Some(f) => crate::send::input::read_all(&[f.to_path_buf()])?,
+            Some(f) => sluice::send::input::read_all(&[f.to_path_buf()])?,
             None => (start..start + n)
-                .map(|i| crate::send::input::Line {
+                .map(|i| sluice::send::input::Line {
                     source: format!("lab:{i}"),
                     text: format!(r#"{{"id":{i},"payload":"{pad}"}}"#),
                 })
                 .collect(),
         };
         let retry_file = std::env::temp_dir().join(format!("{}.jsonl", Stack::unique("lab_retry")));
-        let opts = crate::send::SendOptions {
+        let opts = sluice::send::SendOptions {
             brokers: self.stack.brokers.clone(),
             kafka: None,
             topic: self.spec.topic.clone(),
@@ -303,7 +303,7 @@ impl Run {
             framing: None,
         };
         let report =
-            tokio::task::spawn_blocking(move || crate::send::send(&opts, &lines)).await??;
+            tokio::task::spawn_blocking(move || sluice::send::send(&opts, &lines)).await??;
         Ok((report, retry_file))
     }
 

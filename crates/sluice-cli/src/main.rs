@@ -75,7 +75,7 @@ enum Command {
     },
     /// Run the fault lab: each scenario × delivery mode against the real
     /// stack, counted in ClickHouse, printed as a matrix.
-    Lab(sluice::lab::LabArgs),
+    Lab(sluice_lab::LabArgs),
     /// How long the table's block dedup window lasts, measured from
     /// system.part_log, against the client's re-submit interval.
     Window(ops::window::WindowArgs),
@@ -155,7 +155,7 @@ fn run(command: Command) -> anyhow::Result<Outcome> {
         }
         Command::Lab(a) => {
             let rt = runtime()?;
-            let r = rt.block_on(sluice::lab::main(a, shutdown_signal()));
+            let r = rt.block_on(sluice_lab::main(a, shutdown_signal()));
             // After a signal, do not wait for a producer still filling a topic.
             rt.shutdown_background();
             r

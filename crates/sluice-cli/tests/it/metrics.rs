@@ -101,7 +101,7 @@ async fn metrics_count_a_known_run() {
 /// fall back to 0 once the records land.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lag_gauges_grow_while_clickhouse_is_down_and_clear_after() {
-    use sluice::lab::proxy::Proxy;
+    use sluice_lab::proxy::Proxy;
     let (topic, table, ch) = setup("lagm", 1, 0).await;
     let upstream = Proxy::upstream_of(&clickhouse_url());
     let proxy = Proxy::start(upstream, Duration::from_secs(1))

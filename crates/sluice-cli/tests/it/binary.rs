@@ -8,9 +8,9 @@ use crate::harness::*;
 use crate::registry::{register, registry_url, PrivateRegistry};
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use rdkafka::ClientConfig;
-use sluice::lab::poison::read_dlq;
 use sluice_formats::avro::AvroSchema;
 use sluice_formats::wire::write_header;
+use sluice_lab::poison::read_dlq;
 use std::collections::BTreeSet;
 use std::time::Duration;
 

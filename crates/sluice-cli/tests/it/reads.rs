@@ -5,7 +5,7 @@
 //! `system.query_log`, where a `log_comment` read setting marks each one.
 
 use crate::harness::*;
-use sluice::lab::proxy::{Fault, Proxy};
+use sluice_lab::proxy::{Fault, Proxy};
 use std::time::Duration;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

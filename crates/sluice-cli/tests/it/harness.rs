@@ -1,9 +1,9 @@
 //! Test fixtures: the stack's addresses, topics, tables, a producer, sink
 //! processes and the queries that count duplicates and losses.
 
-pub use sluice::lab::fixture::PrivateClickHouse;
-use sluice::lab::fixture::{PrivateBroker, Stack};
-use sluice::lab::process::{RunSpec, SinkProcess};
+pub use sluice_lab::fixture::PrivateClickHouse;
+use sluice_lab::fixture::{PrivateBroker, Stack};
+use sluice_lab::process::{RunSpec, SinkProcess};
 use std::time::{Duration, Instant};
 
 pub fn brokers() -> String {

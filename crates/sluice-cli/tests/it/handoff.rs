@@ -9,7 +9,7 @@
 //! Every record lands once, on a plain `MergeTree`.
 
 use crate::harness::*;
-use sluice::lab::proxy::Proxy;
+use sluice_lab::proxy::Proxy;
 use std::time::{Duration, Instant};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

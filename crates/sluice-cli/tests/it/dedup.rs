@@ -180,7 +180,7 @@ async fn a_rejected_copy_does_not_hide_its_key(rows_per_batch: usize) {
     .map(|v| Some(v.to_string()))
     .collect();
     let (b, t) = (brokers(), topic.clone());
-    tokio::task::spawn_blocking(move || sluice::lab::poison::produce(&b, &t, 1, &values))
+    tokio::task::spawn_blocking(move || sluice_lab::poison::produce(&b, &t, 1, &values))
         .await
         .unwrap()
         .unwrap();
@@ -191,7 +191,7 @@ async fn a_rejected_copy_does_not_hide_its_key(rows_per_batch: usize) {
     let mut sink = spec.start();
     let (b, t) = (brokers(), dlq_topic.clone());
     let dlq = tokio::task::spawn_blocking(move || {
-        sluice::lab::poison::read_dlq(&b, &t, 3, Duration::from_secs(90))
+        sluice_lab::poison::read_dlq(&b, &t, 3, Duration::from_secs(90))
     })
     .await
     .unwrap()

@@ -4,7 +4,7 @@
 use crate::harness::*;
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
 use rdkafka::ClientConfig;
-use sluice::lab::proxy::Proxy;
+use sluice_lab::proxy::Proxy;
 use std::time::Duration;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
