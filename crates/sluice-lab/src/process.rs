@@ -1,26 +1,32 @@
 //! `sluice run` as a child process the lab can start, kill -9, freeze,
 //! thaw and stop.
 //!
-//! Each run gets its own config file and log under a scratch directory; the
-//! child is killed when its handle is dropped, so the lab never leaves
-//! processes behind.
+//! [`SinkSpec`] is the one way to start a sink: its config file is written
+//! with `toml` from sluice's own config types. Each run gets its own config
+//! file and log under a scratch directory; the child is killed when its
+//! handle is dropped, so the lab never leaves processes behind.
 
 use anyhow::Context;
-use std::path::PathBuf;
+use sluice::config::{Delivery, RawConfig, RawRoute};
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// The settings of one sink process.
+/// The settings of one `sluice run`: the one way tests and the lab start a
+/// sink. [`Default`] holds what the tests run with (short timeouts, so a
+/// killed member's partitions move on quickly); [`SinkSpec::new`] points it
+/// at the stack (`KAFKA_BROKERS`, `CLICKHOUSE_URL`) with a group of its own.
 #[derive(Debug, Clone)]
-pub struct RunSpec {
+pub struct SinkSpec {
     pub brokers: String,
     pub clickhouse_url: String,
     pub topic: String,
     pub table: String,
     pub group: String,
     /// `[kafka] session_timeout`: how long the coordinator waits for a
-    /// silent member (the lab's 6 s makes rebalances after a kill quick).
+    /// silent member.
     pub session_timeout: Duration,
+    /// `exactly-once`, `at-least-once` or `token-only`.
     pub delivery: &'static str,
     pub max_batch_rows: usize,
     pub max_batch_bytes: usize,
@@ -58,6 +64,41 @@ pub struct RunSpec {
     pub args: Vec<String>,
 }
 
+impl Default for SinkSpec {
+    fn default() -> Self {
+        Self {
+            brokers: String::new(),
+            clickhouse_url: String::new(),
+            topic: String::new(),
+            table: String::new(),
+            group: String::new(),
+            session_timeout: Duration::from_secs(6),
+            delivery: "exactly-once",
+            max_batch_rows: 10_000,
+            max_batch_bytes: 4 << 20,
+            insert_timeout: Duration::from_secs(5),
+            fence_wait: Duration::from_secs(6),
+            commit_interval: Duration::from_secs(1),
+            max_batch_age: Duration::from_millis(200),
+            max_buffered_bytes: 64 << 20,
+            dedup_key: None,
+            metrics_listen: None,
+            dlq_topic: None,
+            required: Vec::new(),
+            max_record_bytes: None,
+            auto_offset_reset: None,
+            instance_id: None,
+            settings: Vec::new(),
+            read_settings: Vec::new(),
+            kafka_properties: Vec::new(),
+            format: "json",
+            schema_registry: None,
+            extra_fields: None,
+            args: Vec::new(),
+        }
+    }
+}
+
 /// A running `sluice run`.
 pub struct SinkProcess {
     child: Option<Child>,
@@ -66,110 +107,70 @@ pub struct SinkProcess {
     pub config: PathBuf,
 }
 
-impl RunSpec {
-    /// Starts this very binary as `sluice run`.
-    pub fn start(&self) -> anyhow::Result<SinkProcess> {
-        let exe = std::env::current_exe().context("locating the sluice binary")?;
-        self.start_with(&exe)
+impl SinkSpec {
+    /// `topic` into `table` on the stack the environment names
+    /// (`KAFKA_BROKERS`, `CLICKHOUSE_URL`, empty when unset), in a group of
+    /// its own.
+    pub fn new(topic: &str, table: &str) -> Self {
+        Self {
+            brokers: std::env::var("KAFKA_BROKERS").unwrap_or_default(),
+            clickhouse_url: std::env::var("CLICKHOUSE_URL").unwrap_or_default(),
+            topic: topic.into(),
+            table: table.into(),
+            group: super::fixture::Stack::unique("g"),
+            ..Self::default()
+        }
     }
 
-    /// Starts the `sluice` binary at `exe` as `sluice run`.
-    pub fn start_with(&self, exe: &std::path::Path) -> anyhow::Result<SinkProcess> {
+    /// The config file this spec stands for, as sluice's own config types.
+    pub fn config(&self) -> anyhow::Result<RawConfig> {
+        let delivery = <Delivery as clap::ValueEnum>::from_str(self.delivery, false)
+            .map_err(|e| anyhow::anyhow!("delivery {:?}: {e}", self.delivery))?;
+        let pairs = |v: &[(String, String)]| v.iter().cloned().collect();
+        let mut c = RawConfig::default();
+        c.kafka.brokers = Some(self.brokers.clone());
+        c.kafka.group_id = Some(self.group.clone());
+        c.kafka.session_timeout = Some(self.session_timeout);
+        c.kafka.heartbeat_interval = Some(Duration::from_secs(1));
+        c.kafka.auto_offset_reset = self.auto_offset_reset.clone();
+        c.kafka.instance_id = self.instance_id.clone();
+        c.kafka.properties = pairs(&self.kafka_properties);
+        c.clickhouse.url = Some(self.clickhouse_url.clone());
+        c.clickhouse.insert_timeout = Some(self.insert_timeout);
+        c.clickhouse.settings = pairs(&self.settings);
+        c.clickhouse.read_settings = pairs(&self.read_settings);
+        c.sink.delivery = Some(delivery);
+        c.sink.max_batch_rows = Some(self.max_batch_rows);
+        c.sink.max_batch_age = Some(self.max_batch_age);
+        c.sink.max_batch_bytes = Some(self.max_batch_bytes);
+        c.sink.max_record_bytes = self.max_record_bytes;
+        c.sink.max_buffered_bytes = Some(self.max_buffered_bytes);
+        c.sink.commit_interval = Some(self.commit_interval);
+        c.sink.fence_wait = Some(self.fence_wait);
+        c.metrics.listen = self.metrics_listen.clone();
+        c.dlq.topic = self.dlq_topic.clone();
+        c.schema_registry.url = self.schema_registry.clone();
+        c.routes = vec![RawRoute {
+            topic: self.topic.clone(),
+            table: self.table.clone(),
+            dedup_key: self.dedup_key.iter().cloned().collect(),
+            dedup_window: self.dedup_key.as_ref().map(|_| Duration::from_secs(3600)),
+            dedup_max_keys: None,
+            required: self.required.clone(),
+            format: Some(self.format.into()),
+            subject: None,
+            extra_fields: Some(self.extra_fields.unwrap_or("ignore").into()),
+        }];
+        Ok(c)
+    }
+
+    /// Starts the `sluice` binary at `exe` as `sluice run`, with this
+    /// spec's config in a scratch directory of its own and its log beside it.
+    pub fn spawn(&self, exe: &Path) -> anyhow::Result<SinkProcess> {
         let dir = std::env::temp_dir().join(super::fixture::Stack::unique("sluice_lab"));
         std::fs::create_dir_all(&dir)?;
         let cfg = dir.join("sluice.toml");
-        std::fs::write(
-            &cfg,
-            format!(
-                r#"[kafka]
-brokers = "{brokers}"
-group_id = "{group}"
-session_timeout = "{st}ms"
-heartbeat_interval = "1s"
-{kafka_extra}
-[clickhouse]
-url = "{url}"
-insert_timeout = "{it}ms"
-settings = {{ {settings} }}
-read_settings = {{ {read_settings} }}
-
-[sink]
-delivery = "{delivery}"
-max_batch_rows = {rows}
-max_batch_age = "{age}ms"
-max_batch_bytes = {bytes}
-{max_record}max_buffered_bytes = {buf}
-commit_interval = "{ci}ms"
-fence_wait = "{fw}ms"
-
-{metrics}{dlq}
-[[route]]
-topic = "{topic}"
-table = "{table}"
-format = "{format}"
-required = {required:?}
-extra_fields = "{extra}"
-{dedup}{registry}"#,
-                brokers = self.brokers,
-                group = self.group,
-                st = self.session_timeout.as_millis(),
-                settings = inline_table(&self.settings),
-                read_settings = inline_table(&self.read_settings),
-                url = self.clickhouse_url,
-                it = self.insert_timeout.as_millis(),
-                delivery = self.delivery,
-                rows = self.max_batch_rows,
-                bytes = self.max_batch_bytes,
-                ci = self.commit_interval.as_millis(),
-                age = self.max_batch_age.as_millis(),
-                buf = self.max_buffered_bytes,
-                fw = self.fence_wait.as_millis(),
-                topic = self.topic,
-                table = self.table,
-                metrics = self
-                    .metrics_listen
-                    .as_ref()
-                    .map(|a| format!("[metrics]\nlisten = \"{a}\"\n"))
-                    .unwrap_or_default(),
-                dlq = self
-                    .dlq_topic
-                    .as_ref()
-                    .map(|t| format!("[dlq]\ntopic = \"{t}\"\n"))
-                    .unwrap_or_default(),
-                required = self.required,
-                extra = self.extra_fields.unwrap_or("ignore"),
-                max_record = self
-                    .max_record_bytes
-                    .map(|b| format!("max_record_bytes = {b}\n"))
-                    .unwrap_or_default(),
-                kafka_extra = [
-                    ("auto_offset_reset", &self.auto_offset_reset),
-                    ("instance_id", &self.instance_id),
-                ]
-                .iter()
-                .filter_map(|(k, v)| Some(format!("{k} = \"{}\"\n", v.as_ref()?)))
-                .chain((!self.kafka_properties.is_empty()).then(|| {
-                    let p: Vec<String> = self
-                        .kafka_properties
-                        .iter()
-                        .map(|(k, v)| format!("{k:?} = {v:?}"))
-                        .collect();
-                    format!("properties = {{ {} }}\n", p.join(", "))
-                }))
-                .collect::<String>(),
-                format = self.format,
-                registry = self
-                    .schema_registry
-                    .as_ref()
-                    .map(|u| format!("\n[schema_registry]\nurl = \"{u}\"\n"))
-                    .unwrap_or_default(),
-                dedup = self
-                    .dedup_key
-                    .as_ref()
-                    .map(|k| format!("dedup_key = [\"{k}\"]\ndedup_window = \"1h\"\n"))
-                    .unwrap_or_default(),
-            ),
-        )?;
+        std::fs::write(&cfg, toml::to_string(&self.config()?)?)?;
         let log = dir.join("sluice.log");
         let child = Command::new(exe)
             .args(["run", "--config"])
@@ -192,6 +193,12 @@ extra_fields = "{extra}"
             log,
             config: cfg,
         })
+    }
+
+    /// Starts this very binary (`sluice lab`) as `sluice run`.
+    pub fn spawn_self(&self) -> anyhow::Result<SinkProcess> {
+        let exe = std::env::current_exe().context("locating the sluice binary")?;
+        self.spawn(&exe)
     }
 }
 
@@ -306,11 +313,50 @@ impl Drop for SinkProcess {
     }
 }
 
-/// `k = "v", …`: the inside of a TOML inline table.
-fn inline_table(pairs: &[(String, String)]) -> String {
-    pairs
-        .iter()
-        .map(|(k, v)| format!("{k} = {v:?}"))
-        .collect::<Vec<_>>()
-        .join(", ")
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sluice::config::Overrides;
+
+    /// What the spec writes is a file sluice loads, with the spec's values.
+    #[test]
+    fn the_written_config_loads_with_the_specs_values() {
+        let spec = SinkSpec {
+            brokers: "127.0.0.1:1".into(),
+            clickhouse_url: "http://127.0.0.1:2".into(),
+            topic: "t".into(),
+            table: "db.t".into(),
+            group: "g".into(),
+            delivery: "token-only",
+            max_batch_rows: 7,
+            fence_wait: Duration::from_millis(1_500),
+            dedup_key: Some("id".into()),
+            dlq_topic: Some("dlq".into()),
+            settings: vec![("a b".into(), "it's \"quoted\"".into())],
+            extra_fields: Some("dlq"),
+            ..SinkSpec::default()
+        };
+        let text = toml::to_string(&spec.config().unwrap()).unwrap();
+        let cfg = RawConfig::from_toml(&text)
+            .and_then(|c| c.validate(Overrides::default()))
+            .unwrap_or_else(|e| panic!("{e}\n{text}"));
+        assert_eq!(cfg.sink.delivery, Delivery::TokenOnly);
+        assert_eq!(cfg.sink.limits.max_rows, 7);
+        assert_eq!(cfg.sink.fence_wait, Duration::from_millis(1_500));
+        assert_eq!(cfg.dlq.as_deref(), Some("dlq"));
+        let route = &cfg.routes[0];
+        assert_eq!((route.database.as_str(), route.table.as_str()), ("db", "t"));
+        assert!(route.extra_to_dlq);
+        assert_eq!(route.dedup.as_ref().unwrap().fields, ["id"]);
+        assert_eq!(cfg.clickhouse.settings["a b"], "it's \"quoted\"");
+    }
+
+    #[test]
+    fn an_unknown_delivery_is_named() {
+        let spec = SinkSpec {
+            delivery: "twice",
+            ..SinkSpec::default()
+        };
+        assert!(spec.config().unwrap_err().to_string().contains("twice"));
+    }
 }

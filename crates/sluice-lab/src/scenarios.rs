@@ -8,7 +8,7 @@
 //! counts in ClickHouse.
 
 use super::fixture::{Landed, Stack};
-use super::process::{RunSpec, SinkProcess};
+use super::process::{SinkProcess, SinkSpec};
 use super::proxy::{Fault, Proxy};
 use anyhow::{bail, Context};
 use serde::Serialize;
@@ -158,7 +158,7 @@ struct Run {
     stack: Stack,
     mode: &'static str,
     table: String,
-    spec: RunSpec,
+    spec: SinkSpec,
     proxy: Option<Proxy>,
     params: Params,
     /// Avro records through the registry, for a `/avro` scenario.
@@ -215,8 +215,7 @@ impl Run {
         };
         let group = Stack::unique("lab");
         let (delivery, dedup_key) = mode_settings(mode);
-        let spec = RunSpec {
-            args: Vec::new(),
+        let spec = SinkSpec {
             brokers: stack.brokers.clone(),
             clickhouse_url: proxy
                 .as_ref()
@@ -224,29 +223,16 @@ impl Run {
             topic,
             table: table.clone(),
             group,
-            session_timeout: Duration::from_secs(6),
             delivery,
             max_batch_rows: 1_000,
-            max_batch_bytes: 4 << 20,
             insert_timeout: params.insert_timeout,
             // The default fence: a 10 s lease and the 5 s margin.
             fence_wait: params.insert_timeout * 2 + Duration::from_secs(15),
-            commit_interval: Duration::from_secs(1),
             max_batch_age: Duration::from_millis(300),
-            max_buffered_bytes: 64 << 20,
             dedup_key,
-            metrics_listen: None,
-            dlq_topic: None,
-            required: Vec::new(),
-            max_record_bytes: None,
-            auto_offset_reset: None,
-            instance_id: None,
-            settings: Vec::new(),
-            read_settings: Vec::new(),
-            kafka_properties: Vec::new(),
             format: if avro { "avro" } else { "json" },
             schema_registry: registry,
-            extra_fields: None,
+            ..SinkSpec::default()
         };
         Ok(Self {
             stack: stack.clone(),
@@ -442,7 +428,7 @@ pub async fn run(
                 .as_ref()
                 .context("proxy")?
                 .arm(Fault::WithholdResponse);
-            let sink = r.spec.start()?;
+            let sink = r.spec.spawn_self()?;
             // The table's other writers move a small window on while the
             // client waits (the documents' table: 1000 blocks in about 8 s).
             let others = async {
@@ -470,7 +456,7 @@ pub async fn run(
             // The documents' pipeline commits offsets every 60 s: the crash
             // comes before any commit.
             r.spec.commit_interval = Duration::from_secs(60);
-            let mut sink = r.spec.start()?;
+            let mut sink = r.spec.spawn_self()?;
             let batches = if base == "crash-replay" { 1 } else { 6 };
             r.wait_rows(&mut sink, batches * r.spec.max_batch_rows as u64)
                 .await?;
@@ -480,7 +466,7 @@ pub async fn run(
             r.produce(n / 2, n - n / 2).await?;
             r.spec.max_batch_rows = 700;
             r.spec.commit_interval = Duration::from_secs(1);
-            let sink = r.spec.start()?;
+            let sink = r.spec.spawn_self()?;
             r.finish(scenario, vec![sink], n, Instant::now()).await
         }
         "unknown-outcome-then-new-boundaries" => {
@@ -489,7 +475,7 @@ pub async fn run(
             r.spec.commit_interval = Duration::from_secs(60);
             let proxy = r.proxy.as_ref().context("proxy")?;
             proxy.arm(Fault::HoldRequest);
-            let mut sink = r.spec.start()?;
+            let mut sink = r.spec.spawn_self()?;
             let deadline = Instant::now() + p.timeout;
             while proxy.fired() == 0 && Instant::now() < deadline {
                 tokio::time::sleep(Duration::from_millis(50)).await;
@@ -499,7 +485,7 @@ pub async fn run(
             sink.kill9();
             r.spec.max_batch_rows = 700;
             r.spec.commit_interval = Duration::from_secs(1);
-            let sink = r.spec.start()?;
+            let sink = r.spec.spawn_self()?;
             r.finish(scenario, vec![sink], n, Instant::now()).await
         }
         "late-insert" => {
@@ -510,7 +496,7 @@ pub async fn run(
             r.produce(0, n).await?;
             let proxy = r.proxy.as_ref().context("proxy")?;
             proxy.late_every(7);
-            let mut sink = r.spec.start()?;
+            let mut sink = r.spec.spawn_self()?;
             let deadline = Instant::now() + p.timeout;
             while r.stack.landed(&r.table).await?.distinct_ids < n
                 && Instant::now() < deadline
@@ -528,7 +514,7 @@ pub async fn run(
         "clickhouse-outage" => {
             let r = Run::new(stack, mode, p, 0, true).await?;
             r.produce(0, n / 2).await?;
-            let mut sink = r.spec.start()?;
+            let mut sink = r.spec.spawn_self()?;
             r.wait_rows(&mut sink, n / 8).await?;
             let proxy = r.proxy.as_ref().context("proxy")?;
             proxy.set_down(true);
@@ -545,7 +531,7 @@ pub async fn run(
             };
             let r = Run::new(&own, mode, p, 0, false).await?;
             r.produce(0, n / 2).await?;
-            let mut sink = r.spec.start()?;
+            let mut sink = r.spec.spawn_self()?;
             r.wait_rows(&mut sink, n / 8).await?;
             broker.kill();
             tokio::time::sleep(p.outage / 2).await;
@@ -559,10 +545,10 @@ pub async fn run(
         "rebalance" => {
             let r = Run::new(stack, mode, p, 0, false).await?;
             r.produce(0, n / 2).await?;
-            let mut a = r.spec.start()?;
-            let b = r.spec.start()?;
+            let mut a = r.spec.spawn_self()?;
+            let b = r.spec.spawn_self()?;
             r.wait_rows(&mut a, n / 8).await?;
-            let c = r.spec.start()?;
+            let c = r.spec.spawn_self()?;
             tokio::time::sleep(Duration::from_secs(4)).await;
             r.produce(n / 2, n - n / 2).await?;
             a.stop(Duration::from_secs(60));
@@ -573,8 +559,8 @@ pub async fn run(
             // B takes A's partitions while A is frozen; A wakes believing
             // it still holds them.
             r.produce(0, n / 2).await?;
-            let mut a = r.spec.start()?;
-            let b = r.spec.start()?;
+            let mut a = r.spec.spawn_self()?;
+            let b = r.spec.spawn_self()?;
             r.wait_rows(&mut a, n / 8).await?;
             a.freeze();
             r.produce(n / 2, n - n / 2).await?;
@@ -608,12 +594,12 @@ pub async fn run(
                 s
             };
             r.produce(0, n / 2).await?;
-            let mut a = member("lab-owner-a").start()?;
+            let mut a = member("lab-owner-a").spawn_self()?;
             r.wait_rows(&mut a, n / 8).await?;
             // A still reaches the partition leader and ClickHouse, not the
             // coordinator: no heartbeat, no commit, no offset read.
             proxy.cut_off_group(Some("lab-owner-a"));
-            let mut b = member("lab-owner-b").start()?;
+            let mut b = member("lab-owner-b").spawn_self()?;
             // The fault is two owners at once: B must hold the partitions
             // while A still writes. Without that wait A could land every
             // record before B joins, and a baseline would show no copy.
@@ -639,7 +625,7 @@ pub async fn run(
             } = super::kafka_proxy::ProxiedBroker::start(&stack.clickhouse_url).await?;
             let r = Run::new(&own, mode, p, 0, false).await?;
             r.send(0, n / 2, None, Duration::from_secs(60)).await?;
-            let mut sink = r.spec.start()?;
+            let mut sink = r.spec.spawn_self()?;
             r.wait_rows(&mut sink, n / 8).await?;
             // The acks are lost: the broker stores the records, the
             // application's deliveries time out and go to its retry table...
@@ -666,7 +652,7 @@ pub async fn run(
             let r = Run::new(stack, mode, p, 0, false).await?;
             let landed = n * 3 / 4;
             r.send(0, landed, None, Duration::from_secs(60)).await?;
-            let mut sink = r.spec.start()?;
+            let mut sink = r.spec.spawn_self()?;
             r.wait_rows(&mut sink, landed).await?;
             // The retry table holds n/2..n; the first half of it had landed
             // after all. An operator re-sends all of it.
@@ -701,7 +687,7 @@ pub async fn run(
                 poison::produce(&brokers, &topic, PARTITIONS, &values)
             })
             .await??;
-            let sink = r.spec.start()?;
+            let sink = r.spec.spawn_self()?;
             let good = n - refused.len() as u64;
             let mut cell = r.finish(scenario, vec![sink], good, Instant::now()).await?;
             let (entries, sources) = r.count_dlq(&mut cell, n, &dlq_topic, refused.len()).await?;
@@ -735,7 +721,7 @@ pub async fn run(
                 poison::produce(&brokers, &topic, PARTITIONS, &values)
             })
             .await??;
-            let sink = r.spec.start()?;
+            let sink = r.spec.spawn_self()?;
             let mut cell = r
                 .finish(scenario, vec![sink], mix.good, Instant::now())
                 .await?;
@@ -764,7 +750,7 @@ pub async fn run(
                 .await?;
             r.spec.table = r.table.clone();
             r.produce(0, n).await?;
-            let sink = r.spec.start()?;
+            let sink = r.spec.spawn_self()?;
             let log = sink.log.clone();
             let mut cell = r.finish(scenario, vec![sink], n, Instant::now()).await?;
             cell.fault_injected =
@@ -782,7 +768,7 @@ pub async fn run(
             let new = n / 8;
             let r = Run::new(stack, mode, p, 0, false).await?;
             r.produce(0, old).await?;
-            let mut sink = r.spec.start()?;
+            let mut sink = r.spec.spawn_self()?;
             r.wait_rows(&mut sink, old).await?;
             sink.stop(Duration::from_secs(60));
             r.stack.recreate_topic(&r.spec.topic, PARTITIONS).await?;
@@ -791,7 +777,7 @@ pub async fn run(
             // The baselines do not look at the table: with the group's
             // commits gone with the old topic, they read the new log from
             // its start.
-            let mut sink = r.spec.start()?;
+            let mut sink = r.spec.spawn_self()?;
             let deadline = Instant::now() + r.params.timeout;
             while sink.is_running() && r.rows().await? < old + new && Instant::now() < deadline {
                 tokio::time::sleep(Duration::from_millis(200)).await;
@@ -809,7 +795,7 @@ pub async fn run(
                 r.move_out_old_rows(old).await?;
                 r.stack
                     .reset_to_earliest(&r.spec.group, &r.spec.topic, PARTITIONS)?;
-                sink = r.spec.start()?;
+                sink = r.spec.spawn_self()?;
                 stopped
             } else {
                 r.move_out_old_rows(old).await?;
@@ -829,7 +815,7 @@ pub async fn run(
             r.produce(0, n).await?;
             let proxy = r.proxy.as_ref().context("proxy")?;
             proxy.arm(Fault::SlowBody);
-            let mut a = r.spec.start()?;
+            let mut a = r.spec.spawn_self()?;
             let deadline = Instant::now() + p.timeout;
             while proxy.fired() == 0 && Instant::now() < deadline && a.is_running() {
                 tokio::time::sleep(Duration::from_millis(50)).await;
@@ -837,7 +823,7 @@ pub async fn run(
             tokio::time::sleep(Duration::from_secs(1)).await;
             a.kill9();
             r.spec.max_batch_rows = 700;
-            let b = r.spec.start()?;
+            let b = r.spec.spawn_self()?;
             let proxy = r.proxy.as_ref().context("proxy")?;
             while proxy.late_pending() > 0 && Instant::now() < deadline {
                 tokio::time::sleep(Duration::from_millis(200)).await;
@@ -869,7 +855,7 @@ pub async fn run(
             r.produce(0, n / 2).await?;
             let proxy = r.proxy.as_ref().context("proxy")?;
             proxy.late_every(7);
-            let mut sink = r.spec.start()?;
+            let mut sink = r.spec.spawn_self()?;
             r.wait_rows(&mut sink, n / 8).await?;
             std::fs::write(&clock, "-60000")?;
             r.produce(n / 2, n - n / 2).await?;

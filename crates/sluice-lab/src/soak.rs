@@ -13,7 +13,7 @@
 //! duplicates (rows − distinct offsets), missing ids and the RSS trend.
 
 use super::fixture::{PrivateBroker, Stack};
-use super::process::{RunSpec, SinkProcess};
+use super::process::{SinkProcess, SinkSpec};
 use super::proxy::{Fault, Proxy};
 use serde::Serialize;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -118,36 +118,18 @@ pub async fn run(clickhouse_url: &str, o: SoakOptions) -> anyhow::Result<SoakRep
     own.create_topic(&topic, PARTITIONS).await?;
     let table = own.create_table(&Stack::unique("soak"), 0).await?;
     let group = Stack::unique("soak");
-    let spec = RunSpec {
-        args: Vec::new(),
+    let spec = SinkSpec {
         brokers: own.brokers.clone(),
         clickhouse_url: proxy.url.clone(),
         topic: topic.clone(),
         table: table.clone(),
         group: group.clone(),
-        session_timeout: Duration::from_secs(6),
-        delivery: "exactly-once",
         max_batch_rows: 2_000,
-        max_batch_bytes: 4 << 20,
         insert_timeout,
         // The default: 2 × insert_timeout + a 10 s lease + 5 s.
         fence_wait: Duration::from_secs(25),
-        commit_interval: Duration::from_secs(1),
         max_batch_age: Duration::from_millis(500),
-        max_buffered_bytes: 64 << 20,
-        dedup_key: None,
-        metrics_listen: None,
-        dlq_topic: None,
-        required: Vec::new(),
-        max_record_bytes: None,
-        auto_offset_reset: None,
-        instance_id: None,
-        settings: Vec::new(),
-        read_settings: Vec::new(),
-        kafka_properties: Vec::new(),
-        format: "json",
-        schema_registry: None,
-        extra_fields: None,
+        ..SinkSpec::default()
     };
 
     // The producer: `rate` records a second until told to stop; paused
@@ -175,7 +157,7 @@ pub async fn run(clickhouse_url: &str, o: SoakOptions) -> anyhow::Result<SoakRep
         })
     };
 
-    let mut sinks: [Option<SinkProcess>; 2] = [Some(spec.start()?), Some(spec.start()?)];
+    let mut sinks: [Option<SinkProcess>; 2] = [Some(spec.spawn_self()?), Some(spec.spawn_self()?)];
     let began = Instant::now();
     let mut faults = Vec::new();
     let mut memory = Vec::new();
@@ -221,7 +203,7 @@ pub async fn run(clickhouse_url: &str, o: SoakOptions) -> anyhow::Result<SoakRep
                         p.kill9();
                     }
                     tokio::time::sleep(Duration::from_secs(5)).await;
-                    sinks[victim] = Some(spec.start()?);
+                    sinks[victim] = Some(spec.spawn_self()?);
                 }
                 "sigstop-20s" => {
                     if let Some(p) = &sinks[victim] {
@@ -235,7 +217,7 @@ pub async fn run(clickhouse_url: &str, o: SoakOptions) -> anyhow::Result<SoakRep
                         p.stop(Duration::from_secs(60));
                     }
                     tokio::time::sleep(Duration::from_secs(2)).await;
-                    sinks[victim] = Some(spec.start()?);
+                    sinks[victim] = Some(spec.spawn_self()?);
                 }
                 "withhold-response" => proxy.arm(Fault::WithholdResponse),
                 "hold-request" => proxy.arm(Fault::HoldRequest),

@@ -385,7 +385,7 @@ async fn static_members_keep_their_partitions_across_a_restart() {
         let mut s = SinkSpec::new(&topic, &table);
         s.group = group.clone();
         s.instance_id = Some(member.to_string());
-        s.session_timeout_s = 30;
+        s.session_timeout = Duration::from_secs(30);
         s.max_batch_rows = 100;
         s
     };

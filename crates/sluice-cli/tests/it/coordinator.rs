@@ -51,12 +51,12 @@ async fn owned(prefix: &str, instance_id: Option<String>) -> Owned {
     let table = create_table(&ch, &unique("it")).await;
     let mut spec = SinkSpec::new(&topic, &table);
     spec.brokers = proxy.addr.clone();
-    spec.insert_timeout_s = 3;
+    spec.insert_timeout = Duration::from_secs(3);
     // 2 × insert_timeout + a 4 s lease + 5 s.
-    spec.fence_wait_ms = 15_000;
+    spec.fence_wait = Duration::from_millis(15_000);
     spec.max_batch_rows = 50;
     spec.instance_id = instance_id;
-    spec.session_timeout_s = 10;
+    spec.session_timeout = Duration::from_secs(10);
     let a = client(&spec, "owner-a").start();
     let got = wait_for(&ch, &table, FIRST, Duration::from_secs(90)).await;
     assert_eq!(got.distinct_offsets, FIRST, "A alone: {}", a.log_tail());
@@ -163,9 +163,9 @@ async fn taken(
 ) -> (Sink, String, clickhouse::Client, Instant) {
     let (topic, table, ch) = setup(prefix, 1, 500).await;
     let mut spec = SinkSpec::new(&topic, &table);
-    spec.insert_timeout_s = 3;
+    spec.insert_timeout = Duration::from_secs(3);
     // A 10 s lease, read every 2.5 s.
-    spec.fence_wait_ms = 30_000;
+    spec.fence_wait = Duration::from_millis(30_000);
     spec.max_batch_rows = 100;
     let sink = spec.start();
     let got = wait_for(&ch, &table, 500, Duration::from_secs(90)).await;
@@ -237,8 +237,8 @@ async fn a_claim_lost_during_the_fence_yields_before_claiming_back() {
     const OTHER: i64 = 4_242_424_242;
     let (topic, table, ch) = setup("yield", 1, 500).await;
     let mut spec = SinkSpec::new(&topic, &table);
-    spec.insert_timeout_s = 1;
-    spec.fence_wait_ms = 9_000;
+    spec.insert_timeout = Duration::from_secs(1);
+    spec.fence_wait = Duration::from_millis(9_000);
     let mut sink = spec.start();
     wait_for_log(&sink, "no clean hand-off; claimed", Duration::from_secs(30)).await;
     write_register(&spec.group, &topic, OTHER);

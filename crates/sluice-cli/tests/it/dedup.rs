@@ -38,7 +38,7 @@ async fn key_dedup_drops_copies_also_across_a_restart() {
     produce_async(&topic, 0, 1000).await.unwrap();
     produce_async(&topic, 0, 100).await.unwrap(); // a retry table re-sent 100
     let mut spec = SinkSpec::new(&topic, &table);
-    spec.dedup_key = Some("id");
+    spec.dedup_key = Some("id".into());
     let mut sink = spec.start();
     let got = settle(&table, &spec.group, &topic, 1000).await;
     assert_eq!(
@@ -185,7 +185,7 @@ async fn a_rejected_copy_does_not_hide_its_key(rows_per_batch: usize) {
         .unwrap()
         .unwrap();
     let mut spec = SinkSpec::new(&topic, &table);
-    spec.dedup_key = Some("id");
+    spec.dedup_key = Some("id".into());
     spec.dlq_topic = Some(dlq_topic.clone());
     spec.max_batch_rows = rows_per_batch;
     let mut sink = spec.start();
@@ -307,9 +307,9 @@ async fn a_copy_dropped_before_a_restart_is_dropped_again_after_it() {
             .await
             .unwrap();
         let mut spec = SinkSpec::new(&topic, &table);
-        spec.dedup_key = Some("id");
+        spec.dedup_key = Some("id".into());
         // No commit before the kill: the restart reads everything again.
-        spec.commit_interval_ms = 3_600_000;
+        spec.commit_interval = Duration::from_millis(3_600_000);
         let mut sink = spec.start();
         wait_for(&ch, &table, 2, Duration::from_secs(60)).await;
         tokio::time::sleep(Duration::from_secs(2)).await;
@@ -329,7 +329,7 @@ async fn a_copy_dropped_before_a_restart_is_dropped_again_after_it() {
             "{name}: committed {commit:?}"
         );
 
-        spec.commit_interval_ms = 1_000;
+        spec.commit_interval = Duration::from_millis(1_000);
         let mut sink = spec.start();
         wait_for_log(
             &sink,

@@ -22,7 +22,7 @@ async fn a_million_records_land_exactly_once() {
     spec.brokers = kafka.brokers.clone();
     // Nothing here rebalances: a broker slowed by the tests beside this one
     // must not end the session.
-    spec.session_timeout_s = 30;
+    spec.session_timeout = Duration::from_secs(30);
     spec.max_batch_rows = 50_000;
     let started = Instant::now();
     let mut sink = spec.start();
@@ -77,9 +77,9 @@ async fn kill9_scenario(delivery: &'static str, kills: u32) -> (Landed, u64, u32
     let mut spec = SinkSpec::new(&topic, &table);
     spec.brokers = kafka.brokers.clone();
     spec.delivery = delivery;
-    spec.insert_timeout_s = 2;
-    spec.fence_wait_ms = 3_000;
-    spec.commit_interval_ms = 2_000;
+    spec.insert_timeout = Duration::from_secs(2);
+    spec.fence_wait = Duration::from_millis(3_000);
+    spec.commit_interval = Duration::from_millis(2_000);
     let mut rng = rand::rng();
     let mut inserted_before_kill = 0;
     for i in 0..kills {

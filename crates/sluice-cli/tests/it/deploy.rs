@@ -167,7 +167,7 @@ async fn every_dashboard_panel_and_alert_rule_works_on_a_real_prometheus() {
     let metrics = format!("127.0.0.1:{}", free_port());
     let mut spec = SinkSpec::new(&topic, &table);
     spec.clickhouse_url = proxy.url.clone();
-    spec.insert_timeout_s = 2;
+    spec.insert_timeout = Duration::from_secs(2);
     spec.max_batch_rows = 500;
     spec.metrics_listen = Some(metrics.clone());
     spec.dlq_topic = Some(dlq);

@@ -257,7 +257,7 @@ async fn refused_then_column_added_then_kill9_loses_nothing() {
     spec.extra_fields = Some("dlq");
     // The window between the DLQ's acknowledgement and the commit, held
     // open (with the default 1 s it is open for up to a second).
-    spec.commit_interval_ms = 600_000;
+    spec.commit_interval = Duration::from_millis(600_000);
     let mut a = spec.start();
     let got = wait_for(&ch, &table, 5, Duration::from_secs(60)).await;
     assert_eq!(got.distinct_offsets, 5, "{}", a.log_tail());
@@ -331,7 +331,7 @@ async fn landed_then_column_dropped_then_kill9_sends_no_stored_row_to_the_dlq() 
     let mut spec = SinkSpec::new(&topic, &table);
     spec.dlq_topic = Some(dlq.clone());
     spec.extra_fields = Some("dlq");
-    spec.commit_interval_ms = 600_000;
+    spec.commit_interval = Duration::from_millis(600_000);
     let mut a = spec.start();
     let got = wait_for(&ch, &table, 9, Duration::from_secs(60)).await;
     assert_eq!(got.distinct_offsets, 9, "{}", a.log_tail());
@@ -445,7 +445,7 @@ async fn a_hung_columns_read_holds_the_consumer_thread_at_most_briefly() {
     spec.clickhouse_url = proxy.url.clone();
     spec.dlq_topic = Some(dlq.clone());
     spec.extra_fields = Some("dlq");
-    spec.insert_timeout_s = 5;
+    spec.insert_timeout = Duration::from_secs(5);
     let mut sink = spec.start();
     produce_raw(&b, &topic, 1, &json_records(0..10, ""));
     let got = wait_for(&ch, &table, 10, Duration::from_secs(60)).await;

@@ -24,7 +24,7 @@ async fn behind_proxy(fault: Fault, hold: Duration) -> (Landed, u64, String) {
     proxy.arm(fault);
     let mut spec = SinkSpec::new(&topic, &table);
     spec.clickhouse_url = proxy.url.clone();
-    spec.insert_timeout_s = 3;
+    spec.insert_timeout = Duration::from_secs(3);
     spec.max_batch_rows = 2_000;
     let mut sink = spec.start();
     wait_for(&ch, &table, n, Duration::from_secs(180)).await;
@@ -93,7 +93,7 @@ async fn a_body_that_arrives_after_the_deadline_commits_nothing() {
     proxy.arm(Fault::SlowBody);
     let mut spec = SinkSpec::new(&topic, &table);
     spec.clickhouse_url = proxy.url.clone();
-    spec.insert_timeout_s = 3;
+    spec.insert_timeout = Duration::from_secs(3);
     spec.max_batch_rows = 2_000;
     let mut owner = spec.start();
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -152,10 +152,10 @@ async fn clickhouse_down_for_a_minute() {
     spec.brokers = kafka.brokers.clone();
     // Nothing here rebalances: a broker slowed by the tests beside this one
     // must not end the session.
-    spec.session_timeout_s = 30;
+    spec.session_timeout = Duration::from_secs(30);
     spec.clickhouse_url = server.url();
     spec.max_batch_rows = 2_000;
-    spec.max_buffered_mb = 32;
+    spec.max_buffered_bytes = 32 << 20;
     let mut sink = spec.start();
     // Stop ClickHouse once some rows are in.
     let deadline = Instant::now() + Duration::from_secs(120);
@@ -240,7 +240,7 @@ async fn frozen_instance_wakes_up_without_writing() {
     });
     let mut spec = SinkSpec::new(&topic, &table);
     spec.max_batch_rows = 2_000;
-    spec.fence_wait_ms = 10_000;
+    spec.fence_wait = Duration::from_millis(10_000);
     let mut a = spec.start();
     let mut b = spec.start();
     // Freeze A once both are inserting.

@@ -20,9 +20,9 @@ async fn a_revoked_partition_is_handed_over_clean_once_its_slow_inserts_end() {
         .await
         .unwrap();
     let mut spec = SinkSpec::new(&topic, &table);
-    spec.insert_timeout_s = 10;
+    spec.insert_timeout = Duration::from_secs(10);
     // A 10 s lease; the fence is far longer than the hand-off may take.
-    spec.fence_wait_ms = 60_000;
+    spec.fence_wait = Duration::from_millis(60_000);
     spec.max_batch_rows = 50;
     let mut a_spec = spec.clone();
     a_spec.clickhouse_url = proxy.url.clone();
@@ -79,9 +79,9 @@ async fn a_partition_given_back_while_its_old_inserts_are_queued_lands_once() {
         .unwrap();
     let mut spec = SinkSpec::new(&topic, &table);
     spec.clickhouse_url = proxy.url.clone();
-    spec.insert_timeout_s = 5;
+    spec.insert_timeout = Duration::from_secs(5);
     // 2 × insert_timeout + a 10 s lease + 5 s.
-    spec.fence_wait_ms = 25_000;
+    spec.fence_wait = Duration::from_millis(25_000);
     spec.max_batch_rows = 50;
     let a = spec.start();
     wait_for_log(&a, "partition active", Duration::from_secs(60)).await;

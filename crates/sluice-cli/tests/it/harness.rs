@@ -3,7 +3,8 @@
 
 pub use sluice_lab::fixture::PrivateClickHouse;
 use sluice_lab::fixture::{PrivateBroker, Stack};
-use sluice_lab::process::{RunSpec, SinkProcess};
+use sluice_lab::process::SinkProcess;
+pub use sluice_lab::process::SinkSpec;
 use std::time::{Duration, Instant};
 
 pub fn brokers() -> String {
@@ -245,114 +246,15 @@ pub async fn wait_for(
     }
 }
 
-/// Settings for one sink process.
-#[derive(Debug, Clone)]
-pub struct SinkSpec {
-    pub topic: String,
-    pub table: String,
-    pub group: String,
-    pub clickhouse_url: String,
-    pub brokers: String,
-    pub delivery: &'static str,
-    /// `[kafka] session_timeout` in seconds (6: a killed member's partitions
-    /// move on quickly).
-    pub session_timeout_s: u64,
-    pub max_batch_rows: usize,
-    pub max_batch_bytes: usize,
-    pub insert_timeout_s: u64,
-    pub fence_wait_ms: u64,
-    pub commit_interval_ms: u64,
-    pub max_buffered_mb: usize,
-    /// Key-level dedup on this field.
-    pub dedup_key: Option<&'static str>,
-    /// Serve `/metrics` here.
-    pub metrics_listen: Option<String>,
-    pub dlq_topic: Option<String>,
-    pub required: Vec<String>,
-    /// `[kafka] auto_offset_reset` (`earliest` when unset).
-    pub auto_offset_reset: Option<String>,
-    /// `[kafka] instance_id` (static membership).
-    pub instance_id: Option<String>,
-    /// `[clickhouse] read_settings`.
-    /// `[clickhouse] settings`.
-    pub settings: Vec<(String, String)>,
-    pub read_settings: Vec<(String, String)>,
-    /// `[kafka] properties`.
-    pub kafka_properties: Vec<(String, String)>,
-    /// The route's `format`, and the registry of `avro` / `protobuf`.
-    pub format: &'static str,
-    pub schema_registry: Option<String>,
-    /// The route's `extra_fields`.
-    pub extra_fields: Option<&'static str>,
-    /// More arguments to `sluice run`.
-    pub args: Vec<String>,
+/// Starts a [`SinkSpec`] as `sluice run` with the binary under test.
+pub trait StartSink {
+    fn start(&self) -> Sink;
 }
 
-impl SinkSpec {
-    pub fn new(topic: &str, table: &str) -> Self {
-        Self {
-            topic: topic.into(),
-            table: table.into(),
-            group: unique("g"),
-            clickhouse_url: clickhouse_url(),
-            brokers: brokers(),
-            delivery: "exactly-once",
-            session_timeout_s: 6,
-            max_batch_rows: 10_000,
-            max_batch_bytes: 4 << 20,
-            insert_timeout_s: 5,
-            fence_wait_ms: 6_000,
-            commit_interval_ms: 1_000,
-            max_buffered_mb: 64,
-            dedup_key: None,
-            metrics_listen: None,
-            dlq_topic: None,
-            required: Vec::new(),
-            auto_offset_reset: None,
-            instance_id: None,
-            settings: Vec::new(),
-            read_settings: Vec::new(),
-            kafka_properties: Vec::new(),
-            format: "json",
-            schema_registry: None,
-            extra_fields: None,
-            args: Vec::new(),
-        }
-    }
-
-    pub fn start(&self) -> Sink {
-        RunSpec {
-            brokers: self.brokers.clone(),
-            clickhouse_url: self.clickhouse_url.clone(),
-            topic: self.topic.clone(),
-            table: self.table.clone(),
-            group: self.group.clone(),
-            session_timeout: Duration::from_secs(self.session_timeout_s),
-            delivery: self.delivery,
-            max_batch_rows: self.max_batch_rows,
-            max_batch_bytes: self.max_batch_bytes,
-            insert_timeout: Duration::from_secs(self.insert_timeout_s),
-            fence_wait: Duration::from_millis(self.fence_wait_ms),
-            commit_interval: Duration::from_millis(self.commit_interval_ms),
-            max_batch_age: Duration::from_millis(200),
-            max_buffered_bytes: self.max_buffered_mb << 20,
-            dedup_key: self.dedup_key.map(String::from),
-            metrics_listen: self.metrics_listen.clone(),
-            dlq_topic: self.dlq_topic.clone(),
-            required: self.required.clone(),
-            max_record_bytes: None,
-            auto_offset_reset: self.auto_offset_reset.clone(),
-            instance_id: self.instance_id.clone(),
-            settings: self.settings.clone(),
-            read_settings: self.read_settings.clone(),
-            kafka_properties: self.kafka_properties.clone(),
-            format: self.format,
-            schema_registry: self.schema_registry.clone(),
-            extra_fields: self.extra_fields,
-            args: self.args.clone(),
-        }
-        .start_with(env!("CARGO_BIN_EXE_sluice").as_ref())
-        .expect("starting sluice")
+impl StartSink for SinkSpec {
+    fn start(&self) -> Sink {
+        self.spawn(env!("CARGO_BIN_EXE_sluice").as_ref())
+            .expect("starting sluice")
     }
 }
 

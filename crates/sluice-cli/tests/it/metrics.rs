@@ -110,7 +110,7 @@ async fn lag_gauges_grow_while_clickhouse_is_down_and_clear_after() {
     let addr = format!("127.0.0.1:{}", free_port());
     let mut spec = SinkSpec::new(&topic, &table);
     spec.clickhouse_url = proxy.url.clone();
-    spec.insert_timeout_s = 2;
+    spec.insert_timeout = Duration::from_secs(2);
     spec.metrics_listen = Some(addr.clone());
     let mut sink = spec.start();
     wait_for_log(&sink, "partition active", Duration::from_secs(60)).await;

@@ -23,9 +23,9 @@ async fn read_settings_reach_every_protocol_read() {
     proxy.arm(Fault::WithholdResponse);
     let mut spec = SinkSpec::new(&topic, &table);
     spec.clickhouse_url = proxy.url.clone();
-    spec.insert_timeout_s = 3;
+    spec.insert_timeout = Duration::from_secs(3);
     spec.max_batch_rows = 500;
-    spec.dedup_key = Some("id");
+    spec.dedup_key = Some("id".into());
     spec.read_settings = vec![("log_comment".into(), mark.clone())];
     let mut sink = spec.start();
     let got = wait_for(&ch, &table, 2_000, Duration::from_secs(120)).await;
@@ -115,7 +115,7 @@ async fn a_profile_that_cuts_reads_short_cuts_no_protocol_read() {
     proxy.arm(Fault::WithholdResponse);
     let mut spec = SinkSpec::new(&topic, &table);
     spec.clickhouse_url = proxy.url.clone();
-    spec.insert_timeout_s = 3;
+    spec.insert_timeout = Duration::from_secs(3);
     spec.max_batch_rows = 1_000;
     let mut sink = spec.start();
     let deadline = std::time::Instant::now() + Duration::from_secs(120);

@@ -208,8 +208,8 @@ async fn a_refused_row_past_the_first_parsing_segment_is_the_one_sent_to_the_dlq
     spec.dlq_topic = Some(dlq_topic.clone());
     spec.max_batch_rows = 100_000;
     spec.max_batch_bytes = 40 << 20;
-    spec.max_buffered_mb = 160;
-    spec.insert_timeout_s = 30;
+    spec.max_buffered_bytes = 160 << 20;
+    spec.insert_timeout = Duration::from_secs(30);
     let mut sink = spec.start();
     let deadline = Instant::now() + Duration::from_secs(240);
     while committed(&brokers(), &spec.group, &topic) != Some(n as i64) {

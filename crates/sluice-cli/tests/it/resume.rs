@@ -53,7 +53,7 @@ async fn lost_commits(partitions: i32, keep: &str) -> (Landed, u64, String) {
     prefill(&ch, &table, &topic, partitions as u64, 500, keep).await;
     let mut spec = SinkSpec::new(&topic, &table);
     spec.auto_offset_reset = Some("latest".into());
-    spec.fence_wait_ms = 500;
+    spec.fence_wait = Duration::from_millis(500);
     spec.max_batch_rows = 100;
     let mut sink = spec.start();
     let got = wait_for(&ch, &table, n, Duration::from_secs(60)).await;
@@ -133,7 +133,7 @@ async fn no_insert_while_the_ownership_marker_cannot_be_committed() {
     proxy.refuse_commits(true);
     let mut spec = SinkSpec::new(&topic, &table);
     spec.brokers = proxy.addr.clone();
-    spec.fence_wait_ms = 500;
+    spec.fence_wait = Duration::from_millis(500);
     spec.max_batch_rows = 50;
     let mut sink = spec.start();
     assert!(
@@ -200,7 +200,7 @@ async fn a_fenced_static_member_exits_non_zero_naming_the_cause() {
     let mut spec = SinkSpec::new(&topic, &table);
     spec.brokers = brokers;
     spec.instance_id = Some("sluice-0".into());
-    spec.fence_wait_ms = 500;
+    spec.fence_wait = Duration::from_millis(500);
     let mut sink = spec.start();
     let got = wait_for(&ch, &table, 200, Duration::from_secs(60)).await;
     assert_eq!(got.distinct_offsets, 200, "{}", sink.log_tail());

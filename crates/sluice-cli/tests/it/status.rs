@@ -191,7 +191,7 @@ async fn a_rolling_restart_of_static_members_writes_every_record_once() {
         let mut s = SinkSpec::new(&topic, &table);
         s.group = group.clone();
         s.instance_id = Some(member.to_string());
-        s.session_timeout_s = 20;
+        s.session_timeout = Duration::from_secs(20);
         s.max_batch_rows = 100;
         s
     };

@@ -43,7 +43,7 @@ async fn until_caught_up_interrupted_does_not_exit_0() {
     let mut spec = SinkSpec::new(&topic, &table);
     spec.clickhouse_url = proxy.url.clone();
     spec.args = vec!["--until-caught-up".into()];
-    spec.insert_timeout_s = 2;
+    spec.insert_timeout = Duration::from_secs(2);
     let mut sink = spec.start();
     // Every insert now waits past the insert timeout: nothing lands.
     proxy.slow_inserts(Duration::from_secs(60));
@@ -126,7 +126,7 @@ async fn status_leaves_a_running_sink_and_its_group_alone() {
         // The sink is frozen through four status calls (one waits out
         // --stuck-after): a 6 s session could end in the freeze itself,
         // and the rebalance after it would be the freeze's, not status's.
-        spec.session_timeout_s = 30;
+        spec.session_timeout = Duration::from_secs(30);
         let mut sink = spec.start();
         let got = wait_for(&ch, &table, 300, Duration::from_secs(90)).await;
         assert_eq!(got.distinct_offsets, 300, "{}", sink.log_tail());
@@ -232,7 +232,7 @@ async fn until_caught_up_a_member_given_nothing() {
     let mut spec = SinkSpec::new(&topic, &table);
     spec.args = vec!["--until-caught-up".into()];
     spec.max_batch_rows = 50;
-    spec.insert_timeout_s = 10;
+    spec.insert_timeout = Duration::from_secs(10);
     let mut a_spec = spec.clone();
     a_spec.clickhouse_url = proxy.url.clone();
     proxy.slow_inserts(Duration::from_secs(2));
@@ -298,8 +298,8 @@ async fn until_caught_up_two_members_leave_nothing_behind() {
     spec.brokers = mock.bootstrap_servers();
     spec.args = vec!["--until-caught-up".into()];
     spec.max_batch_rows = 1000;
-    spec.insert_timeout_s = 10;
-    spec.fence_wait_ms = 500;
+    spec.insert_timeout = Duration::from_secs(10);
+    spec.fence_wait = Duration::from_millis(500);
     spec.clickhouse_url = proxy.url.clone();
     proxy.slow_inserts(Duration::from_secs(3));
     let mut a = spec.start();

@@ -6,12 +6,13 @@
 //! or a [`ConfigError`] naming the field.
 
 use super::{bounded, invalid, secret, ConfigError, Secret};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
-#[derive(Debug, Deserialize, Default)]
+#[serde_with::skip_serializing_none]
+#[derive(Debug, Deserialize, Serialize, Default)]
 #[serde(deny_unknown_fields)]
 pub struct RawClickHouse {
     /// HTTP(S) endpoint. `CLICKHOUSE_URL` fills it in when nothing sets it.

@@ -7,7 +7,7 @@
 //! the field.
 
 use super::{bounded, invalid, secret, security, ConfigError, KafkaSecurity};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use sluice_protocol::resume::ResetPolicy;
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -17,7 +17,8 @@ pub const DEFAULT_GROUP_ID: &str = "sluice";
 /// The group session timeout when the file does not say.
 pub const DEFAULT_SESSION_TIMEOUT: Duration = Duration::from_secs(10);
 
-#[derive(Debug, Deserialize, Default)]
+#[serde_with::skip_serializing_none]
+#[derive(Debug, Deserialize, Serialize, Default)]
 #[serde(deny_unknown_fields)]
 pub struct RawKafka {
     /// Bootstrap servers, `host:port[,host:port]`. `KAFKA_BROKERS` fills

@@ -42,13 +42,14 @@ pub use sink::{
     DEFAULT_MAX_CONCURRENT_INSERTS, DEFAULT_PROGRESS_INTERVAL,
 };
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use sluice_formats::{MetadataColumns, RowEncoder};
 use sluice_protocol::timing;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-#[derive(Debug, Deserialize, Default)]
+#[serde_with::skip_serializing_none]
+#[derive(Debug, Deserialize, Serialize, Default)]
 #[serde(deny_unknown_fields)]
 pub struct RawConfig {
     /// Where records come from.
@@ -77,7 +78,8 @@ pub struct RawConfig {
     pub origins: env::Origins,
 }
 
-#[derive(Debug, Deserialize, Default)]
+#[serde_with::skip_serializing_none]
+#[derive(Debug, Deserialize, Serialize, Default)]
 #[serde(deny_unknown_fields)]
 pub struct RawDlq {
     /// The dead-letter topic (same cluster and credentials as `[kafka]`).
@@ -85,7 +87,8 @@ pub struct RawDlq {
     pub topic: Option<String>,
 }
 
-#[derive(Debug, Deserialize, Default)]
+#[serde_with::skip_serializing_none]
+#[derive(Debug, Deserialize, Serialize, Default)]
 #[serde(deny_unknown_fields)]
 pub struct RawMetrics {
     /// `host:port` to serve `/metrics`, `/health` and `/ready` on

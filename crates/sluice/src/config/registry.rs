@@ -10,7 +10,7 @@
 use super::secret::{self, Secret};
 use super::security::readable;
 use super::{bounded, invalid, ConfigError};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -18,7 +18,8 @@ use std::time::Duration;
 /// say.
 pub const DEFAULT_REGISTRY_TIMEOUT: Duration = Duration::from_secs(10);
 
-#[derive(Debug, Deserialize, Default)]
+#[serde_with::skip_serializing_none]
+#[derive(Debug, Deserialize, Serialize, Default)]
 #[serde(deny_unknown_fields)]
 pub struct RawSchemaRegistry {
     /// HTTP(S) endpoint of a Confluent-compatible schema registry.

@@ -7,7 +7,7 @@
 
 use super::{bounded, invalid, positive, ConfigError};
 use crate::ch::TableRef;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use sluice_formats::MetadataColumns;
 use std::time::Duration;
 
@@ -16,7 +16,8 @@ pub const DEFAULT_DEDUP_WINDOW: Duration = Duration::from_secs(3600);
 /// Keys remembered per partition when the route does not say.
 pub const DEFAULT_DEDUP_MAX_KEYS: usize = 10_000_000;
 
-#[derive(Debug, Deserialize)]
+#[serde_with::skip_serializing_none]
+#[derive(Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawRoute {
     /// Kafka topic to consume.

@@ -11,10 +11,11 @@
 use super::secret::{self, Secret};
 use super::{ConfigError, KafkaConfig};
 use rdkafka::ClientConfig;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
-#[derive(Debug, Deserialize, Default)]
+#[serde_with::skip_serializing_none]
+#[derive(Debug, Deserialize, Serialize, Default)]
 #[serde(deny_unknown_fields)]
 pub struct RawTls {
     /// CA certificate(s) to verify the brokers with (PEM). Default: the
@@ -32,7 +33,8 @@ pub struct RawTls {
     pub verify_hostname: Option<bool>,
 }
 
-#[derive(Debug, Deserialize, Default)]
+#[serde_with::skip_serializing_none]
+#[derive(Debug, Deserialize, Serialize, Default)]
 #[serde(deny_unknown_fields)]
 pub struct RawSasl {
     /// `PLAIN`, `SCRAM-SHA-256` or `SCRAM-SHA-512`.

@@ -8,7 +8,7 @@
 //! with every default filled in, or a [`ConfigError`] naming the field.
 
 use super::{bounded, invalid, positive, ClickHouseConfig, ConfigError, Overrides};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use sluice_formats::MetadataColumns;
 use sluice_protocol::timing::{FENCE_MARGIN, MAX_LEASE};
 use sluice_protocol::BatchLimits;
@@ -53,7 +53,7 @@ const ROW_SKIPPING_SETTINGS: &[&str] = &[
 ];
 
 /// How strongly records are delivered.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, Default, clap::ValueEnum)]
 #[serde(rename_all = "kebab-case")]
 pub enum Delivery {
     /// Resume from ClickHouse, reconcile unknown outcomes, fence on rebalance.
@@ -79,7 +79,8 @@ impl Delivery {
     }
 }
 
-#[derive(Debug, Deserialize, Default)]
+#[serde_with::skip_serializing_none]
+#[derive(Debug, Deserialize, Serialize, Default)]
 #[serde(deny_unknown_fields)]
 pub struct RawSink {
     /// `exactly-once` (default), `at-least-once` or `token-only`.
@@ -102,7 +103,8 @@ pub struct RawSink {
     /// How long a new owner waits before reading ClickHouse when the previous
     /// owner did not hand the partition over cleanly: the previous owner's
     /// last attempt may start up to an insert timeout after the group let it
-    /// go and run for another. Default: 2 × insert timeout + 5s.
+    /// go and run for another, after a lease of up to 10 s. Default:
+    /// 2 × insert timeout + 10s (the longest lease) + 5s.
     #[serde(default, with = "humantime_serde")]
     pub fence_wait: Option<Duration>,
     /// A record value larger than this cannot become a row (it goes to the
@@ -117,7 +119,8 @@ pub struct RawSink {
     pub columns: RawColumns,
 }
 
-#[derive(Debug, Deserialize, Default)]
+#[serde_with::skip_serializing_none]
+#[derive(Debug, Deserialize, Serialize, Default)]
 #[serde(deny_unknown_fields)]
 pub struct RawColumns {
     /// Column for the source topic. Default `_topic`.
