@@ -6,8 +6,10 @@
 
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
+use sluice::ch::{ChArgs, Conn};
 use sluice::config::{ConfigArgs, Delivery, Overrides};
-use sluice::ops::{self, Outcome};
+use sluice::ops;
+use sluice::report::Outcome;
 use std::process::ExitCode;
 
 /// jemalloc for Rust and C alike (librdkafka, OpenSSL): glibc's per-thread
@@ -177,7 +179,7 @@ fn run(command: Command) -> anyhow::Result<Outcome> {
 
 /// Runs an operator tool on its connection; a failure to reach ClickHouse
 /// names the URL.
-fn tool<F>(ch: &ops::db::ChArgs, work: impl FnOnce(ops::db::Conn) -> F) -> anyhow::Result<Outcome>
+fn tool<F>(ch: &ChArgs, work: impl FnOnce(Conn) -> F) -> anyhow::Result<Outcome>
 where
     F: std::future::Future<Output = Result<Outcome, ops::OpsError>>,
 {

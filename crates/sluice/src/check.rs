@@ -10,17 +10,17 @@
 
 use crate::ch::ClickHouse;
 use crate::config::{secret, Config, Format};
-use crate::ops::{grid, Outcome};
 use crate::registry::Registry;
+use crate::report::{grid, Outcome};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use std::time::Duration;
 
 /// One line of the verdict.
 #[derive(Debug, Clone)]
-pub struct Check {
-    pub what: String,
-    pub ok: bool,
-    pub detail: String,
+pub(crate) struct Check {
+    pub(crate) what: String,
+    pub(crate) ok: bool,
+    pub(crate) detail: String,
 }
 
 /// `sluice check-config` once the file is valid: where each endpoint came
@@ -38,7 +38,7 @@ pub async fn main(cfg: &Config) -> Outcome {
 }
 
 /// Runs every check; never fails itself.
-pub async fn check(cfg: &Config) -> Vec<Check> {
+pub(crate) async fn check(cfg: &Config) -> Vec<Check> {
     let mut out = Vec::new();
     let k = cfg.kafka.clone();
     let topics: Vec<String> = cfg.routes.iter().map(|r| r.topic.clone()).collect();
@@ -219,7 +219,7 @@ async fn clickhouse_checks(cfg: &Config) -> Vec<Check> {
 }
 
 /// The verdicts as a table; clean when every check passed.
-pub fn render(checks: &[Check]) -> (String, Outcome) {
+pub(crate) fn render(checks: &[Check]) -> (String, Outcome) {
     let mut g = grid(["check", "verdict", "detail"]);
     for c in checks {
         g.add_row([

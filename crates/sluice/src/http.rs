@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 /// Binds `listen` and serves the endpoints in the background.
-pub async fn serve(
+pub(crate) async fn serve(
     listen: SocketAddr,
     metrics: Metrics,
     ready: Arc<AtomicBool>,

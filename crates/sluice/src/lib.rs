@@ -2,13 +2,29 @@
 //!
 //! - [`check`]: `sluice check-config`, a verdict for each end.
 //! - [`config`]: the TOML file, environment and flags → a validated config.
-//! - [`ch`]: the ClickHouse service (inserts, watermarks, reconciliation reads).
+//! - [`sql`]: table names and SQL quoting.
+//! - [`report`]: what a command ends in (the exit status) and its tables.
+//! - [`ch`]: the ClickHouse service (inserts, watermarks, reconciliation
+//!   reads), and the connection the commands outside the sink build.
+//! - `owners`: the register of partition owners, kept by the broker.
 //! - [`sink`]: `sluice run`, the consumer thread, batches and insert tasks.
 //! - [`ops`]: `sluice window`, `audit`, `repair` and `schema`, the operator tools.
 //! - [`send`]: `sluice send` and `resend`, producing without losing a record.
-//! - [`registry`]: the schema registry client, schema ids → decoders.
-//! - [`retry`]: the one retry policy, for every loop that waits and tries again.
-//! - [`telemetry`], [`http`]: Prometheus series, `/metrics`, `/health`, `/ready`.
+//! - [`status`]: `sluice status`, how far behind ClickHouse is.
+//! - `registry`: the schema registry client, schema ids → decoders.
+//! - `retry`: the one retry policy, for every loop that waits and tries again.
+//! - `telemetry`, `http`: Prometheus series, `/metrics`, `/health`, `/ready`.
+//!
+//! Floors, bottom up; a module imports only from floors below its own (or
+//! its own floor's other rooms where named here), never from above:
+//!
+//! 0. `sql`, `report`: no I/O, nothing of the crate.
+//! 1. `config`.
+//! 2. `ch`, `registry`, `owners`: one service each (ClickHouse, the schema
+//!    registry, the broker's register of owners).
+//! 3. `retry`, `telemetry`, `http` (`http` serves `telemetry`).
+//! 4. the commands: `sink`, `ops`, `send`, `status`, `check`. None of them
+//!    imports another.
 //!
 //! The exactly-once rules themselves live in the I/O-free `sluice-protocol`
 //! crate; turning a record value into a row lives in `sluice-formats`.
@@ -16,11 +32,14 @@
 pub mod ch;
 pub mod check;
 pub mod config;
-pub mod http;
+mod http;
 pub mod ops;
-pub mod registry;
-pub mod retry;
+mod owners;
+mod registry;
+pub mod report;
+mod retry;
 pub mod send;
 pub mod sink;
+pub mod sql;
 pub mod status;
-pub mod telemetry;
+mod telemetry;

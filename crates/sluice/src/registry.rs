@@ -25,7 +25,7 @@ const MAX_ANSWER: usize = 16 << 20;
 const MAX_REFERENCE_DEPTH: usize = 32;
 
 #[derive(Debug, thiserror::Error)]
-pub enum RegistryError {
+pub(crate) enum RegistryError {
     /// The registry cannot be reached, timed out or failed (5xx): the
     /// partition waits and the request is tried again.
     #[error("the schema registry at {url} does not answer: {reason}")]
@@ -59,14 +59,9 @@ pub enum RegistryError {
 }
 
 impl RegistryError {
-    /// Whether trying again later can give another answer.
-    pub fn is_retriable(&self) -> bool {
-        matches!(self, RegistryError::Unavailable { .. })
-    }
-
     /// A short stable name for the kind of error (metrics).
     /// Every value [`Self::kind`] returns.
-    pub const KINDS: [&'static str; 8] = [
+    pub(crate) const KINDS: [&'static str; 8] = [
         "unavailable",
         "unknown-schema",
         "not-found",
@@ -77,7 +72,7 @@ impl RegistryError {
         "config",
     ];
 
-    pub fn kind(&self) -> &'static str {
+    pub(crate) fn kind(&self) -> &'static str {
         match self {
             RegistryError::Unavailable { .. } => "unavailable",
             RegistryError::UnknownSchema(_) => "unknown-schema",
@@ -98,7 +93,7 @@ impl RegistryError {
     /// registry down, the credentials refused, a referenced subject
     /// missing, a strange answer) is about reaching the registry, and the
     /// records wait.
-    pub fn refuses_records(&self) -> bool {
+    pub(crate) fn refuses_records(&self) -> bool {
         matches!(
             self,
             RegistryError::UnknownSchema(_)
@@ -113,43 +108,43 @@ impl RegistryError {
 /// A schema as the registry keeps it.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct Registered {
-    pub schema: String,
+pub(crate) struct Registered {
+    pub(crate) schema: String,
     /// `AVRO` when the registry leaves it out.
     #[serde(default)]
-    pub schema_type: Option<String>,
+    pub(crate) schema_type: Option<String>,
     #[serde(default)]
-    pub references: Vec<Reference>,
+    pub(crate) references: Vec<Reference>,
     /// Set when looked up by subject and version.
     #[serde(default)]
-    pub id: Option<u32>,
+    pub(crate) id: Option<u32>,
     #[serde(default)]
-    pub version: Option<i64>,
+    pub(crate) version: Option<i64>,
 }
 
 impl Registered {
-    pub fn kind(&self) -> &str {
+    pub(crate) fn kind(&self) -> &str {
         self.schema_type.as_deref().unwrap_or("AVRO")
     }
 }
 
 #[derive(Debug, Clone, Deserialize)]
-pub struct Reference {
-    pub name: String,
-    pub subject: String,
-    pub version: i64,
+pub(crate) struct Reference {
+    pub(crate) name: String,
+    pub(crate) subject: String,
+    pub(crate) version: i64,
 }
 
 /// A schema with the text of everything it references, by reference name.
 #[derive(Debug, Clone)]
-pub struct Resolved {
-    pub schema: Registered,
-    pub references: Vec<(String, String)>,
+pub(crate) struct Resolved {
+    pub(crate) schema: Registered,
+    pub(crate) references: Vec<(String, String)>,
 }
 
 /// What turns a record's payload into a JSON row.
 #[derive(Debug, Clone)]
-pub enum Decoder {
+pub(crate) enum Decoder {
     Avro(Arc<AvroSchema>),
     Protobuf(Arc<ProtoSchema>),
 }
@@ -158,13 +153,13 @@ type Https = hyper_tls::HttpsConnector<HttpConnector>;
 
 /// A client of one registry.
 #[derive(Clone)]
-pub struct Registry {
+pub(crate) struct Registry {
     cfg: SchemaRegistryConfig,
     http: Client<Https, Full<Bytes>>,
 }
 
 impl Registry {
-    pub fn new(cfg: &SchemaRegistryConfig) -> Result<Self, RegistryError> {
+    pub(crate) fn new(cfg: &SchemaRegistryConfig) -> Result<Self, RegistryError> {
         let mut tls = native_tls::TlsConnector::builder();
         if let Some(ca) = &cfg.ca_file {
             let certs = native_tls::Certificate::stack_from_pem(&read(ca)?)
@@ -268,7 +263,7 @@ impl Registry {
     }
 
     /// The schema registered under `id`.
-    pub async fn schema(&self, id: u32) -> Result<Registered, RegistryError> {
+    pub(crate) async fn schema(&self, id: u32) -> Result<Registered, RegistryError> {
         self.get(&format!("/schemas/ids/{id}"))
             .await
             .map_err(|e| match e {
@@ -278,7 +273,11 @@ impl Registry {
     }
 
     /// Version `version` (or `latest`) of `subject`.
-    pub async fn version(&self, subject: &str, version: &str) -> Result<Registered, RegistryError> {
+    pub(crate) async fn version(
+        &self,
+        subject: &str,
+        version: &str,
+    ) -> Result<Registered, RegistryError> {
         let path = format!("/subjects/{}/versions/{version}", url_segment(subject));
         self.get(&path).await.map_err(|e| match e {
             RegistryError::NotFound(_) => {
@@ -290,7 +289,7 @@ impl Registry {
 
     /// Registers `text` (a schema of `kind`, `AVRO` or `PROTOBUF`, without
     /// references) under `subject`, or finds it there; returns its id.
-    pub async fn register(
+    pub(crate) async fn register(
         &self,
         subject: &str,
         text: &str,
@@ -310,7 +309,7 @@ impl Registry {
 
     /// `schema` with the text of every schema it references, depth first
     /// (what is referenced comes before what references it).
-    pub async fn resolve(&self, schema: Registered) -> Result<Resolved, RegistryError> {
+    pub(crate) async fn resolve(&self, schema: Registered) -> Result<Resolved, RegistryError> {
         let mut references = Vec::new();
         let mut stack: Vec<(Reference, usize)> = schema
             .references
@@ -339,7 +338,11 @@ impl Registry {
     /// The decoder of records written with schema `id`, fetched with what
     /// it references. `expected` is the route's format (`avro` or
     /// `protobuf`).
-    pub async fn decoder(&self, id: u32, expected: &'static str) -> Result<Decoder, RegistryError> {
+    pub(crate) async fn decoder(
+        &self,
+        id: u32,
+        expected: &'static str,
+    ) -> Result<Decoder, RegistryError> {
         let resolved = self.resolve(self.schema(id).await?).await?;
         build(id, &resolved, expected)
     }
@@ -353,7 +356,7 @@ const BUILD_STACK: usize = 256 << 20;
 /// `expected`, on a thread of its own with a deep stack: a schema that
 /// nests too deep for the parsers, or that makes one panic, is refused
 /// instead of taking the process down.
-pub fn build(
+pub(crate) fn build(
     id: u32,
     resolved: &Resolved,
     expected: &'static str,
@@ -508,14 +511,11 @@ mod tests {
     }
 
     #[test]
-    fn only_an_unanswered_request_is_tried_again() {
+    fn only_answers_about_the_id_refuse_records() {
         let u = RegistryError::Unavailable {
             url: "http://r".into(),
             reason: "refused".into(),
         };
-        assert!(u.is_retriable());
-        assert!(!RegistryError::UnknownSchema(7).is_retriable());
-        assert!(!RegistryError::Unauthorized(401).is_retriable());
         // Only answers about the id itself refuse its records.
         assert!(RegistryError::UnknownSchema(7).refuses_records());
         assert!(!u.refuses_records());

@@ -17,7 +17,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 /// The longest wait between two tries, jitter included.
-pub const MAX_DELAY: Duration = Duration::from_secs(5);
+pub(crate) const MAX_DELAY: Duration = Duration::from_secs(5);
 
 /// The policy, from `first` on, waits never over `max`: endless.
 fn policy(first: Duration, max: Duration) -> ExponentialBuilder {
@@ -30,26 +30,26 @@ fn policy(first: Duration, max: Duration) -> ExponentialBuilder {
 }
 
 /// The waits before each next try of one call, the first about `first`.
-pub struct Delays(ExponentialBackoff, Duration);
+pub(crate) struct Delays(ExponentialBackoff, Duration);
 
 impl Delays {
-    pub fn new(first: Duration) -> Self {
+    pub(crate) fn new(first: Duration) -> Self {
         Self::up_to(first, MAX_DELAY)
     }
 
     /// Waits from `first` up to `max`: for a local condition that clears
     /// fast (a full producer queue), where [`MAX_DELAY`] would idle.
-    pub fn up_to(first: Duration, max: Duration) -> Self {
+    pub(crate) fn up_to(first: Duration, max: Duration) -> Self {
         Self(policy(first, max).build(), max)
     }
 
     /// The next wait.
-    pub fn next_delay(&mut self) -> Duration {
+    pub(crate) fn next_delay(&mut self) -> Duration {
         self.0.next().unwrap_or(self.1).min(self.1)
     }
 
     /// Sleeps the next wait; false if `stop` fired first.
-    pub async fn wait(&mut self, stop: &CancellationToken) -> bool {
+    pub(crate) async fn wait(&mut self, stop: &CancellationToken) -> bool {
         let d = self.next_delay();
         tokio::select! {
             biased;
@@ -61,7 +61,7 @@ impl Delays {
 
 /// Runs `f` until it succeeds, logging each failure as "cannot `what` yet";
 /// `None` once `stop` fires.
-pub async fn until_ok<T, E, F, Fut>(
+pub(crate) async fn until_ok<T, E, F, Fut>(
     what: &str,
     first: Duration,
     stop: &CancellationToken,
@@ -95,7 +95,7 @@ where
 /// Runs `f` until it succeeds or fails in a way that `transient` says a
 /// retry cannot fix, logging each transient failure as "cannot `what`
 /// yet": the outcome, or `None` once `stop` fires.
-pub async fn while_transient<T, E, F, Fut>(
+pub(crate) async fn while_transient<T, E, F, Fut>(
     what: &str,
     first: Duration,
     stop: &CancellationToken,

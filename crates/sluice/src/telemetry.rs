@@ -16,17 +16,17 @@ use std::time::Duration;
 /// The metrics recorder could not be set up.
 #[derive(Debug, thiserror::Error)]
 #[error("cannot install the metrics recorder")]
-pub struct MetricsError(#[source] metrics_exporter_prometheus::BuildError);
+pub(crate) struct MetricsError(#[source] metrics_exporter_prometheus::BuildError);
 
 /// The installed recorder.
 #[derive(Clone)]
-pub struct Metrics {
+pub(crate) struct Metrics {
     handle: PrometheusHandle,
 }
 
 impl Metrics {
     /// Installs the process-wide recorder. Fails if one is installed.
-    pub fn install() -> Result<Self, MetricsError> {
+    pub(crate) fn install() -> Result<Self, MetricsError> {
         let handle = PrometheusBuilder::new()
             .set_buckets_for_metric(
                 metrics_exporter_prometheus::Matcher::Full(INSERT_SECONDS.into()),
@@ -42,7 +42,7 @@ impl Metrics {
     }
 
     /// The Prometheus text exposition of every series.
-    pub fn render(&self) -> String {
+    pub(crate) fn render(&self) -> String {
         self.handle.render()
     }
 }
@@ -116,7 +116,7 @@ fn describe() {
 }
 
 /// The series set once at start: the buffer's bound and the start time.
-pub fn started(buffer_limit_bytes: usize) {
+pub(crate) fn started(buffer_limit_bytes: usize) {
     gauge!("sluice_buffer_limit_bytes").set(buffer_limit_bytes as f64);
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -128,14 +128,14 @@ pub fn started(buffer_limit_bytes: usize) {
     }
 }
 
-pub fn ready(ready: bool) {
+pub(crate) fn ready(ready: bool) {
     gauge!("sluice_ready").set(if ready { 1.0 } else { 0.0 });
 }
 
 /// The per-record counters of one topic, looked up once: bumping them is
 /// an atomic add, with no label strings built on the hot path. Create them
 /// after [`Metrics::install`], or they stay no-ops.
-pub struct TopicCounters {
+pub(crate) struct TopicCounters {
     records: metrics::Counter,
     bytes: metrics::Counter,
     dedup_dropped: metrics::Counter,
@@ -143,7 +143,7 @@ pub struct TopicCounters {
 }
 
 impl TopicCounters {
-    pub fn new(topic: &str) -> Self {
+    pub(crate) fn new(topic: &str) -> Self {
         let t = || topic.to_string();
         Self {
             records: counter!("sluice_records_total", "topic" => t()),
@@ -153,32 +153,32 @@ impl TopicCounters {
         }
     }
 
-    pub fn record_read(&self, bytes: usize) {
+    pub(crate) fn record_read(&self, bytes: usize) {
         self.records.increment(1);
         self.bytes.increment(bytes as u64);
     }
 
-    pub fn dedup_dropped(&self, records: u64) {
+    pub(crate) fn dedup_dropped(&self, records: u64) {
         self.dedup_dropped.increment(records);
     }
 
-    pub fn redelivered(&self) {
+    pub(crate) fn redelivered(&self) {
         self.redelivered.increment(1);
     }
 }
 
-pub fn batch_inserted(table: &str, rows: usize, took: Duration) {
+pub(crate) fn batch_inserted(table: &str, rows: usize, took: Duration) {
     counter!("sluice_batches_total", "table" => table.to_string()).increment(1);
     counter!("sluice_rows_inserted_total", "table" => table.to_string()).increment(rows as u64);
     histogram!(INSERT_SECONDS, "table" => table.to_string()).record(took.as_secs_f64());
 }
 
-pub fn insert_retried(table: &str, kind: &str) {
+pub(crate) fn insert_retried(table: &str, kind: &str) {
     counter!("sluice_insert_retries_total", "table" => table.to_string(), "kind" => kind.to_string())
         .increment(1);
 }
 
-pub fn reconciled(table: &str, present: usize, rows: usize) {
+pub(crate) fn reconciled(table: &str, present: usize, rows: usize) {
     let outcome = match present {
         0 => "none_present",
         p if p == rows => "all_present",
@@ -188,18 +188,23 @@ pub fn reconciled(table: &str, present: usize, rows: usize) {
         .increment(1);
 }
 
-pub fn in_flight_bytes(bytes: usize) {
+pub(crate) fn in_flight_bytes(bytes: usize) {
     gauge!("sluice_in_flight_bytes").set(bytes as f64);
 }
 
-pub fn consumer_lag(topic: &str, partition: i32, lag: i64) {
+pub(crate) fn consumer_lag(topic: &str, partition: i32, lag: i64) {
     gauge!("sluice_consumer_lag_records", "topic" => topic.to_string(), "partition" => partition.to_string())
         .set(lag.max(0) as f64);
 }
 
 /// A held partition's progress, every commit interval: its committed
 /// offset, if any, and how long its oldest pending record has waited.
-pub fn partition_progress(topic: &str, partition: i32, committed: Option<i64>, lag: Duration) {
+pub(crate) fn partition_progress(
+    topic: &str,
+    partition: i32,
+    committed: Option<i64>,
+    lag: Duration,
+) {
     let labels = [
         ("topic", topic.to_string()),
         ("partition", partition.to_string()),
@@ -211,7 +216,7 @@ pub fn partition_progress(topic: &str, partition: i32, committed: Option<i64>, l
 }
 
 /// A partition this process no longer holds: its lag is someone else's.
-pub fn partition_left(topic: &str, partition: i32) {
+pub(crate) fn partition_left(topic: &str, partition: i32) {
     let labels = [
         ("topic", topic.to_string()),
         ("partition", partition.to_string()),
@@ -221,11 +226,11 @@ pub fn partition_left(topic: &str, partition: i32) {
 }
 
 /// A record the DLQ acknowledged; `reason` is the error kind.
-pub fn dlq_written(topic: &str, reason: &'static str) {
+pub(crate) fn dlq_written(topic: &str, reason: &'static str) {
     counter!("sluice_dlq_records_total", "topic" => topic.to_string(), "reason" => reason)
         .increment(1);
 }
 
-pub fn schema_fetch_failed(kind: &'static str) {
+pub(crate) fn schema_fetch_failed(kind: &'static str) {
     counter!("sluice_schema_fetch_errors_total", "kind" => kind).increment(1);
 }

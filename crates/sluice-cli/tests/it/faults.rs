@@ -291,7 +291,7 @@ struct EventRow {
 async fn an_earlier_owners_insert_still_running_at_the_claim_is_ended_first() {
     let n = 300u64;
     let (topic, table, ch) = setup("lateowner", 1, n).await;
-    let table_ref = sluice::ch::TableRef::parse(&table).unwrap();
+    let table_ref = sluice::sql::TableRef::parse(&table).unwrap();
     let table_sql = table_ref.sql();
     let offsets: Vec<Offset> = (0..n as i64).map(Offset).collect();
     let qid = query_id(&insert_token(&table_sql, &topic, 0, offsets.into_iter()), 0);

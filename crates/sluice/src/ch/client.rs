@@ -19,7 +19,7 @@ use hyper_util::rt::TokioExecutor;
 use std::time::Duration;
 
 /// How long opening a connection may take.
-pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// TCP keep-alive on every connection.
 const KEEPALIVE: Duration = Duration::from_secs(60);
 /// Below the server's `keep_alive_timeout` (3 s by default), so a pooled

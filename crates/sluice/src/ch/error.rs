@@ -23,7 +23,7 @@
 use std::fmt;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ChErrorKind {
+pub(crate) enum ChErrorKind {
     /// The server answered with an exception.
     Server,
     /// No answer in time: the outcome is unknown.
@@ -42,13 +42,13 @@ pub enum ChErrorKind {
 
 #[derive(Debug, Clone, thiserror::Error)]
 pub struct ChError {
-    pub kind: ChErrorKind,
+    pub(crate) kind: ChErrorKind,
     /// ClickHouse's exception code (`Code: N.`), for a server answer.
-    pub code: Option<u32>,
+    pub(crate) code: Option<u32>,
     /// The input row the server names as the one it refused, counted from 1
     /// as ClickHouse prints it; `None` when it names none.
-    pub row: Option<usize>,
-    pub message: String,
+    pub(crate) row: Option<usize>,
+    pub(crate) message: String,
 }
 
 impl fmt::Display for ChError {
@@ -142,7 +142,7 @@ const RETRIABLE: &[u32] = &[
 
 impl ChErrorKind {
     /// A short name, for metric labels.
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Self::Server => "server",
             Self::Timeout => "timeout",
@@ -155,12 +155,12 @@ impl ChErrorKind {
 }
 
 impl ChError {
-    pub fn client(message: impl Into<String>) -> Self {
+    pub(crate) fn client(message: impl Into<String>) -> Self {
         Self::without_code(ChErrorKind::Client, message)
     }
 
     /// No answer in time.
-    pub fn timeout(message: impl Into<String>) -> Self {
+    pub(crate) fn timeout(message: impl Into<String>) -> Self {
         Self::without_code(ChErrorKind::Timeout, message)
     }
 
@@ -177,7 +177,7 @@ impl ChError {
     /// line or an error page from something in front of the server), parsed
     /// once: its code and the row it names. Without a code: see the module
     /// header.
-    pub fn from_response(text: impl Into<String>) -> Self {
+    pub(crate) fn from_response(text: impl Into<String>) -> Self {
         let message = text.into();
         let code = parse_code(&message);
         if code.is_some() {
@@ -213,7 +213,7 @@ impl ChError {
     /// Whether trying again may succeed. Server errors are judged by code,
     /// from the allowlist [`RETRIABLE`]; timeouts and network failures
     /// always may; anything else never does.
-    pub fn is_retriable(&self) -> bool {
+    pub(crate) fn is_retriable(&self) -> bool {
         match self.kind {
             ChErrorKind::Timeout
             | ChErrorKind::Connect
@@ -228,7 +228,7 @@ impl ChError {
     /// has a field the table has no column for (a route with
     /// `extra_fields = "dlq"` inserts without skipping unknown fields),
     /// `rejected` for any other refusal.
-    pub fn row_kind(&self) -> &'static str {
+    pub(crate) fn row_kind(&self) -> &'static str {
         if self.unknown_field().is_some() {
             "extra-field"
         } else {
@@ -238,7 +238,7 @@ impl ChError {
 
     /// The field a refusal of kind `extra-field` names: ClickHouse writes
     /// `Unknown field found while parsing JSONEachRow format: NAME: (at row N)`.
-    pub fn unknown_field(&self) -> Option<&str> {
+    pub(crate) fn unknown_field(&self) -> Option<&str> {
         if self.code != Some(INCORRECT_DATA) {
             return None;
         }
@@ -254,7 +254,7 @@ impl ChError {
     /// may create parts for (`max_partitions_per_insert_block`; the same
     /// code as merge back-pressure), or the body is too large for something
     /// in front of the server (413).
-    pub fn wants_fewer_rows(&self) -> bool {
+    pub(crate) fn wants_fewer_rows(&self) -> bool {
         let partitions = self.kind == ChErrorKind::Server
             && self.code == Some(TOO_MANY_PARTS)
             && self.message.contains("partitions for single INSERT block");

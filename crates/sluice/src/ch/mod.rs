@@ -1,12 +1,17 @@
-//! The ClickHouse side: typed errors and the service that runs inserts and
-//! the few queries the exactly-once protocol needs.
+//! The ClickHouse side: typed errors, the service that runs inserts and
+//! the few queries the exactly-once protocol needs, and the one way to
+//! build a client ([`client`]; [`Conn`] for the commands outside the sink,
+//! from their flags).
 
 mod client;
+mod conn;
 mod error;
 mod service;
-mod table;
 
-pub use client::{client, CONNECT_TIMEOUT};
-pub use error::{ChError, ChErrorKind};
-pub use service::{deadline_passed, ClickHouse, InsertRequest};
-pub use table::{ident, ident_list, literal, TableRef};
+pub use client::client;
+pub(crate) use conn::ChServer;
+pub use conn::{ChArgs, Conn};
+pub use error::ChError;
+pub(crate) use error::ChErrorKind;
+pub(crate) use service::deadline_passed;
+pub use service::{ClickHouse, InsertRequest};

@@ -30,8 +30,8 @@
 //! says.
 
 use super::error::{ChError, ChErrorKind};
-use super::TableRef;
 use crate::config::{ClickHouseConfig, Delivery, Route};
+use crate::sql::TableRef;
 use bytes::Bytes;
 use sluice_formats::MetadataColumns;
 use sluice_protocol::deadline::{self, FenceStep};
@@ -43,7 +43,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// The text of the error an attempt raises when it starts after its deadline.
-pub const DEADLINE_PASSED: &str = "sluice: attempt deadline passed";
+pub(crate) const DEADLINE_PASSED: &str = "sluice: attempt deadline passed";
 
 /// One insert attempt.
 #[derive(Debug, Clone)]
@@ -158,7 +158,7 @@ impl ClickHouse {
     /// The server's clock (Unix ms); also a new reading of it, kept if it is
     /// the most precise one yet, or the clock moved (or always, with `force`).
     /// The sink calls it every [`deadline::CLOCK_REREAD`].
-    pub async fn server_now(&self, force: bool) -> Result<i64, ChError> {
+    pub(crate) async fn server_now(&self, force: bool) -> Result<i64, ChError> {
         let before = Instant::now();
         let now: i64 = self
             .bounded(
@@ -171,17 +171,11 @@ impl ClickHouse {
         Ok(now)
     }
 
-    /// The deadline for an attempt starting now: `insert_timeout` from now,
-    /// on the server's clock.
-    pub fn deadline(&self) -> i64 {
-        self.deadline_by(Instant::now())
-    }
-
     /// The deadline of an attempt that must start by `latest` (a lease's
     /// end) on our clock: `insert_timeout` after the earlier of now and
     /// `latest`, on the server's clock. A process stopped between checking
     /// its lease and sending the attempt gets a deadline already past.
-    pub fn deadline_by(&self, latest: Instant) -> i64 {
+    pub(crate) fn deadline_by(&self, latest: Instant) -> i64 {
         deadline::attempt_deadline(
             |t| self.clock.ms_at(t),
             latest,
@@ -238,18 +232,13 @@ impl ClickHouse {
     }
 
     /// The settings of inserts, for the start-up log.
-    pub fn insert_settings(&self) -> &[(String, String)] {
+    pub(crate) fn insert_settings(&self) -> &[(String, String)] {
         &self.insert_settings
     }
 
     /// The settings of protocol reads, for the start-up log.
-    pub fn read_settings(&self) -> &[(String, String)] {
+    pub(crate) fn read_settings(&self) -> &[(String, String)] {
         &self.read_settings
-    }
-
-    /// The longest an insert can live on the client and on the server.
-    pub fn insert_timeout(&self) -> Duration {
-        self.insert_timeout
     }
 
     /// The column names of `route`'s table (empty: no such table).
@@ -268,7 +257,7 @@ impl ClickHouse {
     /// all but the `MATERIALIZED` and `ALIAS` ones, and the `EPHEMERAL` ones
     /// (`SELECT * FROM input()`, the shape of the exactly-once insert, has
     /// no place for them).
-    pub async fn insertable_columns(&self, route: &Route) -> Result<Vec<String>, ChError> {
+    pub(crate) async fn insertable_columns(&self, route: &Route) -> Result<Vec<String>, ChError> {
         self.bounded(
             self.client
                 .query(
@@ -309,7 +298,11 @@ impl ClickHouse {
     }
 
     /// Checks that `route`'s table has the `fields` (its dedup key).
-    pub async fn check_columns(&self, route: &Route, fields: &[String]) -> Result<(), ChError> {
+    pub(crate) async fn check_columns(
+        &self,
+        route: &Route,
+        fields: &[String],
+    ) -> Result<(), ChError> {
         let cols = self.columns_of(route).await?;
         let missing: Vec<&str> = fields
             .iter()
@@ -391,7 +384,7 @@ impl ClickHouse {
 
     /// The offsets in `first..=last` of one partition that the table holds,
     /// ascending (duplicates included once or more).
-    pub async fn present_offsets(
+    pub(crate) async fn present_offsets(
         &self,
         route: &Route,
         partition: i32,
@@ -415,7 +408,7 @@ impl ClickHouse {
 
     /// How many distinct offsets in `first..=last` of one partition the table
     /// holds.
-    pub async fn distinct_offsets(
+    pub(crate) async fn distinct_offsets(
         &self,
         route: &Route,
         partition: i32,
@@ -439,7 +432,7 @@ impl ClickHouse {
     /// hashed as [`sluice_formats::RowEncoder::encode_keyed`] hashes a record's:
     /// each field's `toString`, joined by `0x1f`. Rows with a NULL key field
     /// are left out (such records are never deduped).
-    pub async fn keys_between(
+    pub(crate) async fn keys_between(
         &self,
         route: &Route,
         fields: &[String],
@@ -511,7 +504,11 @@ impl ClickHouse {
     /// attempt can no longer start, and is not running. Where the process
     /// list cannot be read, the server's `max_execution_time` (the insert
     /// timeout) after the deadline bounds a run that started in time.
-    pub async fn fence_attempt(&self, query_id: &str, deadline_ms: i64) -> Result<(), ChError> {
+    pub(crate) async fn fence_attempt(
+        &self,
+        query_id: &str,
+        deadline_ms: i64,
+    ) -> Result<(), ChError> {
         let give_up = Instant::now() + self.insert_timeout * 3 + Duration::from_secs(5);
         let mut fence = deadline::Fence::new(deadline_ms, self.insert_timeout);
         self.kill(query_id).await;
@@ -566,7 +563,7 @@ impl ClickHouse {
     /// owner's insert that outlived its deadline (a part written late, a
     /// paused server) cannot commit after that read. Errs while one still
     /// runs after a kill and the insert timeout, for the caller to retry.
-    pub async fn end_partition_queries(
+    pub(crate) async fn end_partition_queries(
         &self,
         route: &Route,
         partitions: &[i32],
@@ -652,13 +649,6 @@ impl ClickHouse {
             Some(c) => format!("clusterAllReplicas({}, system.processes)", quote_str(c)),
             None => "system.processes".into(),
         }
-    }
-
-    /// A trivial round trip, for readiness.
-    pub async fn ping(&self) -> Result<(), ChError> {
-        self.bounded(self.client.query("SELECT 1").fetch_one::<u8>())
-            .await
-            .map(|_| ())
     }
 }
 
@@ -820,12 +810,12 @@ impl SharedClock {
 
 /// Whether `e` is an attempt refusing to start after its deadline: nothing
 /// of it was stored.
-pub fn deadline_passed(e: &ChError) -> bool {
+pub(crate) fn deadline_passed(e: &ChError) -> bool {
     e.kind == ChErrorKind::Server && e.code == Some(395) && e.message.contains(DEADLINE_PASSED)
 }
 
 fn q(name: &str) -> String {
-    super::ident(name)
+    crate::sql::ident(name)
 }
 
 #[cfg(test)]

@@ -18,14 +18,14 @@ pub struct RawClickHouse {
     /// HTTP(S) endpoint. `CLICKHOUSE_URL` fills it in when nothing sets it.
     pub url: Option<String>,
     /// Database for tables named without one. Default `default`.
-    pub database: Option<String>,
+    pub(crate) database: Option<String>,
     /// User name. Default `default`.
-    pub user: Option<String>,
+    pub(crate) user: Option<String>,
     /// Password. Default empty. Prefer `password_file` or
     /// `SLUICE_CLICKHOUSE_PASSWORD`.
-    pub password: Option<String>,
+    pub(crate) password: Option<String>,
     /// A file holding the password (one trailing newline is removed).
-    pub password_file: Option<PathBuf>,
+    pub(crate) password_file: Option<PathBuf>,
     /// The longest one insert may live, on the client and on the server
     /// (`max_execution_time` and the HTTP timeouts). Default 30s.
     #[serde(default, with = "humantime_serde")]
@@ -41,7 +41,7 @@ pub struct RawClickHouse {
     /// behind `url`): the fence then looks for an attempt on every replica
     /// (`clusterAllReplicas`, `KILL QUERY ON CLUSTER`), not only on the
     /// server that answers.
-    pub cluster: Option<String>,
+    pub(crate) cluster: Option<String>,
 }
 
 #[derive(Clone)]
@@ -64,7 +64,7 @@ pub struct ClickHouseConfig {
 /// overflow modes make it fail loudly; no profile-wide `LIMIT`, `OFFSET`,
 /// row filter, skipped shard, query cache or skipped input row applies. A user's `settings` or `read_settings` cannot change
 /// them ([`pinned_refusal`]).
-pub const PINNED: &[(&str, &str)] = &[
+pub(crate) const PINNED: &[(&str, &str)] = &[
     ("max_rows_to_read", "0"),
     ("max_bytes_to_read", "0"),
     ("max_rows_to_read_leaf", "0"),
@@ -117,10 +117,10 @@ fn pinned_refusal(name: &str, value: &str) -> bool {
 }
 
 /// The database and user when the file names none.
-pub const DEFAULT_DATABASE: &str = "default";
-pub const DEFAULT_USER: &str = "default";
+pub(crate) const DEFAULT_DATABASE: &str = "default";
+pub(crate) const DEFAULT_USER: &str = "default";
 /// How long one insert attempt may take when the file does not say.
-pub const DEFAULT_INSERT_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const DEFAULT_INSERT_TIMEOUT: Duration = Duration::from_secs(30);
 
 impl ClickHouseConfig {
     /// The server at `url` with every default: what the operator tools use

@@ -20,7 +20,7 @@ use super::ConfigError;
 use toml::{Table, Value};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
+pub(crate) enum Kind {
     Str,
     Int,
     Bool,
@@ -29,7 +29,7 @@ pub enum Kind {
 use Kind::*;
 
 /// Every setting a variable can set, with its type in the file.
-pub const FIELDS: &[(&str, Kind)] = &[
+pub(crate) const FIELDS: &[(&str, Kind)] = &[
     ("kafka.brokers", Str),
     ("kafka.group_id", Str),
     ("kafka.instance_id", Str),
@@ -93,7 +93,7 @@ const PREFIX: &str = "SLUICE_";
 
 /// Variables other tools read too, and the endpoint each one fills when
 /// nothing more specific sets it.
-pub const GENERIC: &[(&str, &str)] = &[
+pub(crate) const GENERIC: &[(&str, &str)] = &[
     ("kafka.brokers", "KAFKA_BROKERS"),
     ("clickhouse.url", "CLICKHOUSE_URL"),
     ("schema_registry.url", "SCHEMA_REGISTRY_URL"),
@@ -101,7 +101,7 @@ pub const GENERIC: &[(&str, &str)] = &[
 
 /// Where an endpoint's effective value came from.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub enum Origin {
+pub(crate) enum Origin {
     /// Not set anywhere (a default applies, or it is missing).
     #[default]
     Unset,
@@ -126,22 +126,22 @@ impl std::fmt::Display for Origin {
 /// Where the two endpoints came from, and the generic variables that were
 /// set but not used.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Origins {
-    pub brokers: Origin,
-    pub clickhouse_url: Origin,
-    pub schema_registry_url: Origin,
+pub(crate) struct Origins {
+    pub(crate) brokers: Origin,
+    pub(crate) clickhouse_url: Origin,
+    pub(crate) schema_registry_url: Origin,
     /// `(endpoint, sentence)` for each generic variable set but not used.
-    pub ignored: Vec<(&'static str, String)>,
+    pub(crate) ignored: Vec<(&'static str, String)>,
 }
 
 impl Origins {
     /// The sentences to warn with.
-    pub fn warnings(&self) -> impl Iterator<Item = &str> {
+    pub(crate) fn warnings(&self) -> impl Iterator<Item = &str> {
         self.ignored.iter().map(|(_, s)| s.as_str())
     }
 
     /// A flag set `path`: what the file or a variable said no longer matters.
-    pub fn flag(&mut self, path: &str, flag: &'static str) {
+    pub(crate) fn flag(&mut self, path: &str, flag: &'static str) {
         self.ignored.retain(|(p, _)| *p != path);
         if let Some(o) = self.of(path) {
             *o = Origin::Flag(flag);
@@ -160,20 +160,20 @@ impl Origins {
 
 /// What [`apply`] did.
 #[derive(Debug, Default)]
-pub struct Applied {
+pub(crate) struct Applied {
     /// The variables whose values went into the table.
-    pub used: Vec<String>,
-    pub origins: Origins,
+    pub(crate) used: Vec<String>,
+    pub(crate) origins: Origins,
 }
 
 /// `sink.max_batch_rows` → `SLUICE_SINK_MAX_BATCH_ROWS`.
-pub fn var_name(path: &str) -> String {
+pub(crate) fn var_name(path: &str) -> String {
     format!("{PREFIX}{}", path.replace('.', "_").to_ascii_uppercase())
 }
 
 /// Writes the settings found in `vars` into `table`: the `SLUICE_…` ones
 /// over the file, then the [`GENERIC`] ones where nothing set the endpoint.
-pub fn apply(
+pub(crate) fn apply(
     table: &mut Table,
     vars: impl IntoIterator<Item = (String, String)>,
 ) -> Result<Applied, ConfigError> {
@@ -402,7 +402,7 @@ mod tests {
             ("sink", serde_introspect::<crate::config::RawSink>()),
             (
                 "sink.columns",
-                serde_introspect::<crate::config::RawColumns>(),
+                serde_introspect::<crate::config::sink::RawColumns>(),
             ),
             ("metrics", serde_introspect::<crate::config::RawMetrics>()),
             ("dlq", serde_introspect::<crate::config::RawDlq>()),

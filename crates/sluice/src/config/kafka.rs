@@ -13,9 +13,9 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 /// The consumer group when the file names none.
-pub const DEFAULT_GROUP_ID: &str = "sluice";
+pub(crate) const DEFAULT_GROUP_ID: &str = "sluice";
 /// The group session timeout when the file does not say.
-pub const DEFAULT_SESSION_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const DEFAULT_SESSION_TIMEOUT: Duration = Duration::from_secs(10);
 
 #[serde_with::skip_serializing_none]
 #[derive(Debug, Deserialize, Serialize, Default)]
@@ -42,11 +42,11 @@ pub struct RawKafka {
     pub auto_offset_reset: Option<String>,
     /// `plaintext`, `ssl`, `sasl_plaintext` or `sasl_ssl`. Default: from
     /// the `tls` and `sasl` sections present.
-    pub security_protocol: Option<String>,
+    pub(crate) security_protocol: Option<String>,
     /// TLS to the brokers.
-    pub tls: Option<security::RawTls>,
+    pub(crate) tls: Option<security::RawTls>,
     /// SASL authentication (PLAIN, SCRAM).
-    pub sasl: Option<security::RawSasl>,
+    pub(crate) sasl: Option<security::RawSasl>,
     /// Extra librdkafka properties, passed through as they are.
     #[serde(default)]
     pub properties: BTreeMap<String, String>,
@@ -54,14 +54,14 @@ pub struct RawKafka {
 
 #[derive(Clone)]
 pub struct KafkaConfig {
-    pub brokers: String,
-    pub group_id: String,
-    pub instance_id: Option<String>,
-    pub session_timeout: Duration,
-    pub heartbeat_interval: Duration,
-    pub auto_offset_reset: ResetPolicy,
-    pub security: KafkaSecurity,
-    pub properties: BTreeMap<String, String>,
+    pub(crate) brokers: String,
+    pub(crate) group_id: String,
+    pub(crate) instance_id: Option<String>,
+    pub(crate) session_timeout: Duration,
+    pub(crate) heartbeat_interval: Duration,
+    pub(crate) auto_offset_reset: ResetPolicy,
+    pub(crate) security: KafkaSecurity,
+    pub(crate) properties: BTreeMap<String, String>,
 }
 
 /// Secret-looking pass-through properties never reach a log line.

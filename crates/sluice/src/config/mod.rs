@@ -15,12 +15,12 @@
 //! that span sections (a DLQ topic that is also routed, a topic routed twice).
 
 mod clickhouse;
-pub mod env;
+pub(crate) mod env;
 mod kafka;
 mod registry;
 mod route;
 pub mod secret;
-pub mod security;
+pub(crate) mod security;
 mod sink;
 
 #[cfg(test)]
@@ -28,19 +28,14 @@ mod documented_defaults;
 #[cfg(test)]
 mod fuzz_tests;
 
-pub use clickhouse::{
-    ClickHouseConfig, RawClickHouse, DEFAULT_DATABASE, DEFAULT_INSERT_TIMEOUT, DEFAULT_USER, PINNED,
-};
+pub(crate) use clickhouse::PINNED;
+pub use clickhouse::{ClickHouseConfig, RawClickHouse};
 pub use kafka::{KafkaConfig, RawKafka};
-pub use registry::{RawSchemaRegistry, SchemaRegistryConfig, DEFAULT_REGISTRY_TIMEOUT};
-pub use route::{Format, KeyDedup, RawRoute, Route, DEFAULT_DEDUP_MAX_KEYS, DEFAULT_DEDUP_WINDOW};
+pub use registry::{RawSchemaRegistry, SchemaRegistryConfig};
+pub use route::{Format, KeyDedup, RawRoute, Route};
 pub use secret::Secret;
-pub use security::KafkaSecurity;
-pub use sink::{
-    Delivery, RawColumns, RawSink, SinkConfig, DEFAULT_COMMIT_INTERVAL, DEFAULT_MAX_BATCH_AGE,
-    DEFAULT_MAX_BATCH_BYTES, DEFAULT_MAX_BATCH_ROWS, DEFAULT_MAX_BUFFERED_BYTES,
-    DEFAULT_MAX_CONCURRENT_INSERTS, DEFAULT_PROGRESS_INTERVAL,
-};
+pub(crate) use security::KafkaSecurity;
+pub use sink::{Delivery, RawSink, SinkConfig};
 
 use serde::{Deserialize, Serialize};
 use sluice_formats::{MetadataColumns, RowEncoder};
@@ -75,7 +70,7 @@ pub struct RawConfig {
     pub schema_registry: RawSchemaRegistry,
     /// Where the endpoints came from (filled by the loader, not the file).
     #[serde(skip)]
-    pub origins: env::Origins,
+    pub(crate) origins: env::Origins,
 }
 
 #[serde_with::skip_serializing_none]
@@ -104,20 +99,20 @@ pub struct Config {
     pub sink: SinkConfig,
     pub routes: Vec<Route>,
     /// Where to serve `/metrics`, `/health` and `/ready`.
-    pub metrics_listen: Option<std::net::SocketAddr>,
+    pub(crate) metrics_listen: Option<std::net::SocketAddr>,
     /// The dead-letter topic, if any.
     pub dlq: Option<String>,
     /// The schema registry, if the file (or `SCHEMA_REGISTRY_URL`) names
     /// one; every Avro or Protobuf route needs it.
-    pub schema_registry: Option<SchemaRegistryConfig>,
+    pub(crate) schema_registry: Option<SchemaRegistryConfig>,
     /// Where the endpoints came from.
-    pub origins: env::Origins,
+    pub(crate) origins: env::Origins,
 }
 
 impl Config {
     /// `kafka.brokers = k:9092 (from the config file)`, and the same for
     /// `clickhouse.url`: what the start-up log and `check-config` print.
-    pub fn endpoints(&self) -> [String; 2] {
+    pub(crate) fn endpoints(&self) -> [String; 2] {
         let o = &self.origins;
         [
             format!(
@@ -154,13 +149,13 @@ impl Config {
     /// back: what the new owner's fence leaves after the previous owner's
     /// last inserts (`2 × insert_timeout`) and a margin, at most 10 s and
     /// at least 2 s ([`Config::fence_is_short`] says when the floor cuts in).
-    pub fn lease(&self) -> Duration {
+    pub(crate) fn lease(&self) -> Duration {
         timing::lease_term(self.sink.fence_wait, self.clickhouse.insert_timeout)
     }
 
     /// The fence that covers a previous owner's last inserts and lease,
     /// when `fence_wait` is shorter than that.
-    pub fn fence_is_short(&self) -> Option<Duration> {
+    pub(crate) fn fence_is_short(&self) -> Option<Duration> {
         timing::safe_fence(self.sink.fence_wait, self.clickhouse.insert_timeout)
     }
 }
@@ -252,20 +247,6 @@ pub struct Overrides {
 }
 
 impl RawConfig {
-    pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-            path: path.display().to_string(),
-            source,
-        })?;
-        Self::from_toml(&text).map_err(|e| match e {
-            ConfigError::Parse { message, .. } => ConfigError::Parse {
-                path: path.display().to_string(),
-                message,
-            },
-            other => other,
-        })
-    }
-
     pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
         toml::from_str(text).map_err(|e| ConfigError::Parse {
             path: "<inline>".into(),
@@ -275,7 +256,7 @@ impl RawConfig {
 
     /// The file at `path` with the `SLUICE_…` settings of `vars` applied
     /// over it ([`env`]).
-    pub fn load(
+    pub(crate) fn load(
         path: &Path,
         vars: impl IntoIterator<Item = (String, String)>,
     ) -> Result<Self, ConfigError> {
@@ -293,7 +274,7 @@ impl RawConfig {
     }
 
     /// Like [`Self::from_toml`], with the `SLUICE_…` settings of `vars`.
-    pub fn from_toml_with_env(
+    pub(crate) fn from_toml_with_env(
         text: &str,
         vars: impl IntoIterator<Item = (String, String)>,
     ) -> Result<Self, ConfigError> {
@@ -393,20 +374,20 @@ impl RawConfig {
 impl RawConfig {
     /// Only the `[schema_registry]` section, if there is one: what
     /// `sluice send --format avro|protobuf` needs besides Kafka.
-    pub fn registry_side(&mut self) -> Result<Option<SchemaRegistryConfig>, ConfigError> {
+    pub(crate) fn registry_side(&mut self) -> Result<Option<SchemaRegistryConfig>, ConfigError> {
         std::mem::take(&mut self.schema_registry).validate()
     }
 
     /// Only the `[kafka]` section (with `brokers` overriding the file's):
     /// what `sluice send` needs.
-    pub fn kafka_side(self, brokers: Option<String>) -> Result<KafkaConfig, ConfigError> {
+    pub(crate) fn kafka_side(self, brokers: Option<String>) -> Result<KafkaConfig, ConfigError> {
         self.kafka.validate(brokers, None)
     }
 
     /// Only what the operator tools need: the `[clickhouse]` section (with
     /// `url` overriding the file's) and the metadata column names. The rest
     /// of the file is not required.
-    pub fn clickhouse_side(
+    pub(crate) fn clickhouse_side(
         self,
         url: Option<String>,
     ) -> Result<(ClickHouseConfig, MetadataColumns), ConfigError> {
@@ -927,7 +908,8 @@ mod tests {
             let e = err(&text);
             assert!(e.contains(want), "{want:?} not in {e:?}");
         }
-        let e = RawConfig::from_file(Path::new("/nonexistent/sluice.toml")).unwrap_err();
+        let e =
+            RawConfig::load(Path::new("/nonexistent/sluice.toml"), std::iter::empty()).unwrap_err();
         assert!(e.to_string().contains("/nonexistent/sluice.toml"), "{e}");
     }
 }

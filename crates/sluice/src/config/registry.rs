@@ -16,7 +16,7 @@ use std::time::Duration;
 
 /// How long one request to the registry may take when the file does not
 /// say.
-pub const DEFAULT_REGISTRY_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const DEFAULT_REGISTRY_TIMEOUT: Duration = Duration::from_secs(10);
 
 #[serde_with::skip_serializing_none]
 #[derive(Debug, Deserialize, Serialize, Default)]
@@ -25,33 +25,33 @@ pub struct RawSchemaRegistry {
     /// HTTP(S) endpoint of a Confluent-compatible schema registry.
     pub url: Option<String>,
     /// Basic auth user name (with `password`).
-    pub username: Option<String>,
+    pub(crate) username: Option<String>,
     /// Basic auth password. Prefer `password_file` or
     /// `SLUICE_SCHEMA_REGISTRY_PASSWORD`.
-    pub password: Option<String>,
+    pub(crate) password: Option<String>,
     /// A file holding the password (one trailing newline is removed).
-    pub password_file: Option<PathBuf>,
+    pub(crate) password_file: Option<PathBuf>,
     /// CA certificate(s) to verify the registry with (PEM). Default: the
     /// system's trust store.
-    pub ca_file: Option<PathBuf>,
+    pub(crate) ca_file: Option<PathBuf>,
     /// Client certificate for mutual TLS (PEM), with `key_file`.
-    pub cert_file: Option<PathBuf>,
+    pub(crate) cert_file: Option<PathBuf>,
     /// The client certificate's private key (PKCS #8 PEM).
-    pub key_file: Option<PathBuf>,
+    pub(crate) key_file: Option<PathBuf>,
     /// The longest one request may take. Default 10s.
     #[serde(default, with = "humantime_serde")]
-    pub timeout: Option<Duration>,
+    pub(crate) timeout: Option<Duration>,
 }
 
 #[derive(Clone, PartialEq, Eq)]
 pub struct SchemaRegistryConfig {
-    pub url: String,
+    pub(crate) url: String,
     /// Basic auth: the user name and password.
-    pub auth: Option<(String, Secret)>,
-    pub ca_file: Option<PathBuf>,
+    pub(crate) auth: Option<(String, Secret)>,
+    pub(crate) ca_file: Option<PathBuf>,
     /// The client certificate and its key, for mutual TLS.
-    pub identity: Option<(PathBuf, PathBuf)>,
-    pub timeout: Duration,
+    pub(crate) identity: Option<(PathBuf, PathBuf)>,
+    pub(crate) timeout: Duration,
 }
 
 impl SchemaRegistryConfig {

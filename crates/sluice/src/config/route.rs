@@ -6,15 +6,15 @@
 //! [`Route`], or a [`ConfigError`] naming the field (`route[i].…`).
 
 use super::{bounded, invalid, positive, ConfigError};
-use crate::ch::TableRef;
+use crate::sql::TableRef;
 use serde::{Deserialize, Serialize};
 use sluice_formats::MetadataColumns;
 use std::time::Duration;
 
 /// How long a written key is remembered when the route does not say.
-pub const DEFAULT_DEDUP_WINDOW: Duration = Duration::from_secs(3600);
+pub(crate) const DEFAULT_DEDUP_WINDOW: Duration = Duration::from_secs(3600);
 /// Keys remembered per partition when the route does not say.
-pub const DEFAULT_DEDUP_MAX_KEYS: usize = 10_000_000;
+pub(crate) const DEFAULT_DEDUP_MAX_KEYS: usize = 10_000_000;
 
 #[serde_with::skip_serializing_none]
 #[derive(Debug, Deserialize, Serialize)]
@@ -61,7 +61,7 @@ pub enum Format {
 }
 
 impl Format {
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Format::Json => "json",
             Format::Avro => "avro",
@@ -70,7 +70,7 @@ impl Format {
     }
 
     /// Whether records are in the schema registry's wire format.
-    pub fn is_registry(self) -> bool {
+    pub(crate) fn is_registry(self) -> bool {
         self != Format::Json
     }
 
@@ -130,14 +130,14 @@ pub struct Route {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KeyDedup {
     pub fields: Vec<String>,
-    pub window: Duration,
-    pub max_keys: usize,
+    pub(crate) window: Duration,
+    pub(crate) max_keys: usize,
 }
 
 impl Route {
     /// The settings of the route's inserts, over the user's
     /// ([`Format::insert_settings`]).
-    pub fn insert_settings(&self) -> &'static [(&'static str, &'static str)] {
+    pub(crate) fn insert_settings(&self) -> &'static [(&'static str, &'static str)] {
         self.format.insert_settings(self.extra_to_dlq)
     }
 
@@ -149,7 +149,7 @@ impl Route {
 
 impl RawRoute {
     /// Route `i`, its table in `database` unless it names one.
-    pub fn validate(
+    pub(crate) fn validate(
         self,
         i: usize,
         database: &str,

@@ -38,17 +38,13 @@ pub fn redact_url(url: &str) -> String {
 pub struct Secret(String);
 
 impl Secret {
-    pub fn new(value: impl Into<String>) -> Self {
+    pub(crate) fn new(value: impl Into<String>) -> Self {
         Self(value.into())
     }
 
     /// The value, for the one place that hands it to a client library.
-    pub fn expose(&self) -> &str {
+    pub(crate) fn expose(&self) -> &str {
         &self.0
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
     }
 }
 
@@ -70,7 +66,7 @@ impl fmt::Display for Secret {
 
 /// The secret `field` from its inline value or its `<field>_file`; both at
 /// once is an error, since one of them would be silently ignored.
-pub fn resolve(
+pub(crate) fn resolve(
     field: &str,
     inline: Option<String>,
     file: Option<&Path>,
@@ -97,7 +93,7 @@ pub fn resolve(
 }
 
 /// Whether a librdkafka property carries a secret (its value is hidden).
-pub fn is_secret_property(name: &str) -> bool {
+pub(crate) fn is_secret_property(name: &str) -> bool {
     let n = name.to_ascii_lowercase();
     n.contains("password") || n.contains("secret") || n.ends_with(".pem") || n.contains("jaas")
 }

@@ -17,56 +17,56 @@ use std::path::{Path, PathBuf};
 #[serde_with::skip_serializing_none]
 #[derive(Debug, Deserialize, Serialize, Default)]
 #[serde(deny_unknown_fields)]
-pub struct RawTls {
+pub(crate) struct RawTls {
     /// CA certificate(s) to verify the brokers with (PEM). Default: the
     /// system's trust store.
-    pub ca_file: Option<PathBuf>,
+    pub(crate) ca_file: Option<PathBuf>,
     /// Client certificate for mutual TLS (PEM).
-    pub cert_file: Option<PathBuf>,
+    pub(crate) cert_file: Option<PathBuf>,
     /// The client certificate's private key (PEM).
-    pub key_file: Option<PathBuf>,
+    pub(crate) key_file: Option<PathBuf>,
     /// The private key's password, if it has one.
-    pub key_password: Option<String>,
+    pub(crate) key_password: Option<String>,
     /// A file holding the private key's password.
-    pub key_password_file: Option<PathBuf>,
+    pub(crate) key_password_file: Option<PathBuf>,
     /// Check that the broker's certificate names the host. Default true.
-    pub verify_hostname: Option<bool>,
+    pub(crate) verify_hostname: Option<bool>,
 }
 
 #[serde_with::skip_serializing_none]
 #[derive(Debug, Deserialize, Serialize, Default)]
 #[serde(deny_unknown_fields)]
-pub struct RawSasl {
+pub(crate) struct RawSasl {
     /// `PLAIN`, `SCRAM-SHA-256` or `SCRAM-SHA-512`.
-    pub mechanism: Option<String>,
-    pub username: Option<String>,
-    pub password: Option<String>,
+    pub(crate) mechanism: Option<String>,
+    pub(crate) username: Option<String>,
+    pub(crate) password: Option<String>,
     /// A file holding the password (one trailing newline is removed).
-    pub password_file: Option<PathBuf>,
+    pub(crate) password_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Tls {
-    pub ca_file: Option<PathBuf>,
-    pub cert_file: Option<PathBuf>,
-    pub key_file: Option<PathBuf>,
-    pub key_password: Option<Secret>,
-    pub verify_hostname: bool,
+pub(crate) struct Tls {
+    pub(crate) ca_file: Option<PathBuf>,
+    pub(crate) cert_file: Option<PathBuf>,
+    pub(crate) key_file: Option<PathBuf>,
+    pub(crate) key_password: Option<Secret>,
+    pub(crate) verify_hostname: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Sasl {
-    pub mechanism: String,
-    pub username: String,
-    pub password: Secret,
+pub(crate) struct Sasl {
+    pub(crate) mechanism: String,
+    pub(crate) username: String,
+    pub(crate) password: Secret,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct KafkaSecurity {
+pub(crate) struct KafkaSecurity {
     /// `plaintext`, `ssl`, `sasl_plaintext` or `sasl_ssl`.
-    pub protocol: String,
-    pub tls: Option<Tls>,
-    pub sasl: Option<Sasl>,
+    pub(crate) protocol: String,
+    pub(crate) tls: Option<Tls>,
+    pub(crate) sasl: Option<Sasl>,
 }
 
 const PROTOCOLS: [&str; 4] = ["plaintext", "ssl", "sasl_plaintext", "sasl_ssl"];
@@ -87,7 +87,7 @@ const OWNED: [&str; 10] = [
     "sasl.password",
 ];
 
-pub fn validate(
+pub(crate) fn validate(
     protocol: Option<String>,
     tls: Option<RawTls>,
     sasl: Option<RawSasl>,

@@ -15,21 +15,21 @@ use sluice_protocol::BatchLimits;
 use std::time::Duration;
 
 /// Rows per insert when the file does not say.
-pub const DEFAULT_MAX_BATCH_ROWS: usize = 100_000;
+pub(crate) const DEFAULT_MAX_BATCH_ROWS: usize = 100_000;
 /// Bytes per insert when the file does not say.
-pub const DEFAULT_MAX_BATCH_BYTES: usize = 16 << 20;
+pub(crate) const DEFAULT_MAX_BATCH_BYTES: usize = 16 << 20;
 /// The most `max_batch_bytes` may be.
-pub const MAX_BATCH_BYTES: usize = 1 << 30;
+pub(crate) const MAX_BATCH_BYTES: usize = 1 << 30;
 /// How long a row may wait for its batch when the file does not say.
-pub const DEFAULT_MAX_BATCH_AGE: Duration = Duration::from_secs(1);
+pub(crate) const DEFAULT_MAX_BATCH_AGE: Duration = Duration::from_secs(1);
 /// The memory bound when the file does not say.
-pub const DEFAULT_MAX_BUFFERED_BYTES: usize = 256 << 20;
+pub(crate) const DEFAULT_MAX_BUFFERED_BYTES: usize = 256 << 20;
 /// Inserts at once when the file does not say.
-pub const DEFAULT_MAX_CONCURRENT_INSERTS: usize = 4;
+pub(crate) const DEFAULT_MAX_CONCURRENT_INSERTS: usize = 4;
 /// How often positions are committed when the file does not say.
-pub const DEFAULT_COMMIT_INTERVAL: Duration = Duration::from_secs(1);
+pub(crate) const DEFAULT_COMMIT_INTERVAL: Duration = Duration::from_secs(1);
 /// How often the progress line is logged when the file does not say.
-pub const DEFAULT_PROGRESS_INTERVAL: Duration = Duration::from_secs(10);
+pub(crate) const DEFAULT_PROGRESS_INTERVAL: Duration = Duration::from_secs(10);
 
 /// Insert settings exactly-once relies on: a bound on a running insert,
 /// one part per insert, one parsing stream, synchronous inserts, a bound on
@@ -69,7 +69,7 @@ pub enum Delivery {
 
 impl Delivery {
     /// Whether the sink resumes from ClickHouse, reconciles and fences.
-    pub fn is_exactly_once(self) -> bool {
+    pub(crate) fn is_exactly_once(self) -> bool {
         self == Delivery::ExactlyOnce
     }
 
@@ -96,7 +96,7 @@ pub struct RawSink {
     /// pauses. Default 256 MiB.
     pub max_buffered_bytes: Option<usize>,
     /// Inserts running at once. Default 4.
-    pub max_concurrent_inserts: Option<usize>,
+    pub(crate) max_concurrent_inserts: Option<usize>,
     /// How often durable positions are committed to Kafka. Default 1s.
     #[serde(default, with = "humantime_serde")]
     pub commit_interval: Option<Duration>,
@@ -113,54 +113,54 @@ pub struct RawSink {
     /// How often a one-line progress summary is logged; `0s`: never.
     /// Default 10s.
     #[serde(default, with = "humantime_serde")]
-    pub progress_interval: Option<Duration>,
+    pub(crate) progress_interval: Option<Duration>,
     /// Names of the metadata columns.
     #[serde(default)]
-    pub columns: RawColumns,
+    pub(crate) columns: RawColumns,
 }
 
 #[serde_with::skip_serializing_none]
 #[derive(Debug, Deserialize, Serialize, Default)]
 #[serde(deny_unknown_fields)]
-pub struct RawColumns {
+pub(crate) struct RawColumns {
     /// Column for the source topic. Default `_topic`.
-    pub topic: Option<String>,
+    pub(crate) topic: Option<String>,
     /// Column for the source partition. Default `_partition`.
-    pub partition: Option<String>,
+    pub(crate) partition: Option<String>,
     /// Column for the source offset. Default `_offset`.
-    pub offset: Option<String>,
+    pub(crate) offset: Option<String>,
 }
 
 #[derive(Debug, Clone)]
 pub struct SinkConfig {
     pub delivery: Delivery,
     pub limits: BatchLimits,
-    pub max_buffered_bytes: usize,
+    pub(crate) max_buffered_bytes: usize,
     pub max_concurrent_inserts: usize,
-    pub commit_interval: Duration,
+    pub(crate) commit_interval: Duration,
     pub fence_wait: Duration,
-    pub max_record_bytes: usize,
+    pub(crate) max_record_bytes: usize,
     /// How often the progress line is logged, if at all.
-    pub progress_interval: Option<Duration>,
+    pub(crate) progress_interval: Option<Duration>,
     pub columns: MetadataColumns,
 }
 
 impl SinkConfig {
     /// The part of `max_buffered_bytes` for librdkafka's prefetch queue: a
     /// quarter (1 MiB to 64 MiB).
-    pub fn kafka_buffer_bytes(&self) -> usize {
+    pub(crate) fn kafka_buffer_bytes(&self) -> usize {
         (self.max_buffered_bytes / 4).clamp(1 << 20, 64 << 20)
     }
 
     /// The part of `max_buffered_bytes` for batches being built or inserted.
-    pub fn batch_buffer_bytes(&self) -> usize {
+    pub(crate) fn batch_buffer_bytes(&self) -> usize {
         self.max_buffered_bytes - self.kafka_buffer_bytes().min(self.max_buffered_bytes / 2)
     }
 }
 
 impl RawSink {
     /// The section with `o`'s flags applied and defaults filled in.
-    pub fn validate(
+    pub(crate) fn validate(
         self,
         o: &Overrides,
         clickhouse: &ClickHouseConfig,

@@ -13,9 +13,11 @@
 //! The two classes add up: `rows − distinct keys = replay + producer`.
 //! Exit status: 0 when clean, 1 when duplicates were found, 2 on error.
 
-use super::db::{parse_columns, ChArgs, Columns, Conn, Table};
-use super::{grid, progress, thousands, OpsError, Outcome};
-use crate::ch::{ident as qi, ident_list, literal, TableRef};
+use super::db::{parse_columns, Columns, Table};
+use super::{progress, thousands, OpsError};
+use crate::ch::{ChArgs, Conn};
+use crate::report::{grid, Outcome};
+use crate::sql::{ident as qi, ident_list, literal, TableRef};
 use serde::Serialize;
 use sluice_formats::MetadataColumns;
 use std::time::Duration;
@@ -24,26 +26,26 @@ use std::time::Duration;
 pub struct AuditArgs {
     /// The table, as DB.TABLE.
     #[arg(long, value_parser = TableRef::parse)]
-    pub table: TableRef,
+    pub(crate) table: TableRef,
     /// The business key, comma-separated columns. Without it only the same
     /// offset stored twice is found.
     #[arg(long, value_parser = parse_columns)]
-    pub key: Option<Columns>,
+    pub(crate) key: Option<Columns>,
     /// Only this table partition (its ID, as `system.parts.partition_id`).
     #[arg(long, conflicts_with = "since")]
-    pub partition: Option<String>,
+    pub(crate) partition: Option<String>,
     /// Only rows whose time column is this recent.
     #[arg(long, value_parser = humantime::parse_duration)]
-    pub since: Option<Duration>,
+    pub(crate) since: Option<Duration>,
     /// The column that dates a row (default: the first Date/DateTime column).
     #[arg(long)]
-    pub time_column: Option<String>,
+    pub(crate) time_column: Option<String>,
     /// Sample groups to show per entry point.
     #[arg(long, default_value_t = 5)]
-    pub samples: u64,
+    pub(crate) samples: u64,
     /// Print the report as JSON.
     #[arg(long)]
-    pub json: bool,
+    pub(crate) json: bool,
     #[command(flatten)]
     pub ch: ChArgs,
 }
@@ -51,7 +53,7 @@ pub struct AuditArgs {
 /// The entry point a duplicate came through.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
-pub enum EntryPoint {
+pub(crate) enum EntryPoint {
     /// Same offset twice: the sink replayed or re-submitted a batch.
     SinkReplay,
     /// Same key at different offsets: a producer retry or a manual re-send.
@@ -59,7 +61,7 @@ pub enum EntryPoint {
 }
 
 impl EntryPoint {
-    pub fn describe(self) -> &'static str {
+    pub(crate) fn describe(self) -> &'static str {
         match self {
             Self::SinkReplay => "sink replay or re-submit (same offset twice)",
             Self::ProducerSide => "producer retry or manual re-send (same key, new offset)",
@@ -68,32 +70,32 @@ impl EntryPoint {
 }
 
 #[derive(Debug, Serialize)]
-pub struct AuditReport {
-    pub table: String,
-    pub key: Option<Vec<String>>,
-    pub filter: String,
-    pub time_column: Option<String>,
-    pub rows: u64,
-    pub distinct_offsets: u64,
-    pub distinct_keys: Option<u64>,
+pub(crate) struct AuditReport {
+    pub(crate) table: String,
+    pub(crate) key: Option<Vec<String>>,
+    pub(crate) filter: String,
+    pub(crate) time_column: Option<String>,
+    pub(crate) rows: u64,
+    pub(crate) distinct_offsets: u64,
+    pub(crate) distinct_keys: Option<u64>,
     /// Extra copies of an offset: `rows − distinct offsets`.
-    pub sink_replay_rows: u64,
+    pub(crate) sink_replay_rows: u64,
     /// Extra offsets of a key: `distinct offsets − distinct keys`.
-    pub producer_side_rows: u64,
-    pub duplicate_rows: u64,
-    pub by_partition_day: Vec<Breakdown>,
-    pub samples: Vec<Sample>,
+    pub(crate) producer_side_rows: u64,
+    pub(crate) duplicate_rows: u64,
+    pub(crate) by_partition_day: Vec<Breakdown>,
+    pub(crate) samples: Vec<Sample>,
 }
 
 #[derive(Debug, Serialize, clickhouse::Row, serde::Deserialize)]
-pub struct Breakdown {
-    pub partition: String,
+pub(crate) struct Breakdown {
+    pub(crate) partition: String,
     /// Empty when the table has no time column.
-    pub day: String,
-    pub groups: u64,
-    pub extra_rows: u64,
+    pub(crate) day: String,
+    pub(crate) groups: u64,
+    pub(crate) extra_rows: u64,
     #[serde(skip_deserializing, default = "replay")]
-    pub entry_point: EntryPoint,
+    pub(crate) entry_point: EntryPoint,
 }
 
 fn replay() -> EntryPoint {
@@ -101,26 +103,26 @@ fn replay() -> EntryPoint {
 }
 
 #[derive(Debug, Serialize, clickhouse::Row, serde::Deserialize)]
-pub struct Sample {
-    pub key: String,
-    pub copies: u64,
+pub(crate) struct Sample {
+    pub(crate) key: String,
+    pub(crate) copies: u64,
     /// `topic/partition@offset`, up to six.
-    pub offsets: String,
+    pub(crate) offsets: String,
     #[serde(skip_deserializing, default = "replay")]
-    pub entry_point: EntryPoint,
+    pub(crate) entry_point: EntryPoint,
 }
 
 /// The audit's SQL, built once from the arguments.
 #[derive(Debug)]
-pub struct AuditSql {
-    pub totals: String,
-    pub breakdown_replay: String,
-    pub breakdown_producer: Option<String>,
-    pub samples_replay: String,
-    pub samples_producer: Option<String>,
+pub(crate) struct AuditSql {
+    pub(crate) totals: String,
+    pub(crate) breakdown_replay: String,
+    pub(crate) breakdown_producer: Option<String>,
+    pub(crate) samples_replay: String,
+    pub(crate) samples_producer: Option<String>,
 }
 
-pub fn audit_sql(
+pub(crate) fn audit_sql(
     t: &TableRef,
     meta: &MetadataColumns,
     key: Option<&[String]>,
@@ -194,7 +196,7 @@ pub async fn run(args: AuditArgs, conn: Conn) -> Result<Outcome, OpsError> {
     })
 }
 
-pub async fn audit(args: &AuditArgs, conn: &Conn) -> Result<AuditReport, OpsError> {
+pub(crate) async fn audit(args: &AuditArgs, conn: &Conn) -> Result<AuditReport, OpsError> {
     let client = &conn.client;
     let bar = progress(!args.json, "reading the table");
     let table = Table::describe(client, &args.table).await?;
@@ -269,7 +271,7 @@ pub async fn audit(args: &AuditArgs, conn: &Conn) -> Result<AuditReport, OpsErro
     })
 }
 
-pub fn render(r: &AuditReport) -> String {
+pub(crate) fn render(r: &AuditReport) -> String {
     let mut out = format!("sluice audit: {} (where {})\n\n", r.table, r.filter);
     let mut g = grid(["", "rows"]);
     g.add_row(["rows".to_string(), thousands(r.rows)]);

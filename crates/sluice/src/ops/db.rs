@@ -1,120 +1,16 @@
-//! The ClickHouse connection the operator tools share, and what they ask it
-//! about a table.
+//! What the operator tools ask ClickHouse about a table.
 //!
-//! In: `--config` or `--clickhouse-url`, the user and password, and
-//! `DB.TABLE` names. Out: a [`Conn`] (a client built as the sink builds
-//! its own, and the metadata column names), the table's engine, keys and
-//! columns, and SQL quoting. Every
-//! failure is an [`OpsError`](super::OpsError) that names the table or column involved.
+//! In: a client (a [`Conn`](crate::ch::Conn)'s) and `DB.TABLE` names, and
+//! `--key`-style column lists. Out: the table's engine, keys, settings and
+//! columns. Every failure is an [`OpsError`](super::OpsError) that names
+//! the table or column involved.
 
 use super::OpsError;
-use crate::ch::TableRef;
-use crate::config::{ClickHouseConfig, ConfigError, RawConfig, Secret};
-use sluice_formats::row::MetadataColumns;
-use std::path::{Path, PathBuf};
-use std::time::Duration;
-
-/// How to reach ClickHouse; shared by every operator command.
-#[derive(Debug, Clone, clap::Args)]
-pub struct ChArgs {
-    /// Reach ClickHouse as `sluice run` does with this config file: its
-    /// `[clickhouse]` section (URL, user, password, database, read
-    /// settings) and its metadata column names (`[sink.columns]`), with
-    /// `SLUICE_…` variables applied.
-    #[arg(long, value_name = "FILE")]
-    pub config: Option<PathBuf>,
-    #[command(flatten)]
-    pub server: ChServer,
-}
-
-impl ChArgs {
-    pub fn connect(&self) -> Result<Conn, ConfigError> {
-        self.server.connect(self.config.as_deref())
-    }
-}
-
-/// The flags that name the server, its user and the query bound; with a
-/// config file they override the file's.
-#[derive(Debug, Clone, clap::Args)]
-pub struct ChServer {
-    /// ClickHouse HTTP URL; overrides the file's. Without --config,
-    /// SLUICE_CLICKHOUSE_URL, then CLICKHOUSE_URL stand in for it
-    /// [default: http://127.0.0.1:8123].
-    #[arg(long)]
-    pub clickhouse_url: Option<String>,
-    /// ClickHouse user; overrides the file's. Without --config,
-    /// SLUICE_CLICKHOUSE_USER stands in for it [default: default]. The
-    /// password comes from the file or SLUICE_CLICKHOUSE_PASSWORD.
-    #[arg(long)]
-    pub user: Option<String>,
-    /// How long each query may run on the server (`max_execution_time`;
-    /// by default the server's own limit, or the file's `read_settings`).
-    #[arg(long, value_parser = humantime::parse_duration)]
-    pub query_timeout: Option<Duration>,
-}
-
-/// A connection an operator tool works through.
-#[derive(Clone)]
-pub struct Conn {
-    pub client: clickhouse::Client,
-    /// The server's URL, for error messages.
-    pub url: String,
-    /// The names of the metadata columns in the tables sluice writes.
-    pub columns: MetadataColumns,
-}
-
-impl ChServer {
-    /// Resolves the flags (and the config file, if any) into a client built
-    /// as the sink builds its own ([`crate::ch::client`]), with the file's
-    /// read settings on every query. Only the file's `[clickhouse]` and
-    /// `[sink.columns]` are read: the rest of it is not required.
-    pub fn connect(&self, config: Option<&Path>) -> Result<Conn, ConfigError> {
-        let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
-        let (mut cfg, columns) = match config {
-            Some(path) => RawConfig::load(path, std::env::vars())?
-                .clickhouse_side(self.clickhouse_url.clone())?,
-            None => {
-                let url = self
-                    .clickhouse_url
-                    .clone()
-                    .or_else(|| var("SLUICE_CLICKHOUSE_URL"))
-                    .or_else(|| var("CLICKHOUSE_URL"))
-                    .unwrap_or_else(|| DEFAULT_URL.into());
-                let mut cfg = ClickHouseConfig::at(url);
-                if let Some(user) = var("SLUICE_CLICKHOUSE_USER") {
-                    cfg.user = user;
-                }
-                if let Some(p) = var("SLUICE_CLICKHOUSE_PASSWORD") {
-                    cfg.password = Secret::new(p);
-                }
-                (cfg, MetadataColumns::default())
-            }
-        };
-        if let Some(user) = &self.user {
-            cfg.user = user.clone();
-        }
-        let mut client = crate::ch::client(&cfg);
-        for (k, v) in &cfg.read_settings {
-            client = client.with_setting(k, v);
-        }
-        if let Some(t) = self.query_timeout {
-            // Last, so the flag beats the file.
-            client = client.with_setting("max_execution_time", t.as_secs().max(1).to_string());
-        }
-        Ok(Conn {
-            client,
-            url: cfg.url,
-            columns,
-        })
-    }
-}
-
-/// Where the operator tools look without a flag, a file or CLICKHOUSE_URL.
-pub const DEFAULT_URL: &str = "http://127.0.0.1:8123";
+use crate::sql::TableRef;
 
 /// A comma-separated column list (`--key order_id,region`), as one flag value.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Columns(pub Vec<String>);
+pub(crate) struct Columns(pub(crate) Vec<String>);
 
 impl std::ops::Deref for Columns {
     type Target = [String];
@@ -124,7 +20,7 @@ impl std::ops::Deref for Columns {
 }
 
 /// Parses a [`Columns`] flag.
-pub fn parse_columns(s: &str) -> Result<Columns, String> {
+pub(crate) fn parse_columns(s: &str) -> Result<Columns, String> {
     let cols: Vec<String> = s
         .split(',')
         .map(|c| c.trim().to_string())
@@ -138,30 +34,29 @@ pub fn parse_columns(s: &str) -> Result<Columns, String> {
 
 /// What `system.tables` says about a table.
 #[derive(Debug, Clone, clickhouse::Row, serde::Deserialize)]
-pub struct TableInfo {
-    pub engine: String,
-    pub engine_full: String,
-    pub partition_key: String,
-    pub sorting_key: String,
-    pub primary_key: String,
-    pub sampling_key: String,
-    pub storage_policy: String,
+pub(crate) struct TableInfo {
+    pub(crate) engine: String,
+    pub(crate) engine_full: String,
+    pub(crate) partition_key: String,
+    pub(crate) sorting_key: String,
+    pub(crate) primary_key: String,
+    pub(crate) sampling_key: String,
 }
 
 impl TableInfo {
-    pub fn is_replicated(&self) -> bool {
+    pub(crate) fn is_replicated(&self) -> bool {
         self.engine.starts_with("Replicated")
     }
 
     /// `SETTINGS a = 1, b = 'x'` of the engine clause, as written.
-    pub fn settings_clause(&self) -> Option<&str> {
+    pub(crate) fn settings_clause(&self) -> Option<&str> {
         self.engine_full
             .rfind(" SETTINGS ")
             .map(|i| &self.engine_full[i + " SETTINGS ".len()..])
     }
 
     /// The table's own value of a MergeTree setting, if it overrides one.
-    pub fn setting(&self, name: &str) -> Option<String> {
+    pub(crate) fn setting(&self, name: &str) -> Option<String> {
         split_settings(self.settings_clause()?)
             .into_iter()
             .find(|(k, _)| k == name)
@@ -194,21 +89,21 @@ fn split_settings(clause: &str) -> Vec<(String, String)> {
 
 /// One column of a table.
 #[derive(Debug, Clone, clickhouse::Row, serde::Deserialize)]
-pub struct Column {
-    pub name: String,
+pub(crate) struct Column {
+    pub(crate) name: String,
     #[serde(rename = "type")]
-    pub type_: String,
+    pub(crate) type_: String,
     /// `''`, `DEFAULT`, `MATERIALIZED`, `ALIAS` or `EPHEMERAL`.
-    pub default_kind: String,
+    pub(crate) default_kind: String,
 }
 
 impl Column {
     /// Stored in parts (so copied by `INSERT … SELECT`).
-    pub fn is_stored(&self) -> bool {
+    pub(crate) fn is_stored(&self) -> bool {
         !matches!(self.default_kind.as_str(), "ALIAS" | "EPHEMERAL")
     }
 
-    pub fn is_time(&self) -> bool {
+    pub(crate) fn is_time(&self) -> bool {
         let t = self
             .type_
             .trim_start_matches("Nullable(")
@@ -219,19 +114,22 @@ impl Column {
 
 /// A table that exists, with its columns.
 #[derive(Debug, Clone)]
-pub struct Table {
-    pub name: TableRef,
-    pub info: TableInfo,
-    pub columns: Vec<Column>,
+pub(crate) struct Table {
+    pub(crate) name: TableRef,
+    pub(crate) info: TableInfo,
+    pub(crate) columns: Vec<Column>,
 }
 
 impl Table {
     /// Reads a table's description; a clear error if it does not exist.
-    pub async fn describe(client: &clickhouse::Client, name: &TableRef) -> Result<Self, OpsError> {
+    pub(crate) async fn describe(
+        client: &clickhouse::Client,
+        name: &TableRef,
+    ) -> Result<Self, OpsError> {
         let info: Option<TableInfo> = client
             .query(
                 "SELECT engine, engine_full, partition_key, sorting_key, primary_key, \
-                 sampling_key, storage_policy FROM system.tables WHERE database = ? AND name = ?",
+                 sampling_key FROM system.tables WHERE database = ? AND name = ?",
             )
             .bind(&name.database)
             .bind(&name.table)
@@ -257,7 +155,10 @@ impl Table {
     }
 
     /// Whether a table exists.
-    pub async fn exists(client: &clickhouse::Client, name: &TableRef) -> Result<bool, OpsError> {
+    pub(crate) async fn exists(
+        client: &clickhouse::Client,
+        name: &TableRef,
+    ) -> Result<bool, OpsError> {
         Ok(client
             .query("SELECT count() FROM system.tables WHERE database = ? AND name = ?")
             .bind(&name.database)
@@ -267,12 +168,12 @@ impl Table {
             > 0)
     }
 
-    pub fn column(&self, name: &str) -> Option<&Column> {
+    pub(crate) fn column(&self, name: &str) -> Option<&Column> {
         self.columns.iter().find(|c| c.name == name)
     }
 
     /// Errors unless every named column exists, naming the first that does not.
-    pub fn require(&self, cols: &[String], what: &str) -> Result<(), OpsError> {
+    pub(crate) fn require(&self, cols: &[String], what: &str) -> Result<(), OpsError> {
         for c in cols {
             if self.column(c).is_none() {
                 let have: Vec<&str> = self.columns.iter().map(|c| c.name.as_str()).collect();
@@ -286,13 +187,13 @@ impl Table {
         Ok(())
     }
 
-    pub fn is_merge_tree(&self) -> bool {
+    pub(crate) fn is_merge_tree(&self) -> bool {
         self.info.engine.ends_with("MergeTree")
     }
 
     /// The time column to group by day: the one asked for, else the first
     /// `Date*` column.
-    pub fn time_column(&self, asked: Option<&str>) -> Result<Option<String>, OpsError> {
+    pub(crate) fn time_column(&self, asked: Option<&str>) -> Result<Option<String>, OpsError> {
         match asked {
             Some(c) => {
                 self.require(&[c.to_string()], "time")?;
@@ -323,7 +224,6 @@ mod tests {
             sorting_key: "id".into(),
             primary_key: "id".into(),
             sampling_key: String::new(),
-            storage_policy: "default".into(),
         };
         assert!(info.is_replicated());
         assert_eq!(

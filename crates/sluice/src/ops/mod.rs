@@ -5,19 +5,23 @@
 //! - [`audit`]: `sluice audit`, duplicate rows counted by entry point.
 //! - [`repair`]: `sluice repair`, the `REPLACE PARTITION` runbook, made safe.
 //! - [`schema`]: `sluice schema`, the recommended DDL for a target table.
-//! - [`db`]: the connection and table introspection they share.
+//! - [`db`]: the table introspection they share.
 //!
 //! Each tool reads ClickHouse only through SQL it builds in one place, prints
 //! an aligned report (or JSON) to stdout and progress to stderr, and ends in
-//! an [`Outcome`]: exit 0 when clean, 1 when it found something, 2 on error.
+//! an [`Outcome`]: exit 0 when clean, 1 when it found something, 2 on
+//! error.
+//! Each reaches ClickHouse through a [`Conn`](crate::ch::Conn) built from
+//! its flags.
 
 pub mod audit;
-pub mod db;
+pub(crate) mod db;
 pub mod repair;
 pub mod schema;
 pub mod window;
 
-use comfy_table::{presets::UTF8_FULL_CONDENSED, Table};
+// The lab names it here.
+pub use crate::report::Outcome;
 use indicatif::{ProgressBar, ProgressStyle};
 use std::time::Duration;
 
@@ -55,28 +59,8 @@ impl From<clickhouse::error::Error> for OpsError {
     }
 }
 
-/// What a tool found.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
-    /// Nothing to report: exit 0.
-    Clean,
-    /// Duplicates found, or a window too short: exit 1.
-    Found,
-}
-
-impl Outcome {
-    /// [`Outcome::Found`] when `found`, else [`Outcome::Clean`].
-    pub fn found_if(found: bool) -> Self {
-        if found {
-            Self::Found
-        } else {
-            Self::Clean
-        }
-    }
-}
-
 /// Prints a report: JSON with `json`, else `render`ed for people.
-pub fn emit<R: serde::Serialize>(
+pub(crate) fn emit<R: serde::Serialize>(
     json: bool,
     report: &R,
     render: fn(&R) -> String,
@@ -93,7 +77,7 @@ pub fn emit<R: serde::Serialize>(
 
 /// A spinner on stderr for a long step; hidden when `show` is false or
 /// stderr is not a terminal.
-pub fn progress(show: bool, msg: &'static str) -> ProgressBar {
+pub(crate) fn progress(show: bool, msg: &'static str) -> ProgressBar {
     if !show {
         return ProgressBar::hidden();
     }
@@ -106,15 +90,8 @@ pub fn progress(show: bool, msg: &'static str) -> ProgressBar {
     bar
 }
 
-/// An aligned table with a header row.
-pub fn grid<const N: usize>(header: [&str; N]) -> Table {
-    let mut t = Table::new();
-    t.load_style(UTF8_FULL_CONDENSED).set_header(header);
-    t
-}
-
 /// 19282 → "19,282".
-pub fn thousands(n: u64) -> String {
+pub(crate) fn thousands(n: u64) -> String {
     let s = n.to_string();
     let mut out = String::with_capacity(s.len() + s.len() / 3);
     for (i, c) in s.chars().enumerate() {

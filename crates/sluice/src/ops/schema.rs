@@ -11,58 +11,60 @@
 //! - `ReplacingMergeTree(_offset)` ordered by the key, so copies of a key
 //!   fold into the one with the highest offset, and a note on `FINAL`.
 
-use super::db::{parse_columns, ChArgs, Columns, Conn, Table};
-use super::{OpsError, Outcome};
-use crate::ch::{ident as qi, ident_list, TableRef};
+use super::db::{parse_columns, Columns, Table};
+use super::OpsError;
+use crate::ch::{ChArgs, Conn};
+use crate::report::Outcome;
+use crate::sql::{ident as qi, ident_list, TableRef};
 use sluice_formats::MetadataColumns;
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct SchemaArgs {
     /// The table, as DB.TABLE.
     #[arg(long, value_parser = TableRef::parse)]
-    pub table: TableRef,
+    pub(crate) table: TableRef,
     /// The business key, comma-separated columns (becomes ORDER BY).
     #[arg(long, value_parser = parse_columns)]
-    pub key: Columns,
+    pub(crate) key: Columns,
     /// The data columns, e.g. "order_id UInt64, amount Decimal(12, 2)".
     /// Default: read them from the existing table.
     #[arg(long, conflicts_with = "registry")]
-    pub columns: Option<String>,
+    pub(crate) columns: Option<String>,
     /// Take the data columns from a schema registry: the latest Avro or
     /// Protobuf schema of --subject (its first message, for Protobuf).
     #[arg(long, requires = "subject")]
-    pub registry: Option<String>,
+    pub(crate) registry: Option<String>,
     /// The registry subject, e.g. orders-value.
     #[arg(long, requires = "registry")]
-    pub subject: Option<String>,
+    pub(crate) subject: Option<String>,
     /// A PARTITION BY expression, e.g. "toYYYYMM(created_at)".
     #[arg(long)]
-    pub partition_by: Option<String>,
+    pub(crate) partition_by: Option<String>,
     /// Emit ReplicatedReplacingMergeTree, ON CLUSTER this cluster.
     #[arg(long)]
-    pub cluster: Option<String>,
+    pub(crate) cluster: Option<String>,
     #[command(flatten)]
     pub ch: ChArgs,
 }
 
 /// The metadata columns' types, in order: topic, partition, offset.
-pub const METADATA_TYPES: [&str; 3] = ["LowCardinality(String)", "UInt32", "UInt64"];
+pub(crate) const METADATA_TYPES: [&str; 3] = ["LowCardinality(String)", "UInt32", "UInt64"];
 
 /// What the DDL is built from.
 #[derive(Debug, Clone)]
-pub struct Spec {
-    pub table: TableRef,
-    pub key: Vec<String>,
+pub(crate) struct Spec {
+    pub(crate) table: TableRef,
+    pub(crate) key: Vec<String>,
     /// `(name, type)` of the data columns, metadata excluded.
-    pub columns: Vec<(String, String)>,
-    pub partition_by: Option<String>,
-    pub cluster: Option<String>,
+    pub(crate) columns: Vec<(String, String)>,
+    pub(crate) partition_by: Option<String>,
+    pub(crate) cluster: Option<String>,
     /// The metadata columns' names (`[sink.columns]` with --config).
-    pub meta: MetadataColumns,
+    pub(crate) meta: MetadataColumns,
 }
 
 /// `"a UInt64, b Decimal(12, 2)"` → `[(a, UInt64), (b, Decimal(12, 2))]`.
-pub fn parse_column_defs(s: &str) -> Result<Vec<(String, String)>, String> {
+pub(crate) fn parse_column_defs(s: &str) -> Result<Vec<(String, String)>, String> {
     let mut out = Vec::new();
     let (mut depth, mut cur) = (0i32, String::new());
     for ch in s.chars().chain(std::iter::once(',')) {
@@ -94,7 +96,7 @@ pub fn parse_column_defs(s: &str) -> Result<Vec<(String, String)>, String> {
 }
 
 /// The recommended `CREATE TABLE`.
-pub fn ddl(s: &Spec) -> Result<String, String> {
+pub(crate) fn ddl(s: &Spec) -> Result<String, String> {
     for k in &s.key {
         if !s.columns.iter().any(|(n, _)| n == k) {
             return Err(format!("key column {k:?} is not among the columns"));

@@ -12,9 +12,11 @@
 //! Exit status: 0 when the window covers the longest re-submit, 1 when it
 //! does not, 2 on error.
 
-use super::db::{ChArgs, Conn, Table};
-use super::{progress, thousands, OpsError, Outcome};
-use crate::ch::{literal, TableRef};
+use super::db::Table;
+use super::{progress, thousands, OpsError};
+use crate::ch::{ChArgs, Conn};
+use crate::report::{grid, Outcome};
+use crate::sql::{literal, TableRef};
 use comfy_table::Table as Grid;
 use serde::Serialize;
 use sluice_protocol::window::{self, Recommendation, RetryInterval, WindowSettings};
@@ -24,20 +26,20 @@ use std::time::Duration;
 pub struct WindowArgs {
     /// The table, as DB.TABLE.
     #[arg(long, value_parser = TableRef::parse)]
-    pub table: TableRef,
+    pub(crate) table: TableRef,
     /// Sum the block rate over every replica of this cluster
     /// (`clusterAllReplicas`).
     #[arg(long)]
-    pub cluster: Option<String>,
+    pub(crate) cluster: Option<String>,
     /// How far back to measure the block rate.
     #[arg(long, default_value = "24h", value_parser = humantime::parse_duration)]
-    pub since: Duration,
+    pub(crate) since: Duration,
     /// When a timed-out INSERT is re-submitted: `MIN..MAX` or one duration.
     #[arg(long, default_value = "32s..124s", value_parser = RetryInterval::parse)]
-    pub retry_interval: RetryInterval,
+    pub(crate) retry_interval: RetryInterval,
     /// Print the report as JSON.
     #[arg(long)]
-    pub json: bool,
+    pub(crate) json: bool,
     #[command(flatten)]
     pub ch: ChArgs,
 }
@@ -49,85 +51,85 @@ const SETTINGS: [&str; 3] = [
 ];
 
 #[derive(Debug, Serialize)]
-pub struct WindowReport {
-    pub table: String,
-    pub engine: String,
-    pub replicated: bool,
-    pub settings: Vec<SettingRow>,
+pub(crate) struct WindowReport {
+    pub(crate) table: String,
+    pub(crate) engine: String,
+    pub(crate) replicated: bool,
+    pub(crate) settings: Vec<SettingRow>,
     /// The window that applies to this table, in blocks (0: dedup is off).
-    pub window_blocks: u64,
+    pub(crate) window_blocks: u64,
     /// Its seconds bound, for replicated tables.
-    pub window_seconds_bound: Option<u64>,
-    pub part_log: PartLogState,
-    pub hosts: Vec<HostRate>,
+    pub(crate) window_seconds_bound: Option<u64>,
+    pub(crate) part_log: PartLogState,
+    pub(crate) hosts: Vec<HostRate>,
     /// Summed over hosts.
-    pub blocks_per_sec: f64,
-    pub rows_per_block: f64,
+    pub(crate) blocks_per_sec: f64,
+    pub(crate) rows_per_block: f64,
     /// `None`: nothing bounds the window (no blocks are being written).
-    pub window_secs: Option<f64>,
-    pub retry_min_secs: f64,
-    pub retry_max_secs: f64,
-    pub catches_min: bool,
-    pub catches_max: bool,
-    pub recommendation: RecommendationOut,
-    pub replicated_tables: u64,
-    pub caught_resubmits: u64,
-    pub caught_per_hour: Vec<HourCount>,
-    pub warnings: Vec<String>,
+    pub(crate) window_secs: Option<f64>,
+    pub(crate) retry_min_secs: f64,
+    pub(crate) retry_max_secs: f64,
+    pub(crate) catches_min: bool,
+    pub(crate) catches_max: bool,
+    pub(crate) recommendation: RecommendationOut,
+    pub(crate) replicated_tables: u64,
+    pub(crate) caught_resubmits: u64,
+    pub(crate) caught_per_hour: Vec<HourCount>,
+    pub(crate) warnings: Vec<String>,
 }
 
 #[derive(Debug, Serialize)]
-pub struct SettingRow {
-    pub name: String,
-    pub server_default: Option<String>,
-    pub table_override: Option<String>,
-    pub effective: Option<String>,
+pub(crate) struct SettingRow {
+    pub(crate) name: String,
+    pub(crate) server_default: Option<String>,
+    pub(crate) table_override: Option<String>,
+    pub(crate) effective: Option<String>,
 }
 
 #[derive(Debug, Serialize)]
-pub struct PartLogState {
-    pub enabled: bool,
+pub(crate) struct PartLogState {
+    pub(crate) enabled: bool,
     /// How much history it holds, seconds.
-    pub history_secs: u64,
+    pub(crate) history_secs: u64,
     /// The period the rate was measured over, seconds.
-    pub measured_secs: u64,
+    pub(crate) measured_secs: u64,
 }
 
 #[derive(Debug, Serialize, clickhouse::Row, serde::Deserialize)]
-pub struct HostRate {
-    pub host: String,
-    pub blocks: u64,
-    pub rows: u64,
+pub(crate) struct HostRate {
+    pub(crate) host: String,
+    pub(crate) blocks: u64,
+    pub(crate) rows: u64,
     #[serde(skip_deserializing)]
-    pub blocks_per_sec: f64,
+    pub(crate) blocks_per_sec: f64,
 }
 
 #[derive(Debug, Serialize, clickhouse::Row, serde::Deserialize)]
-pub struct HourCount {
-    pub hour: String,
-    pub count: u64,
+pub(crate) struct HourCount {
+    pub(crate) hour: String,
+    pub(crate) count: u64,
 }
 
 #[derive(Debug, Serialize)]
-pub struct RecommendationOut {
-    pub setting: String,
-    pub minimum_blocks: u64,
-    pub recommended_blocks: u64,
-    pub minimum_seconds: Option<u64>,
-    pub znodes_this_table: Option<u64>,
-    pub znodes_as_server_default: Option<u64>,
+pub(crate) struct RecommendationOut {
+    pub(crate) setting: String,
+    pub(crate) minimum_blocks: u64,
+    pub(crate) recommended_blocks: u64,
+    pub(crate) minimum_seconds: Option<u64>,
+    pub(crate) znodes_this_table: Option<u64>,
+    pub(crate) znodes_as_server_default: Option<u64>,
 }
 
 /// The `part_log` queries, for one source (`system.part_log` or every
 /// replica's).
 #[derive(Debug, PartialEq)]
-pub struct PartLogSql {
-    pub rate: String,
-    pub history: String,
-    pub caught: String,
+pub(crate) struct PartLogSql {
+    pub(crate) rate: String,
+    pub(crate) history: String,
+    pub(crate) caught: String,
 }
 
-pub fn part_log_sql(cluster: Option<&str>, t: &TableRef, since: Duration) -> PartLogSql {
+pub(crate) fn part_log_sql(cluster: Option<&str>, t: &TableRef, since: Duration) -> PartLogSql {
     let src = match cluster {
         Some(c) => format!("clusterAllReplicas({}, system.part_log)", literal(c)),
         None => "system.part_log".to_string(),
@@ -167,22 +169,22 @@ pub async fn run(args: WindowArgs, conn: Conn) -> Result<Outcome, OpsError> {
 
 /// What the server said, before any arithmetic.
 #[derive(Debug)]
-pub struct Measured {
-    pub table: String,
-    pub engine: String,
-    pub replicated: bool,
+pub(crate) struct Measured {
+    pub(crate) table: String,
+    pub(crate) engine: String,
+    pub(crate) replicated: bool,
     /// `(name, server default)` from `system.merge_tree_settings`.
-    pub defaults: Vec<(String, String)>,
+    pub(crate) defaults: Vec<(String, String)>,
     /// `(name, value)` from the table's own `SETTINGS`.
-    pub overrides: Vec<(String, String)>,
+    pub(crate) overrides: Vec<(String, String)>,
     /// `None`: `system.part_log` does not exist.
-    pub part_log_history_secs: Option<u64>,
-    pub hosts: Vec<HostRate>,
-    pub caught_per_hour: Vec<HourCount>,
-    pub replicated_tables: u64,
+    pub(crate) part_log_history_secs: Option<u64>,
+    pub(crate) hosts: Vec<HostRate>,
+    pub(crate) caught_per_hour: Vec<HourCount>,
+    pub(crate) replicated_tables: u64,
 }
 
-pub async fn measure(
+pub(crate) async fn measure(
     args: &WindowArgs,
     client: &clickhouse::Client,
 ) -> Result<WindowReport, OpsError> {
@@ -242,7 +244,7 @@ pub async fn measure(
 
 /// The report's arithmetic: effective settings, rates, the window in
 /// seconds against the re-submit interval, and the recommendation.
-pub fn assemble(m: Measured, since: Duration, iv: RetryInterval) -> WindowReport {
+pub(crate) fn assemble(m: Measured, since: Duration, iv: RetryInterval) -> WindowReport {
     let settings: Vec<SettingRow> = SETTINGS
         .iter()
         .map(|name| {
@@ -344,9 +346,9 @@ pub fn assemble(m: Measured, since: Duration, iv: RetryInterval) -> WindowReport
 }
 
 /// The readable report.
-pub fn render(r: &WindowReport) -> String {
+pub(crate) fn render(r: &WindowReport) -> String {
     let mut out = format!("sluice window: {} ({})\n\n", r.table, r.engine);
-    let mut g = super::grid(["setting", "server default", "table", "effective"]);
+    let mut g = grid(["setting", "server default", "table", "effective"]);
     for s in &r.settings {
         let dash = |v: &Option<String>| v.clone().unwrap_or_else(|| "-".into());
         g.add_row([
@@ -360,7 +362,7 @@ pub fn render(r: &WindowReport) -> String {
 
     let span = humantime::format_duration(Duration::from_secs(r.part_log.measured_secs));
     out += &format!("Block rate (system.part_log, NewPart with error = 0, last {span}):\n");
-    let mut g: Grid = super::grid(["host", "blocks", "blocks/s", "rows/block"]);
+    let mut g: Grid = grid(["host", "blocks", "blocks/s", "rows/block"]);
     for h in &r.hosts {
         g.add_row([
             h.host.clone(),
@@ -435,7 +437,7 @@ pub fn render(r: &WindowReport) -> String {
         thousands(r.caught_resubmits)
     );
     if !r.caught_per_hour.is_empty() {
-        let mut g = super::grid(["hour", "caught"]);
+        let mut g = grid(["hour", "caught"]);
         for h in &r.caught_per_hour {
             g.add_row([h.hour.clone(), thousands(h.count)]);
         }

@@ -19,33 +19,33 @@ use std::path::{Path, PathBuf};
 
 /// `sluice send`'s and `sluice resend`'s format flags.
 #[derive(Debug, Clone, clap::Args)]
-pub struct FormatArgs {
+pub(crate) struct FormatArgs {
     /// How records are written: `json` (each line as it is), or `avro` or
     /// `protobuf` in the schema registry's wire format.
     #[arg(long, default_value = "json", value_parser = ["json", "avro", "protobuf"])]
-    pub format: String,
+    pub(crate) format: String,
     /// The schema to write with: an Avro schema (`.avsc`, JSON) or a
     /// `.proto` file (self-contained; the well-known types may be imported).
     #[arg(long, value_name = "FILE")]
-    pub schema: Option<PathBuf>,
+    pub(crate) schema: Option<PathBuf>,
     /// Protobuf: the message type, by name or full name (default: the
     /// file's first).
     #[arg(long)]
-    pub message: Option<String>,
+    pub(crate) message: Option<String>,
     /// The schema registry. Default: `[schema_registry]` of --config, then
     /// SCHEMA_REGISTRY_URL.
     #[arg(long, value_name = "URL")]
-    pub registry: Option<String>,
+    pub(crate) registry: Option<String>,
     /// The subject to register the schema under. Default `<topic>-value`.
     #[arg(long)]
-    pub subject: Option<String>,
+    pub(crate) subject: Option<String>,
 }
 
 /// How each line is written.
 #[derive(Debug)]
 pub struct Framing {
     /// The registry's id of the schema.
-    pub id: u32,
+    pub(crate) id: u32,
     codec: Codec,
 }
 
@@ -99,7 +99,7 @@ impl Framing {
 impl FormatArgs {
     /// The framing these flags ask for (`None`: JSON), with the schema
     /// registered; `config`: `--config`, whose `[schema_registry]` is used.
-    pub async fn framing(
+    pub(crate) async fn framing(
         &self,
         topic: &str,
         config: Option<&Path>,

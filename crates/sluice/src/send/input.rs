@@ -24,7 +24,7 @@ pub fn read_all(paths: &[PathBuf]) -> std::io::Result<Vec<Line>> {
 }
 
 /// The lines of `paths` in order, as they are read.
-pub fn lines(paths: &[PathBuf]) -> impl Iterator<Item = std::io::Result<Line>> + use<> {
+pub(crate) fn lines(paths: &[PathBuf]) -> impl Iterator<Item = std::io::Result<Line>> + use<> {
     let paths: Vec<PathBuf> = if paths.is_empty() {
         vec![PathBuf::from("-")]
     } else {
@@ -88,7 +88,7 @@ fn unwrap_retry(line: String) -> String {
 
 /// A record's key field as text: a string's contents, a number or boolean
 /// as written by ClickHouse's `toString`. Errors name what is wrong.
-pub fn key_of(text: &str, field: &str) -> Result<String, String> {
+pub(crate) fn key_of(text: &str, field: &str) -> Result<String, String> {
     let v: serde_json::Value =
         serde_json::from_str(text).map_err(|e| format!("not valid JSON: {e}"))?;
     let obj = v.as_object().ok_or("not a JSON object")?;
@@ -109,7 +109,7 @@ pub fn key_of(text: &str, field: &str) -> Result<String, String> {
 }
 
 /// Checks that a line is one JSON object.
-pub fn check_object(text: &str) -> Result<(), String> {
+pub(crate) fn check_object(text: &str) -> Result<(), String> {
     match serde_json::from_str::<serde_json::Value>(text) {
         Ok(serde_json::Value::Object(_)) => Ok(()),
         Ok(_) => Err("not a JSON object".into()),

@@ -20,10 +20,10 @@
 pub mod framing;
 pub mod input;
 pub mod resend;
-pub mod retry;
+pub(crate) mod retry;
 
 use crate::config::{ConfigError, KafkaConfig, RawConfig};
-use crate::ops::Outcome;
+use crate::report::Outcome;
 use input::Line;
 use rdkafka::error::KafkaError;
 use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
@@ -35,54 +35,54 @@ use std::time::Duration;
 
 /// `sluice send`'s flags.
 #[derive(Debug, Clone, clap::Args)]
-pub struct ProducerArgs {
+pub(crate) struct ProducerArgs {
     /// Kafka bootstrap servers: overrides the file's with --config;
     /// without it, SLUICE_KAFKA_BROKERS, then KAFKA_BROKERS stand in for it.
     #[arg(long)]
-    pub brokers: Option<String>,
+    pub(crate) brokers: Option<String>,
     /// Connect as `sluice run` does with this config file: its brokers,
     /// `security_protocol`, `[kafka.tls]`, `[kafka.sasl]` and
     /// `[kafka.properties]` (with `SLUICE_KAFKA_*` variables applied);
     /// `resend` also reads ClickHouse's side from it.
     #[arg(long, value_name = "FILE")]
-    pub config: Option<PathBuf>,
+    pub(crate) config: Option<PathBuf>,
     /// The topic to produce to.
     #[arg(long)]
-    pub topic: String,
+    pub(crate) topic: String,
     /// Use this top-level field of each record as its Kafka key (the key
     /// then decides the partition, as with Java clients).
     #[arg(long)]
-    pub key_field: Option<String>,
+    pub(crate) key_field: Option<String>,
     /// Send in transactions with this transactional.id (unique per
     /// producer instance; a second instance with the same id fences this one).
     #[arg(long)]
-    pub transactional_id: Option<String>,
+    pub(crate) transactional_id: Option<String>,
     /// Records per transaction.
     #[arg(long, default_value_t = 1000)]
-    pub transaction_size: usize,
+    pub(crate) transaction_size: usize,
     /// Where records whose delivery is not confirmed are appended.
     #[arg(long, default_value = "sluice-retry.jsonl")]
-    pub retry_file: PathBuf,
+    pub(crate) retry_file: PathBuf,
     /// How long the producer may retry one record (`delivery.timeout.ms`).
     #[arg(long, default_value = "120s", value_parser = humantime::parse_duration)]
-    pub delivery_timeout: Duration,
+    pub(crate) delivery_timeout: Duration,
     /// `transaction.timeout.ms`: the broker aborts a transaction open longer.
     #[arg(long, default_value = "120s", value_parser = humantime::parse_duration)]
-    pub transaction_timeout: Duration,
+    pub(crate) transaction_timeout: Duration,
     /// An extra librdkafka property, `name=value` (repeatable).
     #[arg(long = "property", value_parser = parse_property)]
-    pub properties: Vec<(String, String)>,
+    pub(crate) properties: Vec<(String, String)>,
     #[command(flatten)]
-    pub format: framing::FormatArgs,
+    pub(crate) format: framing::FormatArgs,
 }
 
 /// `sluice send`'s command line.
 #[derive(Debug, Clone, clap::Args)]
 pub struct SendArgs {
     #[command(flatten)]
-    pub producer: ProducerArgs,
+    pub(crate) producer: ProducerArgs,
     /// Input files of JSON lines (default: stdin).
-    pub files: Vec<PathBuf>,
+    pub(crate) files: Vec<PathBuf>,
 }
 
 /// `sluice send`: sends the lines, prints the tally on stderr; found
@@ -120,7 +120,7 @@ fn parse_property(s: &str) -> Result<(String, String), String> {
 
 impl ProducerArgs {
     /// The framing of `--format`, with the schema registered.
-    pub async fn framing(&self) -> anyhow::Result<Option<framing::Framing>> {
+    pub(crate) async fn framing(&self) -> anyhow::Result<Option<framing::Framing>> {
         self.format
             .framing(&self.topic, self.config.as_deref())
             .await
@@ -128,7 +128,7 @@ impl ProducerArgs {
 
     /// The options these flags describe; with `--config`, the file is read
     /// and validated as `sluice run` would.
-    pub fn options(&self) -> Result<SendOptions, ConfigError> {
+    pub(crate) fn options(&self) -> Result<SendOptions, ConfigError> {
         let kafka = match &self.config {
             Some(path) => {
                 let raw = RawConfig::load(path, std::env::vars())?;
@@ -207,7 +207,7 @@ pub struct SendReport {
     /// In the retry file.
     pub failed: u64,
     pub transactions_committed: u64,
-    pub transactions_aborted: u64,
+    pub(crate) transactions_aborted: u64,
     /// Why the producer stopped early, if it did.
     pub stopped: Option<String>,
 }
@@ -279,7 +279,7 @@ impl SendOptions {
 
 /// Records handled per round: read, sent, settled. Bounds memory whatever
 /// the input's size.
-pub const CHUNK: usize = 50_000;
+pub(crate) const CHUNK: usize = 50_000;
 
 /// Sends `lines`; blocks until every record is confirmed or in the retry
 /// file.
@@ -292,7 +292,7 @@ pub fn send(opts: &SendOptions, lines: &[Line]) -> Result<SendReport, SendError>
 }
 
 /// Sends lines as they are read, [`CHUNK`] at a time.
-pub fn send_stream(
+pub(crate) fn send_stream(
     opts: &SendOptions,
     lines: impl Iterator<Item = std::io::Result<Line>>,
 ) -> Result<SendReport, SendError> {
@@ -310,7 +310,7 @@ pub fn send_stream(
 }
 
 /// One producer, its retry file and the running report.
-pub struct Sender<'o> {
+pub(crate) struct Sender<'o> {
     opts: &'o SendOptions,
     producer: ThreadedProducer<Ctx>,
     retry: RetryFile,
@@ -318,7 +318,7 @@ pub struct Sender<'o> {
 }
 
 impl<'o> Sender<'o> {
-    pub fn new(opts: &'o SendOptions) -> Result<Self, SendError> {
+    pub(crate) fn new(opts: &'o SendOptions) -> Result<Self, SendError> {
         let producer = opts.producer()?;
         if opts.transactional_id.is_some() {
             let t = opts.transaction_timeout + Duration::from_secs(10);
@@ -334,7 +334,7 @@ impl<'o> Sender<'o> {
 
     /// Sends one chunk and settles it: every line is confirmed or in the
     /// retry file when this returns.
-    pub fn feed(&mut self, lines: &[Line]) -> Result<(), SendError> {
+    pub(crate) fn feed(&mut self, lines: &[Line]) -> Result<(), SendError> {
         self.report.read += lines.len() as u64;
         if let Some(why) = self.report.stopped.clone() {
             for l in lines {
@@ -376,7 +376,7 @@ impl<'o> Sender<'o> {
         }
     }
 
-    pub fn finish(mut self) -> Result<SendReport, SendError> {
+    pub(crate) fn finish(mut self) -> Result<SendReport, SendError> {
         self.report.failed = self.retry.written;
         self.retry.finish()?;
         Ok(self.report)

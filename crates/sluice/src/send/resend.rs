@@ -11,9 +11,9 @@
 
 use super::input::{key_of, Line};
 use super::{send, ProducerArgs, SendError, SendOptions, SendReport};
-use crate::ch::{ident, literal, TableRef};
-use crate::ops::db::ChServer;
-use crate::ops::Outcome;
+use crate::ch::ChServer;
+use crate::report::Outcome;
+use crate::sql::{ident, literal, TableRef};
 use anyhow::Context;
 use std::collections::HashSet;
 use std::path::PathBuf;
@@ -23,16 +23,16 @@ use std::path::PathBuf;
 pub struct ResendArgs {
     /// The table the records should be in, as DB.TABLE.
     #[arg(long, value_parser = TableRef::parse)]
-    pub table: TableRef,
+    pub(crate) table: TableRef,
     /// Only list what would be sent and skipped.
     #[arg(long)]
-    pub dry_run: bool,
+    pub(crate) dry_run: bool,
     #[command(flatten)]
-    pub producer: ProducerArgs,
+    pub(crate) producer: ProducerArgs,
     #[command(flatten)]
-    pub ch: ChServer,
+    pub(crate) ch: ChServer,
     /// Input files of JSON lines (or a retry file).
-    pub files: Vec<PathBuf>,
+    pub(crate) files: Vec<PathBuf>,
 }
 
 /// `sluice resend`: looks the records' keys up, sends the missing ones (or
@@ -78,20 +78,20 @@ pub async fn main(a: ResendArgs) -> anyhow::Result<Outcome> {
 }
 
 /// Keys looked up per query.
-pub const LOOKUP_BATCH: usize = 5_000;
+pub(crate) const LOOKUP_BATCH: usize = 5_000;
 
 #[derive(Debug, Default, serde::Serialize)]
-pub struct ResendReport {
-    pub read: u64,
+pub(crate) struct ResendReport {
+    pub(crate) read: u64,
     /// Already in the table: not sent.
-    pub skipped: u64,
+    pub(crate) skipped: u64,
     /// The records to send (sent, unless a dry run).
-    pub missing: Vec<String>,
-    pub send: Option<SendReport>,
+    pub(crate) missing: Vec<String>,
+    pub(crate) send: Option<SendReport>,
 }
 
 /// The lookup for one batch of keys.
-pub fn lookup_sql(table: &TableRef, field: &str, keys: &[&str]) -> String {
+pub(crate) fn lookup_sql(table: &TableRef, field: &str, keys: &[&str]) -> String {
     let list: Vec<String> = keys.iter().map(|k| literal(k)).collect();
     format!(
         "SELECT DISTINCT toString({f}) FROM {} WHERE {f} IN ({})",
@@ -103,7 +103,7 @@ pub fn lookup_sql(table: &TableRef, field: &str, keys: &[&str]) -> String {
 
 /// Splits `lines` into those whose key the table holds and the rest, then
 /// sends the rest (unless `dry_run`).
-pub async fn resend(
+pub(crate) async fn resend(
     client: &clickhouse::Client,
     table: &TableRef,
     key_field: &str,

@@ -9,15 +9,15 @@ use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
-pub struct RetryFile {
+pub(crate) struct RetryFile {
     path: PathBuf,
     out: Option<BufWriter<File>>,
-    pub written: u64,
+    pub(crate) written: u64,
 }
 
 impl RetryFile {
     /// Opens lazily: no file appears unless a record needs it.
-    pub fn new(path: &Path) -> Self {
+    pub(crate) fn new(path: &Path) -> Self {
         Self {
             path: path.to_path_buf(),
             out: None,
@@ -25,12 +25,8 @@ impl RetryFile {
         }
     }
 
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
     /// Appends one record with its error.
-    pub fn add(&mut self, source: &str, record: &str, error: &str) -> std::io::Result<()> {
+    pub(crate) fn add(&mut self, source: &str, record: &str, error: &str) -> std::io::Result<()> {
         if self.out.is_none() {
             let f = std::fs::OpenOptions::new()
                 .create(true)
@@ -60,7 +56,7 @@ impl RetryFile {
     }
 
     /// Makes everything written durable.
-    pub fn finish(&mut self) -> std::io::Result<()> {
+    pub(crate) fn finish(&mut self) -> std::io::Result<()> {
         if let Some(out) = self.out.as_mut() {
             out.flush()?;
             out.get_ref().sync_all()?;

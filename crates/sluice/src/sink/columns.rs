@@ -28,11 +28,11 @@ use std::time::{Duration, Instant};
 use tokio::runtime::Handle;
 
 /// How old the columns may be before a record is refused on their word.
-pub const REREAD_AFTER: Duration = Duration::from_secs(1);
+pub(crate) const REREAD_AFTER: Duration = Duration::from_secs(1);
 /// How long a read of the columns may hold the consumer thread.
-pub const READ_WITHIN: Duration = Duration::from_secs(2);
+pub(crate) const READ_WITHIN: Duration = Duration::from_secs(2);
 /// How long the columns last read decide after a read failed.
-pub const AFTER_FAILURE: Duration = Duration::from_secs(10);
+pub(crate) const AFTER_FAILURE: Duration = Duration::from_secs(10);
 
 /// The known columns of each route's table (`None`: the route ignores
 /// extra fields).
@@ -53,7 +53,10 @@ struct Known {
 
 impl TableColumns {
     /// Reads the columns of the tables of the routes that need them.
-    pub async fn read(ch: ClickHouse, routes: &[Arc<Route>]) -> Result<Self, crate::ch::ChError> {
+    pub(crate) async fn read(
+        ch: ClickHouse,
+        routes: &[Arc<Route>],
+    ) -> Result<Self, crate::ch::ChError> {
         let mut known = Vec::with_capacity(routes.len());
         for route in routes {
             known.push(match route.extra_to_dlq {
@@ -71,7 +74,7 @@ impl TableColumns {
 
     /// Marks route `ri`'s columns out of date: ClickHouse refused a field
     /// they hold (a column dropped since they were read).
-    pub fn stale(&mut self, ri: usize) {
+    pub(crate) fn stale(&mut self, ri: usize) {
         if let Some(Some(known)) = self.routes.get_mut(ri) {
             known.stale = true;
         }
@@ -79,7 +82,7 @@ impl TableColumns {
 
     /// The first top-level field of `row` that route `ri`'s table has no
     /// column for, once the columns are fresh (see the module's header).
-    pub fn extra_field(&mut self, ri: usize, row: &[u8], handle: &Handle) -> Option<String> {
+    pub(crate) fn extra_field(&mut self, ri: usize, row: &[u8], handle: &Handle) -> Option<String> {
         let ch = &self.ch;
         let known = self.routes.get_mut(ri)?.as_mut()?;
         let now = Instant::now();

@@ -32,9 +32,9 @@ use std::time::Duration;
 /// table's highest offset (records up to it may be read again).
 #[derive(Debug)]
 pub(super) struct Seeds {
-    pub keys: Vec<KeyHash>,
-    pub at_ms: i64,
-    pub through: Offset,
+    pub(crate) keys: Vec<KeyHash>,
+    pub(crate) at_ms: i64,
+    pub(crate) through: Offset,
 }
 
 /// A fresh window for a route, loaded with `seeds`.

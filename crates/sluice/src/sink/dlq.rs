@@ -28,7 +28,7 @@ use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
-pub struct Dlq {
+pub(crate) struct Dlq {
     producer: FutureProducer,
     topic: String,
 }
@@ -37,21 +37,21 @@ pub struct Dlq {
 /// and the batch's writer queues it, so a full producer queue never blocks
 /// the consumer thread.
 #[derive(Debug, Clone)]
-pub struct Letter {
-    pub topic: String,
-    pub partition: i32,
-    pub offset: i64,
-    pub timestamp: Option<i64>,
-    pub key: Option<Vec<u8>>,
-    pub value: Option<Vec<u8>>,
+pub(crate) struct Letter {
+    pub(crate) topic: String,
+    pub(crate) partition: i32,
+    pub(crate) offset: i64,
+    pub(crate) timestamp: Option<i64>,
+    pub(crate) key: Option<Vec<u8>>,
+    pub(crate) value: Option<Vec<u8>>,
     /// A short name: `not-json`, `missing-field`, `rejected`, …
-    pub kind: &'static str,
-    pub reason: String,
+    pub(crate) kind: &'static str,
+    pub(crate) reason: String,
 }
 
 impl Letter {
     /// The memory it holds, counted against `max_buffered_bytes`.
-    pub fn bytes(&self) -> usize {
+    pub(crate) fn bytes(&self) -> usize {
         self.key.as_ref().map_or(0, Vec::len)
             + self.value.as_ref().map_or(0, Vec::len)
             + self.reason.len()
@@ -60,7 +60,7 @@ impl Letter {
 }
 
 /// A DLQ write not yet acknowledged.
-pub struct Pending {
+pub(crate) struct Pending {
     what: String,
     topic: String,
     kind: &'static str,
@@ -68,7 +68,7 @@ pub struct Pending {
 }
 
 impl Dlq {
-    pub fn new(k: &KafkaConfig, topic: &str) -> Result<Self, KafkaError> {
+    pub(crate) fn new(k: &KafkaConfig, topic: &str) -> Result<Self, KafkaError> {
         let producer = k
             .client_config()
             .set("enable.idempotence", "true")
@@ -83,14 +83,14 @@ impl Dlq {
         })
     }
 
-    pub fn topic(&self) -> &str {
+    pub(crate) fn topic(&self) -> &str {
         &self.topic
     }
 
     /// Queues `l` for the DLQ, waiting while the producer's queue is full;
     /// `None` if `abandon` fired first. An error here means the record
     /// could not even be queued.
-    pub async fn send(
+    pub(crate) async fn send(
         &self,
         l: &Letter,
         abandon: &CancellationToken,
@@ -155,7 +155,7 @@ fn header<'a>(key: &'a str, value: &'a str) -> Header<'a, &'a str> {
 /// Why a record that cannot become a row could not be put in the DLQ
 /// either: the sink stops rather than skip it.
 #[derive(Debug, thiserror::Error)]
-pub enum DlqError {
+pub(crate) enum DlqError {
     #[error("{what} {why}, and no DLQ topic is configured")]
     NoTopic { what: String, why: String },
     #[error("{what} {why}, and it cannot be queued for the DLQ topic {topic:?}")]
@@ -179,7 +179,7 @@ pub enum DlqError {
 
 /// Waits until every write in `pending` is acknowledged. `Ok(false)` if
 /// `abandon` fired first; `Err` names the record whose write failed.
-pub async fn confirm(
+pub(crate) async fn confirm(
     pending: Vec<Pending>,
     dlq_topic: &str,
     abandon: &CancellationToken,

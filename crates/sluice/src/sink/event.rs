@@ -7,8 +7,8 @@
 
 use super::dedup::Seeds;
 use super::dlq::DlqError;
-use super::owners::{Key, Owner};
 use crate::ch::ChError;
+use crate::owners::{Key, Owner};
 use crate::registry::Decoder;
 use crate::retry::Delays;
 use sluice_protocol::acks::Ticket;

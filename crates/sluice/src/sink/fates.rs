@@ -38,7 +38,7 @@ struct State {
 impl Fates {
     /// A batch whose rows span `first..=last` is durable; `uncovered` of
     /// them were not stored.
-    pub fn finish(&self, first: Offset, last: Offset, uncovered: &[Offset]) {
+    pub(crate) fn finish(&self, first: Offset, last: Offset, uncovered: &[Offset]) {
         let mut s = self.lock();
         s.finished.push((first, last));
         s.uncovered.extend(uncovered.iter().copied());
@@ -47,7 +47,7 @@ impl Fates {
     }
 
     /// A batch failed for good: the rows waiting on it will never know.
-    pub fn fail(&self) {
+    pub(crate) fn fail(&self) {
         self.lock().failed = true;
         self.changed.notify_waiters();
     }
@@ -55,7 +55,7 @@ impl Fates {
     /// Whether the row at `copy` is covered (stored, or left out for a
     /// covered copy of its own), once its batch has finished. `None` if that
     /// will never be known.
-    pub async fn covered(&self, copy: Offset) -> Option<bool> {
+    pub(crate) async fn covered(&self, copy: Offset) -> Option<bool> {
         loop {
             let changed = self.changed.notified();
             tokio::pin!(changed);
@@ -77,7 +77,7 @@ impl Fates {
 
     /// Forgets what is below `frontier`: nothing waits on it any more, and
     /// nothing will (a new conditional row waits on an unsettled copy).
-    pub fn prune_below(&self, frontier: NextOffset) {
+    pub(crate) fn prune_below(&self, frontier: NextOffset) {
         let mut s = self.lock();
         s.settled = s.settled.max(Some(frontier));
         s.finished.retain(|&(_, last)| !frontier.covers(last));

@@ -6,7 +6,7 @@
 //! and stops on its own clock:
 //!
 //! - The lease starts from the read that last showed this process in the
-//!   register of owners ([`super::owners`]) when the partition was claimed
+//!   register of owners ([`crate::owners`]) when the partition was claimed
 //!   ([`Lease::hold`]), and lasts [`crate::config::Config::lease`].
 //! - [`renew`] reads the register every quarter of the lease. A partition
 //!   still this process's gets its lease extended from the moment the read
@@ -28,7 +28,7 @@
 //! this host's monotonic clock and the task that reads the register.
 
 use super::event::Event;
-use super::owners::{Key, Owner, Owners};
+use crate::owners::{Key, Owner, Owners};
 use sluice_protocol::lease::{on_register, Leases, Renewal};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -38,12 +38,12 @@ use tokio_util::sync::CancellationToken;
 /// host's monotonic clock), shared by the consumer thread, the insert tasks
 /// and [`renew`].
 #[derive(Debug, Clone)]
-pub struct Lease {
+pub(crate) struct Lease {
     held: Arc<Mutex<Leases<Key, Instant>>>,
 }
 
 impl Lease {
-    pub fn new(term: Duration) -> Self {
+    pub(crate) fn new(term: Duration) -> Self {
         Self {
             held: Arc::new(Mutex::new(Leases::new(term))),
         }
@@ -54,45 +54,45 @@ impl Lease {
     }
 
     /// See [`Leases::hold`].
-    pub fn hold(&self, key: Key, generation: u64, sent: Instant) {
+    pub(crate) fn hold(&self, key: Key, generation: u64, sent: Instant) {
         self.lock().hold(key, generation, sent);
     }
 
     /// See [`Leases::release`].
-    pub fn release(&self, key: Key) {
+    pub(crate) fn release(&self, key: Key) {
         self.lock().release(key);
     }
 
     /// See [`Leases::leave`].
-    pub fn leave(&self, key: Key, generation: u64) {
+    pub(crate) fn leave(&self, key: Key, generation: u64) {
         self.lock().leave(key, generation);
     }
 
     /// See [`Leases::give_up`].
-    pub fn give_up(&self, key: Key, generation: u64) -> bool {
+    pub(crate) fn give_up(&self, key: Key, generation: u64) -> bool {
         self.lock().give_up(key, generation)
     }
 
     /// Whether this generation of `key` may write right now.
-    pub fn live(&self, key: Key, generation: u64) -> bool {
+    pub(crate) fn live(&self, key: Key, generation: u64) -> bool {
         self.lock().live(key, generation, Instant::now())
     }
 
     /// When the live lease of this generation of `key` ends; `None` if it
     /// has none.
-    pub fn until(&self, key: Key, generation: u64) -> Option<Instant> {
+    pub(crate) fn until(&self, key: Key, generation: u64) -> Option<Instant> {
         self.lock().until(key, generation, Instant::now())
     }
 
     /// Ends the lease of this generation of `key` until a renewal read sent
     /// from now on confirms it: our clock may not be trusted.
-    pub fn suspect(&self, key: Key, generation: u64) {
+    pub(crate) fn suspect(&self, key: Key, generation: u64) {
         self.lock().suspect(key, generation, Instant::now());
     }
 
     /// Waits until this generation of `key` may write. It may never: the
     /// caller also waits for the partition to be given up.
-    pub async fn ready(&self, key: Key, generation: u64) {
+    pub(crate) async fn ready(&self, key: Key, generation: u64) {
         while !self.live(key, generation) {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }

@@ -4,9 +4,10 @@
 //! ([`state`]: per-partition batch builders) → insert tasks ([`writer`]) →
 //! [`event`]s back to the consumer thread → the in-order durable frontier →
 //! offset commits. Partitions change owners without overlap (the state's
-//! hand-off, with [`prepare`] off the consumer thread), through a register
-//! of [`owners`] kept by the broker; [`lease`] decides whether this process
-//! may still write a partition, on its own clock; [`dedup`] rebuilds a
+//! hand-off, with [`prepare`] off the consumer thread), through the
+//! register of [`owners`](crate::owners) kept by the broker; [`lease`]
+//! decides whether this process may still write a partition, on its own
+//! clock; [`dedup`] rebuilds a
 //! partition's key dedup window when it changes hands; [`schemas`] decodes
 //! the records of Avro and Protobuf routes with the registry's schemas;
 //! [`columns`] knows the tables' columns where a route refuses records
@@ -20,7 +21,6 @@ mod driver;
 mod event;
 mod fates;
 mod lease;
-pub(crate) mod owners;
 mod prepare;
 mod schemas;
 mod state;

@@ -3,7 +3,7 @@
 //! In: the partitions of one assignment (paused on the consumer thread,
 //! see [`super::state`]), with their generations. A task reads the group's
 //! committed positions until it knows them, then, in exactly-once mode,
-//! *claims* each partition in the register of owners ([`super::owners`]):
+//! *claims* each partition in the register of owners ([`crate::owners`]):
 //! [`Claim`] (`sluice-protocol`) decides each read, write and wait, with its
 //! fence and its yield, and this task does them. A partition given up
 //! meanwhile (revoked, lost, taken) leaves the claim within a second. Then
@@ -16,9 +16,9 @@
 
 use super::dedup::rebuild;
 use super::event::{Event, Prepared};
-use super::owners::{Key, Owner, Owners};
 use crate::ch::ClickHouse;
 use crate::config::{KafkaConfig, Route};
+use crate::owners::{Key, Owner, Owners};
 use crate::retry::{self, Delays};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaResult;

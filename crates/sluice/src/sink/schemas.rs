@@ -32,12 +32,12 @@ use tokio_util::sync::CancellationToken;
 
 /// How long the registry must keep answering 404 for an id before its
 /// records are refused.
-pub const UNKNOWN_AFTER: Duration = Duration::from_secs(10);
+pub(crate) const UNKNOWN_AFTER: Duration = Duration::from_secs(10);
 /// How long an id refused stays refused before the registry is asked again.
-pub const REFUSED_FOR: Duration = Duration::from_secs(60);
+pub(crate) const REFUSED_FOR: Duration = Duration::from_secs(60);
 /// A row may be at most this many times `max_record_bytes` once decoded,
 /// and at most an eighth of the memory bound: decoding stops there.
-pub const MAX_EXPANSION: usize = 16;
+pub(crate) const MAX_EXPANSION: usize = 16;
 
 /// What a record value decodes to.
 #[derive(Debug)]
@@ -76,7 +76,7 @@ pub(super) struct Schemas {
 impl Schemas {
     /// `max_bytes`: `sink.max_record_bytes`; `buffer`: the batches' share
     /// of `max_buffered_bytes`.
-    pub fn new(
+    pub(crate) fn new(
         registry: Option<Registry>,
         routes: &[std::sync::Arc<Route>],
         max_bytes: usize,
@@ -103,13 +103,13 @@ impl Schemas {
     }
 
     /// Whether route `ri` reads the registry's wire format.
-    pub fn is_registry(&self, ri: usize) -> bool {
+    pub(crate) fn is_registry(&self, ri: usize) -> bool {
         self.routes.get(ri).is_some_and(Option::is_some)
     }
 
     /// Decodes `value` (a record of route `ri`, a registry route) into
     /// `out`, which it clears first.
-    pub fn decode(
+    pub(crate) fn decode(
         &mut self,
         ri: usize,
         value: Option<&[u8]>,
@@ -164,7 +164,7 @@ impl Schemas {
     /// Whether `id` of route `ri` has an answer a waiting partition can go
     /// on with (its decoder, or a refusal): `None` if it is neither known
     /// nor being fetched (a refusal ran out), so it must be fetched again.
-    pub fn settled(&self, ri: usize, id: u32, now: Instant) -> Option<bool> {
+    pub(crate) fn settled(&self, ri: usize, id: u32, now: Instant) -> Option<bool> {
         let known = self.routes.get(ri).and_then(Option::as_ref);
         match known.and_then(|r| r.ids.get(&id)) {
             Some(Known::Ready(_)) => Some(true),
@@ -176,7 +176,7 @@ impl Schemas {
 
     /// Starts fetching `id` for route `ri`, unless that is under way; the
     /// answer comes back as an [`Event::Schema`].
-    pub fn fetch(
+    pub(crate) fn fetch(
         &mut self,
         ri: usize,
         id: u32,
@@ -222,7 +222,13 @@ impl Schemas {
     }
 
     /// Takes the answer of a [`fetch`].
-    pub fn fetched(&mut self, ri: usize, id: u32, answer: Result<Decoder, String>, now: Instant) {
+    pub(crate) fn fetched(
+        &mut self,
+        ri: usize,
+        id: u32,
+        answer: Result<Decoder, String>,
+        now: Instant,
+    ) {
         let Some(route) = self.routes.get_mut(ri).and_then(Option::as_mut) else {
             return;
         };
@@ -283,10 +289,10 @@ async fn fetch(
 /// Where a partition waits for the schema of the record at `at`.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Stall {
-    pub at: Offset,
-    pub id: u32,
+    pub(crate) at: Offset,
+    pub(crate) id: u32,
     /// When to try seeking back again, after a seek failed.
-    pub retry_at: Option<Instant>,
+    pub(crate) retry_at: Option<Instant>,
 }
 
 /// The original values of a batch's rows on a registry route, by offset:
@@ -299,24 +305,24 @@ pub(super) struct Originals {
 }
 
 impl Originals {
-    pub fn push(&mut self, offset: Offset, value: &[u8]) {
+    pub(crate) fn push(&mut self, offset: Offset, value: &[u8]) {
         self.bytes.extend_from_slice(value);
         self.rows.push((offset, self.bytes.len()));
     }
 
     /// The value of the row at `offset`.
-    pub fn get(&self, offset: Offset) -> Option<&[u8]> {
+    pub(crate) fn get(&self, offset: Offset) -> Option<&[u8]> {
         let i = self.rows.binary_search_by_key(&offset, |r| r.0).ok()?;
         let start = if i == 0 { 0 } else { self.rows[i - 1].1 };
         Some(&self.bytes[start..self.rows[i].1])
     }
 
     /// The memory it holds.
-    pub fn bytes(&self) -> usize {
+    pub(crate) fn bytes(&self) -> usize {
         self.bytes.len() + self.rows.len() * std::mem::size_of::<(Offset, usize)>()
     }
 
-    pub fn clear(&mut self) {
+    pub(crate) fn clear(&mut self) {
         self.bytes.clear();
         self.rows.clear();
     }

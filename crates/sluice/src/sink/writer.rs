@@ -63,45 +63,45 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 /// What the writer needs from its surroundings.
-pub struct WriterCtx {
-    pub ch: ClickHouse,
-    pub lease: Lease,
-    pub delivery: Delivery,
-    pub permits: Semaphore,
+pub(crate) struct WriterCtx {
+    pub(crate) ch: ClickHouse,
+    pub(crate) lease: Lease,
+    pub(crate) delivery: Delivery,
+    pub(crate) permits: Semaphore,
     /// Where rows that cannot be stored go, if anywhere.
-    pub dlq: Option<Dlq>,
+    pub(crate) dlq: Option<Dlq>,
     /// Per route: turns a rejected row back into its record value.
-    pub encoders: Vec<RowEncoder>,
+    pub(crate) encoders: Vec<RowEncoder>,
     /// Per route: the rows per insert that last fitted the server's
     /// partition limit (0: no split needed).
-    pub per_insert: Vec<AtomicUsize>,
+    pub(crate) per_insert: Vec<AtomicUsize>,
 }
 
-pub struct Job {
-    pub route: Arc<Route>,
-    pub route_idx: usize,
-    pub batch: Batch,
+pub(crate) struct Job {
+    pub(crate) route: Arc<Route>,
+    pub(crate) route_idx: usize,
+    pub(crate) batch: Batch,
     /// Some rows may already be stored: reconcile before the first attempt.
-    pub uncertain: bool,
-    pub ticket: Ticket,
-    pub generation: u64,
+    pub(crate) uncertain: bool,
+    pub(crate) ticket: Ticket,
+    pub(crate) generation: u64,
     /// Cancelled when the partition is given up.
-    pub abandon: CancellationToken,
+    pub(crate) abandon: CancellationToken,
     /// Records this batch accounts for that go to the DLQ.
-    pub letters: Vec<Letter>,
+    pub(crate) letters: Vec<Letter>,
     /// The memory it holds (rows and letters), counted as in flight.
-    pub bytes: usize,
+    pub(crate) bytes: usize,
     /// Key dedup: `(row, copy)`, ascending, for rows written on the
     /// condition that the copy of their key at `copy` is not stored.
-    pub conditional: Vec<(Offset, Offset)>,
+    pub(crate) conditional: Vec<(Offset, Offset)>,
     /// What became of the partition's earlier rows.
-    pub fates: Arc<Fates>,
+    pub(crate) fates: Arc<Fates>,
     /// On a registry route, the records' own values, for the DLQ.
-    pub originals: Originals,
+    pub(crate) originals: Originals,
 }
 
 /// Delivers one batch; always returns a completion.
-pub async fn deliver(mut job: Job, ctx: Arc<WriterCtx>) -> Completion {
+pub(crate) async fn deliver(mut job: Job, ctx: Arc<WriterCtx>) -> Completion {
     let refused = std::mem::take(&mut job.letters);
     let (mut outcome, letters) = match queue(&ctx, refused, &job.abandon).await {
         Ok(Some(mut letters)) => (attempt_until_done(&job, &ctx, &mut letters).await, letters),

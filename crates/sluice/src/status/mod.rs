@@ -12,7 +12,7 @@ mod progress;
 mod read;
 
 use crate::config::{ConfigArgs, Overrides};
-use crate::ops::Outcome;
+use crate::report::Outcome;
 use comfy_table::{presets::UTF8_FULL_CONDENSED, Cell, CellAlignment, Table};
 use progress::{Movement, Reading};
 use std::io::{IsTerminal, Write};
@@ -21,20 +21,20 @@ use std::time::Duration;
 #[derive(Debug, clap::Args)]
 pub struct StatusArgs {
     #[command(flatten)]
-    pub config: ConfigArgs,
+    pub(crate) config: ConfigArgs,
     /// Redraw every --interval until interrupted.
     #[arg(long)]
-    pub watch: bool,
+    pub(crate) watch: bool,
     /// Time between readings with --watch or --stuck-after.
     #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
-    pub interval: Duration,
+    pub(crate) interval: Duration,
     /// Watch until every partition with lag has moved; exit 1 if one has
     /// not moved for this long. With --watch, mark such partitions STUCK.
     #[arg(long, value_parser = humantime::parse_duration)]
-    pub stuck_after: Option<Duration>,
+    pub(crate) stuck_after: Option<Duration>,
     /// One JSON object per reading on stdout, instead of a table.
     #[arg(long)]
-    pub json: bool,
+    pub(crate) json: bool,
 }
 
 pub async fn main(

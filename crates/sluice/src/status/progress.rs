@@ -12,20 +12,20 @@ use std::time::Duration;
 /// One partition as read at one time. Offsets are Kafka's: `high` is the
 /// next offset the broker will write, `committed` the next the group reads.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct Reading {
-    pub topic: String,
-    pub partition: i32,
-    pub low_watermark: i64,
-    pub high_watermark: i64,
-    pub committed: Option<i64>,
+pub(crate) struct Reading {
+    pub(crate) topic: String,
+    pub(crate) partition: i32,
+    pub(crate) low_watermark: i64,
+    pub(crate) high_watermark: i64,
+    pub(crate) committed: Option<i64>,
     /// The highest offset the table holds (ClickHouse's watermark).
-    pub stored: Option<i64>,
+    pub(crate) stored: Option<i64>,
     /// Kafka timestamps (Unix ms) of the newest record done (`done - 1`)
     /// and of the newest record (`high - 1`), where they could be read.
-    pub done_timestamp: Option<i64>,
-    pub newest_timestamp: Option<i64>,
+    pub(crate) done_timestamp: Option<i64>,
+    pub(crate) newest_timestamp: Option<i64>,
     /// The group member that holds the partition (`client_id@host`).
-    pub owner: Option<String>,
+    pub(crate) owner: Option<String>,
 }
 
 impl Reading {
@@ -37,7 +37,7 @@ impl Reading {
     /// (batches landing out of order, a topic recreated under its name).
     /// A partition marked as one whose offsets went back
     /// ([`sluice_protocol::resume::MISMATCH_MARK`]) has done nothing.
-    pub fn done(&self) -> i64 {
+    pub(crate) fn done(&self) -> i64 {
         self.committed
             .filter(|c| *c != sluice_protocol::resume::MISMATCH_MARK.0)
             .unwrap_or(self.low_watermark)
@@ -45,14 +45,14 @@ impl Reading {
     }
 
     /// Records written to the partition and not yet done.
-    pub fn lag_records(&self) -> i64 {
+    pub(crate) fn lag_records(&self) -> i64 {
         (self.high_watermark - self.done()).max(0)
     }
 
     /// How far behind, in Kafka time: the newest record's timestamp against
     /// the newest done record's. Zero without lag; unknown when either
     /// record could not be read (deleted by retention, a control record).
-    pub fn lag_time(&self) -> Option<Duration> {
+    pub(crate) fn lag_time(&self) -> Option<Duration> {
         if self.lag_records() == 0 {
             return Some(Duration::ZERO);
         }
@@ -62,11 +62,11 @@ impl Reading {
 }
 
 /// Which partition: `(topic, partition)`.
-pub type PartKey = (String, i32);
+pub(crate) type PartKey = (String, i32);
 
 /// How long each partition has had lag without moving, across readings.
 #[derive(Debug, Default)]
-pub struct Movement {
+pub(crate) struct Movement {
     seen: HashMap<PartKey, Seen>,
 }
 
@@ -81,7 +81,7 @@ struct Seen {
 impl Movement {
     /// Takes a reading made at `now_ms`; returns how long the partition has
     /// had lag without moving (zero when it has no lag or just moved).
-    pub fn observe(&mut self, r: &Reading, now_ms: i64) -> Duration {
+    pub(crate) fn observe(&mut self, r: &Reading, now_ms: i64) -> Duration {
         let done = r.done();
         let key = (r.topic.clone(), r.partition);
         let before = self
@@ -102,7 +102,7 @@ impl Movement {
 
     /// Whether every partition seen is without lag, or has moved since its
     /// lag appeared (or since the first reading).
-    pub fn all_moving(&self) -> bool {
+    pub(crate) fn all_moving(&self) -> bool {
         self.seen
             .values()
             .all(|s| s.lagging.is_none_or(|(_, from)| from != s.done))

@@ -11,7 +11,7 @@
 use super::progress::Reading;
 use crate::ch::ClickHouse;
 use crate::config::{Config, Route};
-use crate::sink::owners::{client_id, Key, Owner, Owners};
+use crate::owners::{client_id, Key, Owner, Owners};
 use anyhow::{anyhow, Context as _};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
@@ -25,7 +25,7 @@ const TIMEOUT: Duration = Duration::from_secs(10);
 /// How long to wait for the records whose timestamps are wanted.
 const STAMPS_WAIT: Duration = Duration::from_secs(3);
 
-pub struct Reader {
+pub(crate) struct Reader {
     /// Carries the group id, for its committed offsets and members; it
     /// never subscribes, so it never joins.
     group: BaseConsumer,
@@ -41,7 +41,7 @@ pub struct Reader {
 }
 
 impl Reader {
-    pub async fn connect(cfg: &Config) -> anyhow::Result<Self> {
+    pub(crate) async fn connect(cfg: &Config) -> anyhow::Result<Self> {
         let k = &cfg.kafka;
         let mut cc = k.client_config();
         cc.set("enable.auto.commit", "false")
@@ -89,16 +89,16 @@ impl Reader {
         })
     }
 
-    pub fn routes(&self) -> &[Route] {
+    pub(crate) fn routes(&self) -> &[Route] {
         &self.routes
     }
 
-    pub fn group_id(&self) -> &str {
+    pub(crate) fn group_id(&self) -> &str {
         &self.group_id
     }
 
     /// Every partition of every route, by route index.
-    pub async fn read(&self) -> anyhow::Result<Vec<(usize, Reading)>> {
+    pub(crate) async fn read(&self) -> anyhow::Result<Vec<(usize, Reading)>> {
         let mut stored = Vec::with_capacity(self.routes.len());
         for route in &self.routes {
             let w = self.ch.watermarks(route).await.with_context(|| {

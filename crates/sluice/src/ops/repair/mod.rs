@@ -28,11 +28,13 @@
 
 mod plan;
 
-pub use plan::{copy_ddl, decide, plan, Decision, Leftovers, Plan, Snapshot};
+pub(crate) use plan::{decide, plan, Decision, Leftovers, Plan, Snapshot};
 
-use super::db::{parse_columns, ChArgs, Columns, Conn, Table, TableInfo};
-use super::{grid, thousands, OpsError, Outcome};
-use crate::ch::{ident as qi, ident_list, literal, TableRef};
+use super::db::{parse_columns, Columns, Table, TableInfo};
+use super::{thousands, OpsError};
+use crate::ch::{ChArgs, Conn};
+use crate::report::{grid, Outcome};
+use crate::sql::{ident as qi, ident_list, literal, TableRef};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
@@ -40,23 +42,23 @@ use serde::Serialize;
 pub struct RepairArgs {
     /// The table, as DB.TABLE.
     #[arg(long, value_parser = TableRef::parse)]
-    pub table: TableRef,
+    pub(crate) table: TableRef,
     /// The partition's ID (`system.parts.partition_id`; `sluice audit`
     /// prints it).
     #[arg(long)]
-    pub partition: String,
+    pub(crate) partition: String,
     /// The business key, comma-separated columns; one row per key is kept.
     #[arg(long, value_parser = parse_columns)]
-    pub key: Columns,
+    pub(crate) key: Columns,
     /// Make the changes. Without it, only the plan and the counts are shown.
     #[arg(long)]
-    pub execute: bool,
+    pub(crate) execute: bool,
     /// Print the summary as JSON.
     #[arg(long)]
-    pub json: bool,
+    pub(crate) json: bool,
     /// Testing aid: stop with an error right after this step.
     #[arg(long, hide = true, value_enum)]
-    pub interrupt_after: Option<Step>,
+    pub(crate) interrupt_after: Option<Step>,
     #[command(flatten)]
     pub ch: ChArgs,
 }
@@ -77,7 +79,7 @@ enum Phase {
 /// The steps that change something.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
 #[serde(rename_all = "kebab-case")]
-pub enum Step {
+pub(crate) enum Step {
     CreateTables,
     Backup,
     Stage,
@@ -86,18 +88,18 @@ pub enum Step {
 }
 
 #[derive(Debug, Serialize)]
-pub struct RepairReport {
-    pub table: String,
-    pub partition: String,
-    pub key: Vec<String>,
-    pub executed: bool,
-    pub before: Snapshot,
-    pub after: Option<Snapshot>,
-    pub removed_rows: u64,
-    pub backup_table: Option<String>,
+pub(crate) struct RepairReport {
+    pub(crate) table: String,
+    pub(crate) partition: String,
+    pub(crate) key: Vec<String>,
+    pub(crate) executed: bool,
+    pub(crate) before: Snapshot,
+    pub(crate) after: Option<Snapshot>,
+    pub(crate) removed_rows: u64,
+    pub(crate) backup_table: Option<String>,
     /// The statements `--execute` runs, in order (dry runs only).
-    pub plan: Vec<String>,
-    pub notes: Vec<String>,
+    pub(crate) plan: Vec<String>,
+    pub(crate) notes: Vec<String>,
 }
 
 pub async fn run(args: RepairArgs, conn: Conn) -> Result<Outcome, OpsError> {
@@ -120,7 +122,7 @@ struct Run<'a> {
     notes: Vec<String>,
 }
 
-pub async fn repair(args: &RepairArgs, conn: &Conn) -> Result<RepairReport, OpsError> {
+pub(crate) async fn repair(args: &RepairArgs, conn: &Conn) -> Result<RepairReport, OpsError> {
     let client = conn.client.clone();
     let offset = conn.columns.offset.clone();
     let table = Table::describe(&client, &args.table).await?;
@@ -575,7 +577,7 @@ impl Run<'_> {
     }
 }
 
-pub fn render(r: &RepairReport) -> String {
+pub(crate) fn render(r: &RepairReport) -> String {
     let mut out = format!(
         "sluice repair: {} partition {} by ({})\n\n",
         r.table,

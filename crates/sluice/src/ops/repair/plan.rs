@@ -2,28 +2,28 @@
 //! what to do about it ([`decide`]), and the statements of one repair
 //! ([`plan`], [`copy_ddl`]). No I/O: every rule here is unit-tested.
 
-use crate::ch::{ident, ident_list, literal, TableRef};
 use crate::ops::db::Table;
+use crate::sql::{ident, ident_list, literal, TableRef};
 use serde::Serialize;
 
 /// What a partition (or a sluice table) holds, as far as the repair cares.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize, clickhouse::Row)]
-pub struct Snapshot {
-    pub rows: u64,
-    pub keys: u64,
-    pub max_offset: i64,
+pub(crate) struct Snapshot {
+    pub(crate) rows: u64,
+    pub(crate) keys: u64,
+    pub(crate) max_offset: i64,
 }
 
 impl Snapshot {
     /// One row per key, and the same keys and highest offset as `source`.
-    pub fn is_deduplicated_copy_of(&self, source: &Snapshot) -> bool {
+    pub(crate) fn is_deduplicated_copy_of(&self, source: &Snapshot) -> bool {
         self.rows == self.keys && self.keys == source.keys && self.max_offset == source.max_offset
     }
 }
 
 /// The sluice tables an earlier run left behind.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Leftovers {
+pub(crate) enum Leftovers {
     None,
     StagingOnly,
     /// A finished repair keeps only its backup.
@@ -37,7 +37,7 @@ pub enum Leftovers {
 
 /// What to do about them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Decision {
+pub(crate) enum Decision {
     /// Nothing left over: start.
     Start,
     /// The original was not replaced yet: drop the sluice tables, start over.
@@ -51,7 +51,7 @@ pub enum Decision {
 }
 
 /// Reads what an interrupted run left and decides how to go on.
-pub fn decide(left: Leftovers) -> Decision {
+pub(crate) fn decide(left: Leftovers) -> Decision {
     match left {
         Leftovers::None => Decision::Start,
         Leftovers::StagingOnly => Decision::RollBack,
@@ -76,22 +76,22 @@ pub fn decide(left: Leftovers) -> Decision {
 
 /// The names and statements of one repair.
 #[derive(Debug, Clone)]
-pub struct Plan {
-    pub staging: TableRef,
-    pub backup: TableRef,
-    pub create_staging: String,
-    pub create_backup: String,
+pub(crate) struct Plan {
+    pub(crate) staging: TableRef,
+    pub(crate) backup: TableRef,
+    pub(crate) create_staging: String,
+    pub(crate) create_backup: String,
     /// The same, keys spelled out ([`explicit_copy_ddl`]).
-    pub create_staging_explicit: String,
-    pub create_backup_explicit: String,
-    pub backup_partition: String,
-    pub fill_staging: String,
-    pub replace: String,
+    pub(crate) create_staging_explicit: String,
+    pub(crate) create_backup_explicit: String,
+    pub(crate) backup_partition: String,
+    pub(crate) fill_staging: String,
+    pub(crate) replace: String,
 }
 
 /// Builds the statements for repairing `partition` of `t` by `key`,
 /// keeping for each key the row with the highest `offset` column.
-pub fn plan(t: &Table, partition: &str, key: &[String], offset: &str) -> Plan {
+pub(crate) fn plan(t: &Table, partition: &str, key: &[String], offset: &str) -> Plan {
     let suffix: String = partition
         .chars()
         .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
@@ -151,7 +151,7 @@ pub fn plan(t: &Table, partition: &str, key: &[String], offset: &str) -> Plan {
 /// and leaves out `t`'s merging rules, TTL and Keeper path. The run checks
 /// the copy's keys against `t`'s; a server that does not copy them gets
 /// [`explicit_copy_ddl`] instead.
-pub fn copy_ddl(t: &Table, new: &TableRef, comment: &str) -> String {
+pub(crate) fn copy_ddl(t: &Table, new: &TableRef, comment: &str) -> String {
     let mut ddl = format!(
         "CREATE TABLE {} AS {} ENGINE = MergeTree",
         new.sql(),
@@ -167,7 +167,7 @@ pub fn copy_ddl(t: &Table, new: &TableRef, comment: &str) -> String {
 /// a key's columns without their parentheses (so each goes back inside a
 /// pair) and an absent key as empty (so it stays absent: an unpartitioned
 /// table's copy is unpartitioned too).
-pub fn explicit_copy_ddl(t: &Table, new: &TableRef, comment: &str) -> String {
+pub(crate) fn explicit_copy_ddl(t: &Table, new: &TableRef, comment: &str) -> String {
     let i = &t.info;
     let mut ddl = format!(
         "CREATE TABLE {} AS {} ENGINE = MergeTree",
@@ -262,7 +262,6 @@ mod tests {
                 sorting_key: order.into(),
                 primary_key: order.into(),
                 sampling_key: String::new(),
-                storage_policy: "default".into(),
             },
             columns: vec![
                 col("id", "UInt64", ""),

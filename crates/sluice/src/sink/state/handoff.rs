@@ -28,8 +28,8 @@
 //! clean, so the next owner need not fence.
 
 use super::{Key, Phase, Sink, SEEK_WAIT};
+use crate::owners::{Owner, Owners};
 use crate::sink::event::{Event, Prepared};
-use crate::sink::owners::{Owner, Owners};
 use crate::sink::prepare::Preparation;
 use crate::sink::SinkContext;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
@@ -52,7 +52,7 @@ impl Sink {
         format!("{}[{}]", self.routes[k.0].topic, k.1)
     }
 
-    pub fn on_assign(
+    pub(crate) fn on_assign(
         &mut self,
         consumer: &BaseConsumer<SinkContext>,
         tpl: &TopicPartitionList,
@@ -191,7 +191,7 @@ impl Sink {
         });
     }
 
-    pub fn on_revoke(
+    pub(crate) fn on_revoke(
         &mut self,
         consumer: &BaseConsumer<SinkContext>,
         tpl: &TopicPartitionList,
@@ -291,7 +291,7 @@ impl Sink {
 
     /// Gives up revoked partitions whose lease ran out before their inserts
     /// ended (the next owner claimed them): those inserts are abandoned.
-    pub fn expire_leaving(&mut self) {
+    pub(crate) fn expire_leaving(&mut self) {
         let lease = &self.ctx.lease;
         self.leaving.retain(|k, p| {
             let live = lease.live(*k, p.generation);
@@ -308,7 +308,7 @@ impl Sink {
     /// that cannot go on (`kafka_failed`: fenced, refused) owns nothing any
     /// more: it abandons its work and inserts nothing new. Returns why the
     /// sink stopped, if it failed.
-    pub fn stop(
+    pub(crate) fn stop(
         &mut self,
         consumer: &BaseConsumer<SinkContext>,
         kafka_failed: bool,

@@ -21,11 +21,11 @@ use super::columns::TableColumns;
 use super::dlq::Letter;
 use super::event::{Completion, Event, Outcome};
 use super::fates::Fates;
-use super::owners::{Key, Owners};
 use super::schemas::{Decoded, Originals, Schemas, Stall};
 use super::writer::{deliver, Job, WriterCtx};
 use super::SinkContext;
 use crate::config::{Config, Route};
+use crate::owners::{Key, Owners};
 use crate::telemetry::{self, TopicCounters};
 use anyhow::anyhow;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
@@ -149,17 +149,17 @@ impl Part {
 /// The sink's counts since it started, for the progress and stop lines.
 #[derive(Default, Debug, Clone, Copy)]
 pub(super) struct Stats {
-    pub records: u64,
-    pub rows_inserted: u64,
-    pub batches: u64,
+    pub(crate) records: u64,
+    pub(crate) rows_inserted: u64,
+    pub(crate) batches: u64,
     /// Records dropped because their key was written within the window.
-    pub dedup_dropped: u64,
+    pub(crate) dedup_dropped: u64,
     /// Records of a dedup route without a usable key (kept).
-    pub dedup_keyless: u64,
+    pub(crate) dedup_keyless: u64,
     /// Records the client delivered a second time (ignored).
-    pub redelivered: u64,
+    pub(crate) redelivered: u64,
     /// Records this process wrote to the DLQ, acknowledged.
-    pub dlq: u64,
+    pub(crate) dlq: u64,
 }
 
 /// All state of the sink; lives in the consumer context so rebalance
@@ -205,14 +205,14 @@ pub(super) struct Sink {
 /// What a route's records are read and checked with besides its encoder:
 /// the registry's schemas, and the tables' columns.
 pub(super) struct RowChecks {
-    pub schemas: Schemas,
-    pub columns: TableColumns,
+    pub(crate) schemas: Schemas,
+    pub(crate) columns: TableColumns,
 }
 
 impl Sink {
     /// A sink with no partitions yet, on the current tokio runtime. Tasks
     /// report to it through [`Sink::events`].
-    pub fn new(
+    pub(crate) fn new(
         cfg: Config,
         routes: Vec<Arc<Route>>,
         ctx: Arc<WriterCtx>,
@@ -254,25 +254,25 @@ impl Sink {
     }
 
     /// Where tasks report to this sink.
-    pub fn events(&self) -> mpsc::Sender<Event> {
+    pub(crate) fn events(&self) -> mpsc::Sender<Event> {
         self.tx.clone()
     }
 
-    pub fn stats(&self) -> Stats {
+    pub(crate) fn stats(&self) -> Stats {
         self.stats
     }
 
     /// Stops the sink with `e`, unless it is stopping for an earlier reason.
-    pub fn fail(&mut self, e: anyhow::Error) {
+    pub(crate) fn fail(&mut self, e: anyhow::Error) {
         self.fatal.get_or_insert(e);
     }
 
-    pub fn failed(&self) -> bool {
+    pub(crate) fn failed(&self) -> bool {
         self.fatal.is_some()
     }
 
     /// Logs the progress line: the counts, and the rate since `last`, `secs` ago.
-    pub fn log_progress(&self, last: &Stats, secs: f64) {
+    pub(crate) fn log_progress(&self, last: &Stats, secs: f64) {
         let st = self.stats;
         tracing::info!(
             records = st.records,
@@ -313,7 +313,7 @@ impl Sink {
     /// yet, the partition waits for it (paused by
     /// [`Sink::apply_backpressure`]) and the record is read again once the
     /// answer is in ([`Sink::resume_stalled`]).
-    pub fn on_record(&mut self, m: &impl Message, now: Instant) {
+    pub(crate) fn on_record(&mut self, m: &impl Message, now: Instant) {
         let Some(ri) = self.route_of(m.topic()) else {
             return;
         };
@@ -430,7 +430,7 @@ impl Sink {
     }
 
     /// Sends every due batch (every non-empty one with `all`).
-    pub fn cut_due(&mut self, now: Instant, all: bool) {
+    pub(crate) fn cut_due(&mut self, now: Instant, all: bool) {
         let due: Vec<Key> = self
             .parts
             .iter()
@@ -487,7 +487,7 @@ impl Sink {
     }
 
     /// Handles everything the tasks reported, without waiting.
-    pub fn drain_events(&mut self, consumer: &BaseConsumer<SinkContext>) {
+    pub(crate) fn drain_events(&mut self, consumer: &BaseConsumer<SinkContext>) {
         while let Ok(e) = self.rx.try_recv() {
             self.on_event(consumer, e);
         }
@@ -496,7 +496,7 @@ impl Sink {
         }
     }
 
-    pub fn on_event(&mut self, consumer: &BaseConsumer<SinkContext>, e: Event) {
+    pub(crate) fn on_event(&mut self, consumer: &BaseConsumer<SinkContext>, e: Event) {
         match e {
             Event::Completion(c) => self.on_completion(consumer, c),
             Event::Prepared(p) => self.activate(consumer, p),
@@ -678,7 +678,7 @@ impl Sink {
 
     /// Waits for in-flight batches (of `only`, or of every partition),
     /// handling events meanwhile. False if `timeout` passed first.
-    pub fn wait_in_flight(
+    pub(crate) fn wait_in_flight(
         &mut self,
         consumer: &BaseConsumer<SinkContext>,
         only: Option<&[Key]>,
@@ -713,7 +713,7 @@ impl Sink {
     /// Commits the durable frontier of `keys` (or of every partition that
     /// moved). In exactly-once mode only partitions under a live lease
     /// commit: one whose lease ran out may have a new owner.
-    pub fn commit(
+    pub(crate) fn commit(
         &mut self,
         consumer: &BaseConsumer<SinkContext>,
         keys: Option<&[Key]>,
@@ -763,7 +763,7 @@ impl Sink {
     /// was read). Any other partition: the group's commit (`committed`) has
     /// passed the target, whoever holds it; a process given nothing waits
     /// for the others, and takes over what they leave.
-    pub fn caught_up(
+    pub(crate) fn caught_up(
         &self,
         consumer: &BaseConsumer<SinkContext>,
         targets: &HashMap<Key, i64>,
@@ -813,7 +813,7 @@ impl Sink {
     }
 
     /// Where a partition this process holds, active, is durable up to.
-    pub fn durable_through(&self, topic: &str, partition: i32) -> Option<i64> {
+    pub(crate) fn durable_through(&self, topic: &str, partition: i32) -> Option<i64> {
         let part = self.parts.get(&(self.route_of(topic)?, partition))?;
         (part.phase == Phase::Active)
             .then(|| part.acks.as_ref().map(|a| a.frontier().0))
@@ -822,7 +822,7 @@ impl Sink {
 
     /// Each held partition's committed offset and how long its oldest
     /// pending record has waited, for `/metrics`; `now_ms` is the Unix time.
-    pub fn report_progress(&mut self, now_ms: i64) {
+    pub(crate) fn report_progress(&mut self, now_ms: i64) {
         for ((ri, p), part) in &mut self.parts {
             if part.phase != Phase::Active {
                 continue;
@@ -847,7 +847,7 @@ impl Sink {
 
     /// Pauses every partition while too much is buffered; preparing
     /// partitions stay paused regardless.
-    pub fn apply_backpressure(&mut self, consumer: &BaseConsumer<SinkContext>) {
+    pub(crate) fn apply_backpressure(&mut self, consumer: &BaseConsumer<SinkContext>) {
         let building: usize = self
             .parts
             .values()

@@ -21,16 +21,16 @@ use std::time::Instant;
 
 /// A record as read from Kafka, borrowed from the client's message.
 pub(super) struct Record<'a> {
-    pub topic: &'a str,
-    pub partition: i32,
-    pub offset: Offset,
-    pub timestamp: Option<i64>,
-    pub key: Option<&'a [u8]>,
-    pub payload: Option<&'a [u8]>,
+    pub(crate) topic: &'a str,
+    pub(crate) partition: i32,
+    pub(crate) offset: Offset,
+    pub(crate) timestamp: Option<i64>,
+    pub(crate) key: Option<&'a [u8]>,
+    pub(crate) payload: Option<&'a [u8]>,
 }
 
 impl<'a> Record<'a> {
-    pub fn of(m: &'a impl Message) -> Self {
+    pub(crate) fn of(m: &'a impl Message) -> Self {
         Self {
             topic: m.topic(),
             partition: m.partition(),
@@ -82,7 +82,7 @@ impl Part {
     /// Whether `rec` is for this partition's batch: `Some` (ignored or
     /// delivered twice) if not. A partition waiting for a schema ignores
     /// what was fetched before its pause took hold: it is read again.
-    pub fn admit(&self, rec: &Record) -> Option<Fate> {
+    pub(crate) fn admit(&self, rec: &Record) -> Option<Fate> {
         if self.phase != Phase::Active || self.stalled.is_some() {
             return Some(Fate::Ignored);
         }
@@ -97,7 +97,7 @@ impl Part {
     /// Takes `rec`, whose value its route reads as `value`, into the batch
     /// being built; `dlq`: whether records that cannot become rows go to a
     /// DLQ.
-    pub fn take(
+    pub(crate) fn take(
         &mut self,
         encoder: &RowEncoder,
         rec: &Record,

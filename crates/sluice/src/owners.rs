@@ -15,8 +15,12 @@
 //! at the group coordinator, on every broker (some Kafka-protocol brokers
 //! keep offsets but not their metadata, so a marker in the main group's
 //! commit metadata would not do). A claim is a commit from a client that never joined: brokers
-//! take those for a group without members. Every call here blocks; the
-//! callers run them off the consumer thread (the clean hand-off at a
+//! take those for a group without members.
+//!
+//! In: the Kafka config and the routes. Out: the owner of each partition
+//! asked about, or a write of one. The sink claims, hands off and marks
+//! clean through it; `sluice status` only reads it. Every call here blocks;
+//! the sink runs them off the consumer thread (the clean hand-off at a
 //! revocation excepted, where the thread waits anyway).
 
 use crate::config::{KafkaConfig, Route};
@@ -41,7 +45,7 @@ pub(crate) struct Owners {
 }
 
 impl Owners {
-    pub fn new(kafka: &KafkaConfig, routes: Vec<Arc<Route>>) -> KafkaResult<Self> {
+    pub(crate) fn new(kafka: &KafkaConfig, routes: Vec<Arc<Route>>) -> KafkaResult<Self> {
         let mut cc = kafka.client_config();
         cc.set("group.id", register_group(&kafka.group_id))
             .set("enable.auto.commit", "false")
@@ -64,12 +68,12 @@ impl Owners {
     }
 
     /// `topic[partition]` of `key`, for the log.
-    pub fn name(&self, (ri, p): Key) -> String {
+    pub(crate) fn name(&self, (ri, p): Key) -> String {
         format!("{}[{p}]", self.routes[ri].topic)
     }
 
     /// Writes `owner` (a process id, or `0` for clean) for `keys`.
-    pub fn write(&self, keys: impl IntoIterator<Item = Key>, owner: u64) -> KafkaResult<()> {
+    pub(crate) fn write(&self, keys: impl IntoIterator<Item = Key>, owner: u64) -> KafkaResult<()> {
         let tpl = self.list(keys, Some(owner));
         if tpl.count() == 0 {
             return Ok(());
@@ -79,7 +83,7 @@ impl Owners {
 
     /// Reads the owners of `keys`; a key whose answer carries an error is
     /// missing from the result.
-    pub fn read(
+    pub(crate) fn read(
         &self,
         keys: impl IntoIterator<Item = Key>,
         timeout: Duration,
@@ -113,12 +117,12 @@ pub(crate) fn client_id(owner: u64) -> String {
 }
 
 /// The register of the group `group`.
-pub(super) fn register_group(group: &str) -> String {
+pub(crate) fn register_group(group: &str) -> String {
     format!("{group}.sluice-owners")
 }
 
 /// An id for this process as an owner: 63 random bits, never 0.
-pub(super) fn new_owner() -> u64 {
+pub(crate) fn new_owner() -> u64 {
     (random() >> 1).max(1)
 }
 

@@ -1,6 +1,11 @@
 //! Names in SQL: the one table-reference type, and identifiers and
 //! literals for the SQL text that cannot take the client's binds.
 //!
+//! In: `DB.TABLE` as given on a command line, or a route's database and
+//! table. Out: a [`TableRef`], and quoted text for SQL. No I/O: the config
+//! names its routes' tables with it, and everything that talks to
+//! ClickHouse quotes with it.
+//!
 //! Queries take names and values through the client's binds (`?` with
 //! [`clickhouse::sql::Identifier`] for a name), escaped by the official
 //! client. SQL that is text to the end (an INSERT's head, the statements
@@ -17,7 +22,7 @@ pub struct TableRef {
 }
 
 impl TableRef {
-    pub fn new(database: impl Into<String>, table: impl Into<String>) -> Self {
+    pub(crate) fn new(database: impl Into<String>, table: impl Into<String>) -> Self {
         Self {
             database: database.into(),
             table: table.into(),
@@ -40,7 +45,7 @@ impl TableRef {
     }
 
     /// Another table in the same database.
-    pub fn sibling(&self, table: String) -> Self {
+    pub(crate) fn sibling(&self, table: String) -> Self {
         Self::new(self.database.clone(), table)
     }
 }
@@ -53,17 +58,17 @@ impl fmt::Display for TableRef {
 }
 
 /// A back-quoted identifier for SQL text.
-pub fn ident(s: &str) -> String {
+pub(crate) fn ident(s: &str) -> String {
     format!("`{}`", s.replace('\\', "\\\\").replace('`', "\\`"))
 }
 
 /// `` `a`, `b` ``.
-pub fn ident_list(cols: &[String]) -> String {
+pub(crate) fn ident_list(cols: &[String]) -> String {
     cols.iter().map(|c| ident(c)).collect::<Vec<_>>().join(", ")
 }
 
 /// A single-quoted string literal for SQL text.
-pub fn literal(s: &str) -> String {
+pub(crate) fn literal(s: &str) -> String {
     format!("'{}'", s.replace('\\', "\\\\").replace('\'', "\\'"))
 }
 
