@@ -15,16 +15,16 @@
 //! - `retry`: the one retry policy, for every loop that waits and tries again.
 //! - `telemetry`, `http`: Prometheus series, `/metrics`, `/health`, `/ready`.
 //!
-//! Floors, bottom up; a module imports only from floors below its own (or
-//! its own floor's other rooms where named here), never from above:
+//! Floors, bottom up; a module imports only from floors below its own,
+//! never from its own floor or above (`grep -rn 'crate::' src` shows it):
 //!
-//! 0. `sql`, `report`: no I/O, nothing of the crate.
+//! 0. `sql`, `report`: no I/O, nothing else of the crate.
 //! 1. `config`.
 //! 2. `ch`, `registry`, `owners`: one service each (ClickHouse, the schema
 //!    registry, the broker's register of owners).
-//! 3. `retry`, `telemetry`, `http` (`http` serves `telemetry`).
-//! 4. the commands: `sink`, `ops`, `send`, `status`, `check`. None of them
-//!    imports another.
+//! 3. `retry`, `telemetry`.
+//! 4. `http` (it serves `telemetry`).
+//! 5. the commands: `sink`, `ops`, `send`, `status`, `check`.
 //!
 //! The exactly-once rules themselves live in the I/O-free `sluice-protocol`
 //! crate; turning a record value into a row lives in `sluice-formats`.

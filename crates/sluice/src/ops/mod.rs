@@ -10,9 +10,8 @@
 //! Each tool reads ClickHouse only through SQL it builds in one place, prints
 //! an aligned report (or JSON) to stdout and progress to stderr, and ends in
 //! an [`Outcome`]: exit 0 when clean, 1 when it found something, 2 on
-//! error.
-//! Each reaches ClickHouse through a [`Conn`](crate::ch::Conn) built from
-//! its flags.
+//! error. Each reaches ClickHouse through a [`Conn`](crate::ch::Conn) built
+//! from its flags.
 
 pub mod audit;
 pub(crate) mod db;
@@ -20,7 +19,7 @@ pub mod repair;
 pub mod schema;
 pub mod window;
 
-// The lab names it here.
+// `sluice::ops::Outcome` as sluice-lab names it; `crate::report` is its home.
 pub use crate::report::Outcome;
 use indicatif::{ProgressBar, ProgressStyle};
 use std::time::Duration;
