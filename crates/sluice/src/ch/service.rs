@@ -55,7 +55,7 @@ pub struct InsertRequest {
     /// Unique per attempt, so the attempt can be found and killed.
     pub query_id: String,
     /// The server-clock instant (Unix ms) after which the attempt must not
-    /// start ([`ClickHouse::deadline`]); `None`: a plain insert.
+    /// start ([`ClickHouse::deadline_by`]); `None`: a plain insert.
     pub deadline_ms: Option<i64>,
     /// Settings the rows' format relies on, over every other
     /// ([`crate::config::Format::insert_settings`]).
