@@ -5,7 +5,7 @@
 STACK := scripts/stack.sh
 ENV := set -a; eval "$$($(STACK) env)"; set +a
 
-.PHONY: build stack stack-down demo test lint model bench-formats bench-resume bench-dedup bench-deadline clean-stack bench
+.PHONY: build stack stack-down demo check test lint model bench-formats bench-resume bench-dedup bench-deadline clean-stack bench
 
 build:
 	@scripts/install-deps.sh
@@ -20,6 +20,17 @@ stack-down:
 demo:
 	@scripts/demo.sh
 
+# The fast tier: no stack, no broker. Style, lints, and every test that
+# needs neither Kafka nor ClickHouse (unit and property tests, the config's
+# documented defaults, the model's CI scenarios).
+check:
+	cargo fmt --all -- --check
+	cargo clippy --all-targets -- -D warnings
+	cargo test --release --workspace --exclude sluice-cli
+	cargo test --release -p sluice-cli --bins
+
+# Everything: the fast tier's tests, then the stack's (the lab matrix
+# included).
 test:
 	@scripts/install-deps.sh
 	@scripts/test-deploy.sh
