@@ -1,7 +1,7 @@
 //! What a command ends in, and the one table layout its report uses.
 //!
 //! In: what a command found. Out: an [`Outcome`], which the binary turns
-//! into the exit status (0 clean, 1 found; an error is 2), and a [`grid`]
+//! into the exit status (0 clean, 1 found; an error is 2), and a `grid`
 //! for an aligned report. No I/O: the operator tools, `check-config`,
 //! `status`, `send` and `resend` all end here.
 

@@ -55,7 +55,7 @@ pub struct InsertRequest {
     /// Unique per attempt, so the attempt can be found and killed.
     pub query_id: String,
     /// The server-clock instant (Unix ms) after which the attempt must not
-    /// start ([`ClickHouse::deadline_by`]); `None`: a plain insert.
+    /// start (`ClickHouse::deadline_by`); `None`: a plain insert.
     pub deadline_ms: Option<i64>,
     /// Settings the rows' format relies on, over every other
     /// ([`crate::config::Format::insert_settings`]).
@@ -201,7 +201,7 @@ impl ClickHouse {
     /// Adds the settings that make the protocol's reads consistent on
     /// `table`, of engine `engine` (see the module header), where the user
     /// set none; refuses a table whose engine the delivery cannot keep its
-    /// promise on ([`refusal`]).
+    /// promise on (`refusal`).
     pub fn consistent_for(&mut self, table: &TableRef, engine: &str) -> Result<(), ChError> {
         let (insert, read) = consistency_defaults(engine);
         add_defaults(&mut self.insert_settings, insert, &self.user_settings);

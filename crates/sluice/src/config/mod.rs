@@ -7,7 +7,7 @@
 //! Precedence, lowest first: built-in defaults, the generic
 //! `KAFKA_BROKERS` / `CLICKHOUSE_URL` (they only fill in what nothing else
 //! sets), the file, `SLUICE_…` environment variables ([`env`]), then
-//! command-line flags. Secrets: [`secret`]. Kafka TLS and SASL: [`security`].
+//! command-line flags. Secrets: [`secret`]. Kafka TLS and SASL: `security`.
 //!
 //! One room per section, each validating its own: `[kafka]` (`kafka.rs`),
 //! `[clickhouse]` (`clickhouse.rs`), `[sink]` with its defaults (`sink.rs`),

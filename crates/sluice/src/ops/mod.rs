@@ -5,7 +5,7 @@
 //! - [`audit`]: `sluice audit`, duplicate rows counted by entry point.
 //! - [`repair`]: `sluice repair`, the `REPLACE PARTITION` runbook, made safe.
 //! - [`schema`]: `sluice schema`, the recommended DDL for a target table.
-//! - [`db`]: the table introspection they share.
+//! - `db`: the table introspection they share.
 //!
 //! Each tool reads ClickHouse only through SQL it builds in one place, prints
 //! an aligned report (or JSON) to stdout and progress to stderr, and ends in

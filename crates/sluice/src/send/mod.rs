@@ -2,7 +2,7 @@
 //! any.
 //!
 //! In: JSON lines ([`input`]). Out: records in a topic, confirmed by the
-//! broker, and a retry file ([`retry`]) holding every record whose delivery
+//! broker, and a retry file (`retry`) holding every record whose delivery
 //! was not confirmed, with the reason. The producer is idempotent with
 //! `acks=all`, so its own retries never write a record twice; what it
 //! cannot confirm within `--delivery-timeout` goes to the retry file, never

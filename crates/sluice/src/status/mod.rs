@@ -1,7 +1,7 @@
 //! `sluice status`: how far behind ClickHouse is, per route and partition.
 //!
-//! Data flow: [`read`] takes a reading of every partition from Kafka and
-//! ClickHouse (read-only) → [`progress`] works out the lag in records and in
+//! Data flow: `read` takes a reading of every partition from Kafka and
+//! ClickHouse (read-only) → `progress` works out the lag in records and in
 //! time and how long a lagging partition has not moved → printed as a table
 //! (or a JSON object per reading). Once by default; `--watch` redraws it
 //! every `--interval`, like `top`; `--stuck-after` watches until each

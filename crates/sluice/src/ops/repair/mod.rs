@@ -24,7 +24,7 @@
 //! Without `--execute` nothing is changed; the plan and the counts are
 //! printed. Interrupted at any step and run again, it reads which sluice
 //! tables exist and what they hold, and either rolls back or finishes
-//! ([`decide`]).
+//! (`decide`).
 
 mod plan;
 
