@@ -175,7 +175,7 @@ pub enum ConfigError {
         path: String,
         reason: String,
     },
-    #[error("{0}: not a setting (see the SLUICE_* variables in the README)")]
+    #[error("{0}: not a setting (see the SLUICE_* variables in docs/configuration.md)")]
     UnknownVar(String),
     #[error("{field}: missing; expected {expected}")]
     Missing {

@@ -562,7 +562,7 @@ impl Sink {
         self.fail(anyhow!(
             "{}{marked}. The topic was deleted and created again, its log was truncated, or the \
              cluster was migrated: these offsets are not this log's records, and reading on would \
-             skip records as stored. sluice stops; see the README, \"A topic whose offsets went \
+             skip records as stored. sluice stops; see docs/operations.md, \"A topic whose offsets went \
              back\", for the ways to go on",
             named.join("; ")
         ));
