@@ -6,7 +6,7 @@
 //! kill -9, SIGSTOP), waits until the table is still and counts in
 //! ClickHouse. [`report`] prints the matrix. The modes of one scenario run
 //! side by side, each on a broker of its own, with its own topic, table and
-//! group.
+//! group; `--jobs` scenarios (3) run at once, reported in the matrix's order.
 
 pub mod fixture;
 pub mod kafka_proxy;
@@ -22,6 +22,7 @@ use clap::builder::PossibleValuesParser;
 use fixture::Stack;
 use scenarios::{Cell, Params, MODES, SCENARIOS};
 use sluice::ops::Outcome;
+use futures::StreamExt as _;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -37,6 +38,10 @@ pub struct LabArgs {
     /// Delivery modes to compare (default: all).
     #[arg(long = "mode", value_name = "MODE", value_parser = PossibleValuesParser::new(MODES))]
     pub modes: Vec<String>,
+    /// Scenarios run at once (each mode of each on a broker of its own);
+    /// the report keeps the matrix's order.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u16).range(1..))]
+    pub jobs: u16,
     /// Also write every count as JSON.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -134,29 +139,46 @@ pub async fn run(o: &LabArgs) -> anyhow::Result<Vec<Cell>> {
     } else {
         Params::full()
     };
+    // `--jobs` scenarios at once; `buffered` hands them back in the
+    // matrix's order, so the report and the saves after each one are the
+    // same as one at a time.
+    let one = |s: String| {
+        let modes = &modes;
+        async move {
+            // A broker of each cell's own (about 4 s to start): a cell's
+            // broker restart, coordinator cut-off and load never reach
+            // another cell.
+            let modes: Vec<&'static str> = modes
+                .iter()
+                .copied()
+                .filter(|m| scenarios::applies(&s, m))
+                .collect();
+            eprintln!("lab: {s} ({})", modes.join(", "));
+            let runs = modes.iter().map(|m| {
+                let s = &s;
+                async move {
+                    let broker = fixture::PrivateBroker::start().await?;
+                    let stack = Stack {
+                        brokers: broker.brokers(),
+                        clickhouse_url: o.clickhouse_url.clone(),
+                    };
+                    scenarios::run(&stack, s, m, params).await
+                }
+            });
+            let results = futures::future::join_all(runs).await;
+            (s, modes, results)
+        }
+    };
+    let mut done = futures::stream::iter(scenarios.iter().cloned().map(one))
+        .buffered(usize::from(o.jobs));
     let mut cells = Vec::new();
-    for s in &scenarios {
-        // A broker of each cell's own (about 4 s to start): a cell's broker
-        // restart, coordinator cut-off and load never reach another cell.
-        let modes: Vec<&'static str> = modes
-            .iter()
-            .copied()
-            .filter(|m| scenarios::applies(s, m))
-            .collect();
-        eprintln!("lab: {s} ({})", modes.join(", "));
-        let runs = modes.iter().map(|m| async move {
-            let broker = fixture::PrivateBroker::start().await?;
-            let stack = Stack {
-                brokers: broker.brokers(),
-                clickhouse_url: o.clickhouse_url.clone(),
-            };
-            scenarios::run(&stack, s, m, params).await
-        });
-        for (m, r) in modes.iter().zip(futures::future::join_all(runs).await) {
+    while let Some((s, ran, results)) = futures::StreamExt::next(&mut done).await {
+        eprintln!("lab: {s} done");
+        for (m, r) in ran.iter().zip(results) {
             // A harness failure costs its cell, not the hours of the others.
             let cell = r.unwrap_or_else(|e| {
                 eprintln!("  {m}: the harness failed: {e:#}");
-                Cell::failed(s, m, format!("{e:#}"))
+                Cell::failed(&s, m, format!("{e:#}"))
             });
             eprintln!(
                 "  {m}: produced {} rows {} duplicates {} missing {}{}",
@@ -171,6 +193,7 @@ pub async fn run(o: &LabArgs) -> anyhow::Result<Vec<Cell>> {
         // After every scenario: an interrupted run keeps what it measured.
         save(o, &cells, &scenarios, &modes)?;
     }
+    drop(done);
     let modes: Vec<String> = modes.into_iter().map(String::from).collect();
     println!("{}", report::terminal(&cells, &scenarios, &modes));
     let failed: Vec<String> = cells

@@ -25,11 +25,33 @@ async fn metrics_count_a_known_run() {
     let mut sink = spec.start();
     let got = wait_for(&ch, &table, 5000, Duration::from_secs(120)).await;
     assert_eq!(got.rows, 5000, "{}", sink.log_tail());
-    // Let the last completions reach the consumer thread.
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let (status, m) = get(&addr, "/metrics").await;
-    assert_eq!(status, 200);
+    // The last completions reach the consumer thread: wait until the
+    // counters say every record was inserted and nothing is in flight.
     let t = format!("{{topic=\"{topic}\"}}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let (status, m) = loop {
+        let (status, m) = get(&addr, "/metrics").await;
+        let has = |p: &str| m.lines().any(|l| l.starts_with(p));
+        let tbl = format!("{{table=\"{table}\"}}");
+        let series = [
+            format!("sluice_records_total{t}"),
+            format!("sluice_rows_inserted_total{tbl}"),
+            format!("sluice_batches_total{tbl}"),
+            format!("sluice_insert_duration_seconds_count{tbl}"),
+            "sluice_in_flight_bytes".to_string(),
+        ];
+        let done = status == 200
+            && series.iter().all(|p| has(p))
+            && value(&m, &series[0]) >= 5000.0
+            && value(&m, &series[1]) >= 5000.0
+            && value(&m, &series[3]) >= value(&m, &series[2])
+            && value(&m, &series[4]) == 0.0;
+        if done || std::time::Instant::now() > deadline {
+            break (status, m);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(status, 200);
     assert_eq!(value(&m, &format!("sluice_records_total{t}")), 5000.0);
     let tbl = format!("{{table=\"{table}\"}}");
     assert_eq!(

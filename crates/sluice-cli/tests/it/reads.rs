@@ -42,8 +42,9 @@ async fn read_settings_reach_every_protocol_read() {
     assert_eq!((got.rows, got.distinct_offsets), (2_500, 2_500));
     assert_eq!(proxy.fired(), 1);
 
-    // query_log is flushed every second.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Every read has finished (the sink stopped): write them to query_log
+    // now rather than at its next flush.
+    exec(&ch, "SYSTEM FLUSH LOGS").await;
     let name = table.split('.').nth(1).unwrap().to_string();
     let db = table.split('.').next().unwrap().to_string();
     let reads: Vec<(String, String)> = ch
@@ -186,7 +187,7 @@ async fn deadlines_follow_a_server_clock_that_steps_back() {
     // timeout (5 s) of that clock, not of the old one. The test server
     // writes the stepped clock into the query: `now64(3)` becomes the
     // moment its head arrived, and `nowInBlock()` is moved by the step.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    exec(&ch, "SYSTEM FLUSH LOGS").await;
     let queries: Vec<String> = ch
         .query(
             "SELECT query FROM system.query_log WHERE type = 'QueryStart' \
