@@ -20,9 +20,9 @@ pub mod soak;
 
 use clap::builder::PossibleValuesParser;
 use fixture::Stack;
+use futures::StreamExt as _;
 use scenarios::{Cell, Params, MODES, SCENARIOS};
 use sluice::ops::Outcome;
-use futures::StreamExt as _;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -169,8 +169,8 @@ pub async fn run(o: &LabArgs) -> anyhow::Result<Vec<Cell>> {
             (s, modes, results)
         }
     };
-    let mut done = futures::stream::iter(scenarios.iter().cloned().map(one))
-        .buffered(usize::from(o.jobs));
+    let mut done =
+        futures::stream::iter(scenarios.iter().cloned().map(one)).buffered(usize::from(o.jobs));
     let mut cells = Vec::new();
     while let Some((s, ran, results)) = futures::StreamExt::next(&mut done).await {
         eprintln!("lab: {s} done");

@@ -749,6 +749,14 @@ pub async fn run(
                 )
                 .await?;
             r.spec.table = r.table.clone();
+            // The fault here is the refusal (code 252), not a timeout: an
+            // insert creating ~100 parts can take over the quick 3 s under
+            // load (other scenarios beside it), and a baseline's retry of an
+            // insert that did land would count as duplicates this scenario
+            // does not inject. A client timeout the inserts meet, and the
+            // fence that goes with it.
+            r.spec.insert_timeout = r.spec.insert_timeout.max(Duration::from_secs(15));
+            r.spec.fence_wait = r.spec.insert_timeout * 2 + Duration::from_secs(15);
             r.produce(0, n).await?;
             let sink = r.spec.spawn_self()?;
             let log = sink.log.clone();
