@@ -293,7 +293,7 @@ impl Run {
         Ok((report, retry_file))
     }
 
-    /// The README's way on after a recreated topic, first half: the rows
+    /// docs/operations.md's way on after a recreated topic, first half: the rows
     /// of the old topic (ids below `old`) are kept elsewhere and taken out.
     async fn move_out_old_rows(&self, old: u64) -> anyhow::Result<()> {
         let ch = self.stack.ch();
@@ -769,7 +769,7 @@ pub async fn run(
             // The table holds the old topic's rows; the topic is deleted
             // and created again, and its new records start at offset 0,
             // under those rows. Exactly-once stops (exit 2, the documented
-            // stop); the operator follows the README's way on (the old rows
+            // stop); the operator follows docs/operations.md's way on (the old rows
             // out, the group reset), and every new record lands once. Only
             // the new topic's records are counted.
             let old = n / 4;

@@ -374,7 +374,7 @@ async fn a_broker_killed_under_load_loses_and_duplicates_nothing() {
     assert!(sink.stop(Duration::from_secs(30)), "{}", sink.log_tail());
 }
 
-/// The README's rolling restart with static members: a member stopped and
+/// docs/operations.md's rolling restart with static members: a member stopped and
 /// started again within its session gets its own partitions back, and the
 /// other member never loses or gains one (no rebalance moves them).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -453,7 +453,7 @@ async fn recreate_topic(topic: &str, partitions: i32) {
 /// offsets at 0, under rows the table holds for the old one: reading on
 /// would take them for the new records and skip those. sluice stops, exit
 /// 2, naming the partition and the offsets; once the operator moved the old
-/// rows out (the README's way), every new record lands once.
+/// rows out (docs/operations.md's way), every new record lands once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_recreated_topic_stops_the_sink_until_the_old_rows_are_moved_out() {
     let (topic, table, ch) = setup("recreated", 2, 200).await;

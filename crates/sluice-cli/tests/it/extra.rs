@@ -240,7 +240,7 @@ async fn a_field_named_like_a_materialized_alias_or_ephemeral_column_goes_to_the
 /// kill -9 after the DLQ acknowledged a refused record but before the
 /// commit passed it; the operator adds the column; the next owner reads the
 /// record again, and it lands. Nothing is lost; the record may sit in the
-/// DLQ too (the README's limit: the DLQ is at-least-once).
+/// DLQ too (docs/limits.md: the DLQ is at-least-once).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refused_then_column_added_then_kill9_loses_nothing() {
     let topic = unique("xatk_add");

@@ -179,7 +179,7 @@ async fn run_until_caught_up_drains_what_was_there_and_exits_0() {
     assert_eq!((got.rows, got.distinct_offsets), (4000, 4000), "{log}");
 }
 
-/// The README's upgrade procedure: two static members; each in turn is
+/// docs/operations.md's upgrade procedure: two static members; each in turn is
 /// stopped with SIGTERM (exit 0), started again with its `instance_id`,
 /// and `status --stuck-after` passes before the next; a producer writes
 /// all along. Every record lands exactly once on a plain MergeTree.
