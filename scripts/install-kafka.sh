@@ -14,13 +14,46 @@ CACHE="${SLUICE_CACHE:-$HOME/.cache/sluice}"
 ROOT="$CACHE/kafka-$KAFKA_VERSION"
 LIBS="$ROOT/libs"
 
-if [ -f "$ROOT/.complete" ]; then echo "$LIBS"; exit 0; fi
+if [ -f "$ROOT/.complete" ] && [ -f "$ROOT/.archived" ]; then echo "$LIBS"; exit 0; fi
 command -v mvn >/dev/null || { echo "install-kafka: mvn not found (apt-get install maven)" >&2; exit 1; }
 command -v java >/dev/null || { echo "install-kafka: java not found (Kafka $KAFKA_VERSION needs Java 17+)" >&2; exit 1; }
 mkdir -p "$CACHE"
 exec 9>"$CACHE/kafka-install.lock"
 flock 9
-if [ -f "$ROOT/.complete" ]; then echo "$LIBS"; exit 0; fi
+
+# The class-data archive (classes.jsa beside libs/): a node run once, to the point it answers,
+# dumps the classes it loaded when it stops; later nodes map them instead of parsing every class
+# again (about 10 -> 3.5 CPU seconds and 7 -> 3.5 s to start on 2 cores). Without it a node still
+# starts, only slower: a failure here is reported, not fatal.
+archive() {
+  local dir port pid i
+  dir="$(mktemp -d)" port=$((20000 + RANDOM % 20000))
+  SLUICE_KAFKA_LIBS="$LIBS" SLUICE_KAFKA_ARCHIVE_AT_EXIT="$ROOT/classes.jsa.tmp" \
+    "$(dirname "${BASH_SOURCE[0]}")/kafka-node.sh" "$dir" "$port" $((port + 1)) >"$dir/kafka.log" 2>&1 &
+  pid=$!
+  for i in $(seq 600); do
+    grep -q "Kafka Server started" "$dir/kafka.log" 2>/dev/null && break
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.1
+  done
+  kill -TERM "$pid" 2>/dev/null || true
+  wait "$pid" || true
+  if [ -s "$ROOT/classes.jsa.tmp" ]; then
+    mv "$ROOT/classes.jsa.tmp" "$ROOT/classes.jsa"
+    echo "install-kafka: class-data archive ready ($ROOT/classes.jsa)" >&2
+  else
+    echo "install-kafka: no class-data archive (nodes start without it); the node's log ends:" >&2
+    tail -5 "$dir/kafka.log" >&2
+  fi
+  rm -rf "$dir"
+  touch "$ROOT/.archived"
+}
+
+if [ -f "$ROOT/.complete" ]; then
+  [ -f "$ROOT/.archived" ] || archive
+  echo "$LIBS"
+  exit 0
+fi
 rm -rf "$ROOT"
 mkdir -p "$ROOT"
 cat >"$ROOT/pom.xml" <<POM
@@ -55,5 +88,6 @@ if [ $rc -ne 0 ] || ! ls "$LIBS"/kafka_2.13-"$KAFKA_VERSION".jar >/dev/null 2>&1
   exit 1
 fi
 touch "$ROOT/.complete"
+archive
 echo "install-kafka: Apache Kafka $KAFKA_VERSION ready: $(ls "$LIBS" | wc -l) jars in $LIBS (${SECONDS}s)" >&2
 echo "$LIBS"

@@ -5,8 +5,10 @@
 //! processes ([`process`]), injects the fault by real means ([`proxy`],
 //! kill -9, SIGSTOP), waits until the table is still and counts in
 //! ClickHouse. [`report`] prints the matrix. The modes of one scenario run
-//! side by side, each on a broker of its own, with its own topic, table and
-//! group; `--jobs` scenarios (3) run at once, reported in the matrix's order.
+//! side by side on the broker `--brokers` names, each with its own topic,
+//! table and group (a scenario that restarts or cuts off a broker starts one
+//! of its own); `--jobs` scenarios (3) run at once, reported in the matrix's
+//! order.
 
 pub mod fixture;
 pub mod kafka_proxy;
@@ -38,8 +40,8 @@ pub struct LabArgs {
     /// Delivery modes to compare (default: all).
     #[arg(long = "mode", value_name = "MODE", value_parser = PossibleValuesParser::new(MODES))]
     pub modes: Vec<String>,
-    /// Scenarios run at once (each mode of each on a broker of its own);
-    /// the report keeps the matrix's order.
+    /// Scenarios run at once (each mode of each side by side); the report
+    /// keeps the matrix's order.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u16).range(1..))]
     pub jobs: u16,
     /// Also write every count as JSON.
@@ -64,8 +66,12 @@ pub struct LabArgs {
     /// Soak: the seed of the fault sequence (default: the clock).
     #[arg(long)]
     pub seed: Option<u64>,
-    /// ClickHouse HTTP URL. (Kafka is an Apache Kafka node the lab starts
-    /// for each cell, with SLUICE_STACK_KAFKA_NODE.)
+    /// Kafka bootstrap servers the cells share. (The scenarios that restart
+    /// or cut off a broker start one of their own, with
+    /// SLUICE_STACK_KAFKA_NODE.)
+    #[arg(long, env = "KAFKA_BROKERS")]
+    pub brokers: String,
+    /// ClickHouse HTTP URL.
     #[arg(long, env = "CLICKHOUSE_URL")]
     pub clickhouse_url: String,
 }
@@ -145,9 +151,6 @@ pub async fn run(o: &LabArgs) -> anyhow::Result<Vec<Cell>> {
     let one = |s: String| {
         let modes = &modes;
         async move {
-            // A broker of each cell's own (about 4 s to start): a cell's
-            // broker restart, coordinator cut-off and load never reach
-            // another cell.
             let modes: Vec<&'static str> = modes
                 .iter()
                 .copied()
@@ -157,9 +160,8 @@ pub async fn run(o: &LabArgs) -> anyhow::Result<Vec<Cell>> {
             let runs = modes.iter().map(|m| {
                 let s = &s;
                 async move {
-                    let broker = fixture::PrivateBroker::start().await?;
                     let stack = Stack {
-                        brokers: broker.brokers(),
+                        brokers: o.brokers.clone(),
                         clickhouse_url: o.clickhouse_url.clone(),
                     };
                     scenarios::run(&stack, s, m, params).await

@@ -109,12 +109,18 @@ pub struct SinkProcess {
 
 impl SinkSpec {
     /// `topic` into `table` on the stack the environment names
-    /// (`KAFKA_BROKERS`, `CLICKHOUSE_URL`, empty when unset), in a group of
-    /// its own.
+    /// (`KAFKA_BROKERS`, `CLICKHOUSE_URL`), in a group of its own. Panics
+    /// naming the variable when the stack is not there: a test that needs
+    /// it fails, never skips.
     pub fn new(topic: &str, table: &str) -> Self {
+        let stack = |var: &str| {
+            std::env::var(var).unwrap_or_else(|_| {
+                panic!("{var} is not set: start the stack (make stack) and export scripts/stack.sh env")
+            })
+        };
         Self {
-            brokers: std::env::var("KAFKA_BROKERS").unwrap_or_default(),
-            clickhouse_url: std::env::var("CLICKHOUSE_URL").unwrap_or_default(),
+            brokers: stack("KAFKA_BROKERS"),
+            clickhouse_url: stack("CLICKHOUSE_URL"),
             topic: topic.into(),
             table: table.into(),
             group: super::fixture::Stack::unique("g"),
@@ -290,7 +296,7 @@ impl SinkProcess {
             return false;
         };
         let deadline = Instant::now() + timeout;
-        loop {
+        off_the_runtime(|| loop {
             match c.try_wait() {
                 Ok(Some(s)) => return s.success(),
                 Ok(None) if Instant::now() < deadline => {
@@ -302,7 +308,21 @@ impl SinkProcess {
                     return false;
                 }
             }
+        })
+    }
+}
+
+/// Runs a wait that blocks (for a process to exit) without holding up the
+/// tasks of a multi-threaded runtime it is called on: the lab's proxies and
+/// the cells beside this one keep running meanwhile (a current-thread
+/// runtime, or none, just waits).
+pub(crate) fn off_the_runtime<R>(wait: impl FnOnce() -> R) -> R {
+    use tokio::runtime::{Handle, RuntimeFlavor};
+    match Handle::try_current() {
+        Ok(h) if h.runtime_flavor() == RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(wait)
         }
+        _ => wait(),
     }
 }
 

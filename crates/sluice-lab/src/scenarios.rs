@@ -385,6 +385,10 @@ impl Run {
             )
             .await?;
         let exited = sinks.iter_mut().any(|s| !s.is_running());
+        // All told at once, so their shutdowns overlap.
+        for s in &sinks {
+            s.signal("-TERM");
+        }
         for s in &mut sinks {
             s.stop(Duration::from_secs(60));
         }
@@ -588,6 +592,11 @@ pub async fn run(
             // The coordinator fences A at its next heartbeat, which the
             // proxy swallows: A learns nothing until its own session check.
             r.spec.instance_id = Some(Stack::unique("member"));
+            // A believes it owns the partitions until its own session check
+            // fails: the two owners' overlap. At the 6 s default a second
+            // member slow to start (a loaded machine) could find A already
+            // gone, and a baseline would show no copy; 30 s leaves no doubt.
+            r.spec.session_timeout = Duration::from_secs(30);
             let member = |client: &str| {
                 let mut s = r.spec.clone();
                 s.kafka_properties = vec![("client.id".into(), client.into())];
