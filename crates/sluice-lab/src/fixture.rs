@@ -389,7 +389,7 @@ impl PrivateBroker {
         // at once on a small machine (the lab's scenarios side by side, the
         // tests beside them) took over a minute each. At most two start at
         // once, across processes; the wait for a slot is not the broker's.
-        let slot = start_slot().await?;
+        let _slot = start_slot().await?;
         let mut cmd = std::process::Command::new(&self.node);
         // Short-lived nodes: the quick-starting compiler over peak speed.
         if std::env::var_os("SLUICE_STACK_KAFKA_OPTS").is_none() {
@@ -409,7 +409,6 @@ impl PrivateBroker {
             .with_context(|| format!("starting {}", self.node.display()))?;
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(60);
-        let _slot = slot;
         loop {
             if let Some(c) = &mut self.child {
                 if let Ok(Some(status)) = c.try_wait() {
