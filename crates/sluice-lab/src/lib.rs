@@ -24,7 +24,7 @@ use clap::builder::PossibleValuesParser;
 use fixture::Stack;
 use futures::StreamExt as _;
 use scenarios::{Cell, Params, MODES, SCENARIOS};
-use sluice::ops::Outcome;
+use sluice::report::Outcome;
 use std::path::PathBuf;
 use std::time::Duration;
 

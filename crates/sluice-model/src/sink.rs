@@ -16,16 +16,15 @@ use crate::{
     ClaimConfirm, ClaimYield, DlqConfirm, KeyDrop, LateGuard, RejectedKey, RewriteCheck, Rules,
     Settings, Sluice, UnbackedRows,
 };
-use sluice_protocol::attempt::{rows_left, Answer, Attempts};
+use sluice_protocol::attempt::Answer;
 use sluice_protocol::claim::{counts_afresh, taken_wait, Do, Start, Why};
 use sluice_protocol::deadline::{attempt_deadline, Fence, FenceStep, Millis, Moment};
-use sluice_protocol::dedup::{conditional_excluded, KeyHash, KeyWindow, Seen, Verdict};
+use sluice_protocol::dedup::{KeyHash, KeyWindow, Seen, Verdict};
+use sluice_protocol::delivery::{Delivery, Next};
 use sluice_protocol::lease::{on_register, Leases, Owner, Renewal};
 use sluice_protocol::resume::{resume_plan, Committed, LogBounds, ResetPolicy};
 use sluice_protocol::token::{insert_token, query_id};
-use sluice_protocol::{
-    AckTracker, Batch, BatchBuilder, BatchLimits, NextOffset, Offset, PartitionId,
-};
+use sluice_protocol::{AckTracker, BatchBuilder, BatchLimits, NextOffset, Offset, PartitionId};
 use std::time::Duration;
 
 /// What a process does next.
@@ -226,14 +225,12 @@ pub fn take(m: &Sluice, w: &World, p: usize, step: Step) -> Option<World> {
             let letters_sent = if letters.is_empty() { Millis(0) } else { now };
             let part = active(&mut w, p)?;
             part.job = Some(Job {
-                batch,
+                delivery: Delivery::new(batch, true, uncertain)
+                    .with_conditional(conditional, Vec::new()),
                 ticket,
-                attempts: Attempts::new(true, uncertain),
                 wait: Wait::Ready,
                 letters,
                 letters_sent,
-                conditional,
-                rejected: Vec::new(),
             });
         }
         Step::Renew => {
@@ -319,7 +316,13 @@ pub fn take(m: &Sluice, w: &World, p: usize, step: Step) -> Option<World> {
             }
             let server = w.server_ms(at);
             let job = w_active(&w, p)?.job.as_ref()?;
-            let previous = job.attempts.fence()?.clone();
+            let Next::Reconcile {
+                fence: Some(previous),
+                ..
+            } = job.delivery.next()
+            else {
+                return None;
+            };
             let mut fence = match &job.wait {
                 Wait::Ready => {
                     Fence::with_margin(previous.deadline_ms, s.insert_timeout, s.clock_margin_ms)
@@ -356,25 +359,24 @@ pub fn take(m: &Sluice, w: &World, p: usize, step: Step) -> Option<World> {
         Step::Reconcile => {
             let part = w_active(&w, p)?;
             let job = part.job.as_ref()?;
+            let Next::Reconcile { fence, rows } = job.delivery.next() else {
+                return None;
+            };
             let fenced = match job.wait {
-                Wait::Ready => job.attempts.fence().is_none(),
+                Wait::Ready => fence.is_none(),
                 Wait::Fenced => true,
                 _ => false,
             };
-            if !job.attempts.reconcile() || !fenced || !part.leases.live(KEY, part.generation, now)
-            {
+            if !fenced || !part.leases.live(KEY, part.generation, now) {
                 return None;
             }
-            let base = rows_to_send(job);
-            let present = w.present(&base);
-            let rest = base.without(&present);
+            let present = w.present(&rows);
             let part = active(&mut w, p)?;
             let job = part.job.as_mut()?;
-            job.attempts.reconciled();
-            if rest.is_empty() {
+            job.delivery.reconciled(&present);
+            job.wait = Wait::Ready;
+            if matches!(job.delivery.next(), Next::Durable(_)) {
                 durable(part, &rules);
-            } else {
-                job.wait = Wait::Reconciled(rest);
             }
         }
         Step::Send => {
@@ -383,19 +385,21 @@ pub fn take(m: &Sluice, w: &World, p: usize, step: Step) -> Option<World> {
             let g = part.generation;
             let lease_end = part.leases.until(KEY, g, now)?;
             let job = part.job.as_mut()?;
-            let batch = match &job.wait {
-                Wait::Ready if !job.attempts.reconcile() => rows_to_send(job),
-                Wait::Reconciled(b) => b.clone(),
-                _ => return None,
-            };
-            if batch.is_empty() {
+            if job.wait != Wait::Ready {
+                return None;
+            }
+            let (batch, number) = match job.delivery.next() {
+                Next::Insert { rows, number } => (rows, number),
                 // Every record went to the DLQ or was dropped for its key:
                 // nothing to insert.
-                durable(part, &rules);
-                return Some(w);
-            }
+                Next::Durable(_) => {
+                    durable(part, &rules);
+                    return Some(w);
+                }
+                Next::Reconcile { .. } | Next::Waiting => return None,
+            };
             let token = insert_token(TABLE, TOPIC, 0, batch.offsets());
-            let qid = query_id(&token, job.attempts.next());
+            let qid = query_id(&token, number);
             let clock = w.procs[p].clock;
             let deadline = attempt_deadline(
                 |t| clock.ms_at(t).unwrap_or(server),
@@ -410,11 +414,8 @@ pub fn take(m: &Sluice, w: &World, p: usize, step: Step) -> Option<World> {
             };
             let part = active(&mut w, p)?;
             let job = part.job.as_mut()?;
-            job.wait = Wait::InFlight {
-                query_id: qid.clone(),
-                deadline_ms: Some(deadline),
-                sent: now,
-            };
+            job.delivery.sent(qid.clone(), Some(deadline));
+            job.wait = Wait::InFlight { sent: now };
             w.inserts.push(Insert {
                 from: id,
                 query_id: qid,
@@ -429,16 +430,17 @@ pub fn take(m: &Sluice, w: &World, p: usize, step: Step) -> Option<World> {
             let reset_left = w.left.resets > 0;
             let part = active(&mut w, p)?;
             let job = part.job.as_ref()?;
-            let Wait::InFlight { query_id, sent, .. } = &job.wait else {
+            let Wait::InFlight { sent } = &job.wait else {
                 return None;
             };
+            let (query_id, _) = job.delivery.in_flight()?;
             let timed_out = now.since(*sent) >= timeout;
             if !timed_out && !reset_left {
                 return None;
             }
             let lost = Insert {
                 from: id,
-                query_id: query_id.clone(),
+                query_id: query_id.to_string(),
                 rows: Vec::new(),
                 deadline_ms: None,
                 sent: *sent,
@@ -456,10 +458,9 @@ pub fn take(m: &Sluice, w: &World, p: usize, step: Step) -> Option<World> {
 /// The job waiting for the answer to request `to`, if any.
 fn waiting_for<'a>(part: &'a mut Part, to: &Insert) -> Option<&'a mut Job> {
     let job = part.job.as_mut()?;
-    match &job.wait {
-        Wait::InFlight { query_id, sent, .. } if *query_id == to.query_id && *sent == to.sent => {
-            Some(job)
-        }
+    let asked = job.delivery.in_flight().map(|(q, _)| q) == Some(to.query_id.as_str());
+    match job.wait {
+        Wait::InFlight { sent } if asked && sent == to.sent => Some(job),
         _ => None,
     }
 }
@@ -470,17 +471,14 @@ pub fn on_answer(part: &mut Part, to: &Insert, answer: Answer, now: Millis, rule
     let Some(job) = waiting_for(part, to) else {
         return;
     };
-    let Wait::InFlight { deadline_ms, .. } = job.wait else {
-        return;
-    };
-    job.attempts
-        .answered(to.query_id.clone(), deadline_ms, answer);
+    job.delivery.answered(answer);
     job.wait = Wait::Ready;
-    match answer {
-        Answer::Stored => durable(part, rules),
-        // Refused after its deadline: the clock may have stood still.
-        Answer::TooLate => part.leases.suspect(KEY, g, now),
-        _ => {}
+    if matches!(job.delivery.next(), Next::Durable(_)) {
+        durable(part, rules);
+    }
+    // Refused after its deadline: the clock may have stood still.
+    if answer == Answer::TooLate {
+        part.leases.suspect(KEY, g, now);
     }
 }
 
@@ -495,14 +493,9 @@ pub fn on_rejected(m: &Sluice, w: &mut World, to: &Insert, row: Offset) {
     let Some(job) = waiting_for(part, to) else {
         return;
     };
-    let Wait::InFlight { deadline_ms, .. } = job.wait else {
-        return;
-    };
-    job.attempts
-        .answered(to.query_id.clone(), deadline_ms, Answer::Rejected);
+    job.delivery.answered(Answer::Rejected);
+    job.delivery.reject([row]);
     job.wait = Wait::Ready;
-    let at = job.rejected.partition_point(|&o| o < row);
-    job.rejected.insert(at, row);
     // One stamp per job for its letters (its earlier ones, if any, have
     // landed when it has none left).
     if job.letters.is_empty() {
@@ -519,17 +512,6 @@ pub fn on_rejected(m: &Sluice, w: &mut World, to: &Insert, row: Offset) {
     });
 }
 
-/// The rows the next attempt of `job` holds (`sink/writer.rs`): without
-/// those ClickHouse rejected and the conditional rows whose copy is
-/// covered. One batch is in flight at a time, so a conditional row's copy
-/// is always in its own batch (one in an earlier, settled batch made the
-/// verdict a drop), and `earlier` is never asked.
-fn rows_to_send(job: &Job) -> Batch {
-    let first = job.batch.first().unwrap_or(Offset(i64::MAX));
-    let excluded = conditional_excluded(&job.conditional, first, &job.rejected, |_| true);
-    rows_left(&job.batch, &job.rejected, &excluded)
-}
-
 /// The batch's rows are durable: it is done once the DLQ acknowledged its
 /// letters (`sink/writer.rs`, `dlq::confirm`). Its completion reaches the
 /// consumer thread: the window forgets the keys of its rejected rows, and
@@ -544,7 +526,7 @@ fn durable(part: &mut Part, rules: &Rules) {
     }
     if let Some(keys) = part.keys.as_mut() {
         if rules.rejected_key == RejectedKey::Forget {
-            for &o in &job.rejected {
+            for &o in job.delivery.rejected() {
                 let key = keys.key(o);
                 keys.window.forget(key, o);
             }

@@ -9,10 +9,11 @@
 
 use crate::{Bounds, Rules, Settings};
 use sluice_protocol::acks::Ticket;
-use sluice_protocol::attempt::{Answer, Attempts};
+use sluice_protocol::attempt::Answer;
 use sluice_protocol::claim::{ClaimTimes, Start};
 use sluice_protocol::deadline::{Fence, Millis, ServerClock};
 use sluice_protocol::dedup::{KeyHash, KeyWindow};
+use sluice_protocol::delivery::Delivery;
 use sluice_protocol::lease::{Leases, Owner};
 use sluice_protocol::resume::Committed;
 use sluice_protocol::{AckTracker, Batch, BatchBuilder, NextOffset, Offset};
@@ -241,40 +242,29 @@ pub enum Rewrite {
 /// One batch on its way (the model keeps one per partition).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Job {
-    pub batch: Batch,
+    /// The batch's way to the table: the sink's own machine.
+    pub delivery: Delivery,
     pub ticket: Ticket,
-    pub attempts: Attempts,
     pub wait: Wait,
     /// Its records queued for the DLQ and not yet acknowledged.
     pub letters: Vec<Offset>,
     /// When they were queued.
     pub letters_sent: Millis,
-    /// Key dedup: `(row, copy)`, ascending, for rows written on the
-    /// condition that the copy of their key at `copy` is not stored.
-    pub conditional: Vec<(Offset, Offset)>,
-    /// Its rows ClickHouse rejected (ascending): sent to the DLQ, never
-    /// inserted.
-    pub rejected: Vec<Offset>,
 }
 
+/// What a job waits for besides what its [`Delivery`] decides.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Wait {
-    /// Ready for its next attempt (which may fence and reconcile first).
+    /// Its delivery's next step.
     Ready,
     /// Fencing the last unsettled attempt.
     Fencing(Fence),
     /// Fenced; reconciliation is next.
     Fenced,
-    /// Reconciled: these rows are missing.
-    Reconciled(Batch),
     /// Its rows are durable; the DLQ has not acknowledged every letter.
     Letters,
-    /// Attempt sent, no answer yet.
-    InFlight {
-        query_id: String,
-        deadline_ms: Option<i64>,
-        sent: Millis,
-    },
+    /// Attempt sent at this time, no answer yet.
+    InFlight { sent: Millis },
 }
 
 /// The server's clock as a process reads it: the same as the process's own

@@ -15,6 +15,8 @@
 //! - [`attempt`]: each attempt's answer → whether the next one fences an
 //!   earlier one and asks ClickHouse which rows it holds first, and which
 //!   rows it sends.
+//! - [`delivery`]: one batch's way to the table, as a machine: fence and
+//!   ask, insert a share, take the answer (the writer and the model drive it).
 //! - [`deadline`]: readings of the server's clock → an attempt's deadline on
 //!   it, and when an attempt whose outcome is unknown can no longer commit.
 //! - [`resume`]: committed offset + ClickHouse watermark + the log's bounds →
@@ -38,6 +40,7 @@ pub mod batch;
 pub mod claim;
 pub mod deadline;
 pub mod dedup;
+pub mod delivery;
 pub mod lease;
 pub mod offset;
 pub mod resume;

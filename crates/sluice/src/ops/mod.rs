@@ -9,7 +9,7 @@
 //!
 //! Each tool reads ClickHouse only through SQL it builds in one place, prints
 //! an aligned report (or JSON) to stdout and progress to stderr, and ends in
-//! an [`Outcome`]: exit 0 when clean, 1 when it found something, 2 on
+//! an [`Outcome`](crate::report::Outcome): exit 0 when clean, 1 when it found something, 2 on
 //! error. Each reaches ClickHouse through a [`Conn`](crate::ch::Conn) built
 //! from its flags.
 
@@ -19,8 +19,6 @@ pub mod repair;
 pub mod schema;
 pub mod window;
 
-// `sluice::ops::Outcome` as sluice-lab names it; `crate::report` is its home.
-pub use crate::report::Outcome;
 use indicatif::{ProgressBar, ProgressStyle};
 use std::time::Duration;
 

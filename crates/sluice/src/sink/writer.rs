@@ -52,8 +52,8 @@ use crate::retry::Delays;
 use crate::telemetry;
 use sluice_formats::RowEncoder;
 use sluice_protocol::acks::Ticket;
-use sluice_protocol::attempt::{rows_left, Answer, Attempts, Unsettled, REFUSED_AT_START};
-use sluice_protocol::dedup::conditional_excluded;
+use sluice_protocol::attempt::{Answer, Unsettled, REFUSED_AT_START};
+use sluice_protocol::delivery::{self, Durable, Next};
 use sluice_protocol::token::{insert_token, query_id};
 use sluice_protocol::{Batch, Offset};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -168,31 +168,28 @@ async fn queue(
     Ok(Some(pending))
 }
 
+/// Drives the batch's [`delivery::Delivery`]: each step's I/O, until it is durable.
 async fn attempt_until_done(job: &Job, ctx: &WriterCtx, letters: &mut Vec<Pending>) -> Outcome {
     let exactly_once = ctx.delivery.is_exactly_once();
-    let mut attempts = Attempts::new(exactly_once, job.uncertain);
     let mut delays = Delays::new(Duration::from_millis(100));
-    // Rows ClickHouse rejected, sent to the DLQ: never inserted.
-    let mut rejected: Vec<Offset> = Vec::new();
     // ClickHouse refused a field the route's cached columns hold.
     let mut stale_columns = false;
     let p = &job.batch.partition;
     let table = job.route.table_ref();
     let label = table.to_string();
-    let Some(earlier_uncovered) = earlier_uncovered(job).await else {
+    let Some(uncovered) = earlier_uncovered(job).await else {
         return Outcome::Abandoned;
     };
-    let first = job.batch.first().unwrap_or(Offset(i64::MAX));
     let key = (job.route_idx, p.partition);
-    // Rows per insert, once the server asked for fewer (code 252); the rows
-    // earlier shares stored, ascending, and how many.
+    // Rows per insert, once the server asked for fewer (code 252).
     let hint = &ctx.per_insert[job.route_idx];
-    let mut per_insert = match hint.load(Ordering::Relaxed) {
+    let per_insert = match hint.load(Ordering::Relaxed) {
         0 => None,
         n => Some(n.saturating_mul(2)),
     };
-    let mut stored: Vec<Offset> = Vec::new();
-    let mut inserted = 0;
+    let mut way = delivery::Delivery::new(job.batch.clone(), exactly_once, job.uncertain)
+        .with_conditional(job.conditional.clone(), uncovered)
+        .with_per_insert(per_insert);
     loop {
         if exactly_once {
             tokio::select! {
@@ -206,35 +203,25 @@ async fn attempt_until_done(job: &Job, ctx: &WriterCtx, letters: &mut Vec<Pendin
         let Ok(_permit) = ctx.permits.acquire().await else {
             return Outcome::Abandoned;
         };
-        let excluded = conditional_excluded(&job.conditional, first, &rejected, |c| {
-            !earlier_uncovered.contains(&c)
-        });
-        let mut base = rows_left(&job.batch, &rejected, &excluded);
-        if !stored.is_empty() {
-            base = base.without(&stored);
-        }
-        let rest = if attempts.reconcile() {
-            match reconcile(job, &base, ctx, attempts.fence()).await {
-                Ok(b) => {
-                    attempts.reconciled();
-                    b
+        let (batch, attempt) = match way.next() {
+            Next::Durable(done) => return durable(job, ctx, done, stale_columns),
+            Next::Reconcile { fence, rows } => {
+                match reconcile(job, &rows, ctx, fence.as_ref()).await {
+                    Ok(present) => way.reconciled(&present),
+                    Err(e) => {
+                        tracing::warn!(partition = %p, error = %e, "reconciliation failed; will retry");
+                        delays.wait(&job.abandon).await;
+                    }
                 }
-                Err(e) => {
-                    tracing::warn!(partition = %p, error = %e, "reconciliation failed; will retry");
-                    delays.wait(&job.abandon).await;
-                    continue;
-                }
+                continue;
             }
-        } else {
-            base
-        };
-        if rest.is_empty() {
-            return durable(job, ctx, inserted, &rejected, excluded.len(), stale_columns);
-        }
-        let whole = per_insert.is_none_or(|n| n >= rest.len());
-        let batch = match per_insert {
-            Some(n) if !whole => rest.head(n),
-            _ => rest,
+            Next::Insert { rows, number } => (rows, number),
+            // Every attempt is answered before the next step; one that were
+            // not would be taken as unknown: fenced, then reconciled.
+            Next::Waiting => {
+                way.answered(Answer::Unknown);
+                continue;
+            }
         };
         // Reconciliation takes time: check again right before the insert,
         // and let the deadline end with the lease.
@@ -242,7 +229,6 @@ async fn attempt_until_done(job: &Job, ctx: &WriterCtx, letters: &mut Vec<Pendin
         if exactly_once && (lease_end.is_none() || job.abandon.is_cancelled()) {
             continue;
         }
-        let attempt = attempts.next();
         let token = ctx
             .delivery
             .sends_tokens()
@@ -267,32 +253,25 @@ async fn attempt_until_done(job: &Job, ctx: &WriterCtx, letters: &mut Vec<Pendin
             deadline_ms,
             format_settings: job.route.insert_settings(),
         };
+        way.sent(qid, deadline_ms);
         let result = ctx.ch.insert(req).await;
         let answered = answer(&result);
-        attempts.answered(qid, deadline_ms, answered);
+        way.answered(answered);
         match (answered, result) {
             (_, Ok(())) => {
                 tracing::debug!(partition = %p, rows = batch.len(), attempt, "inserted");
                 telemetry::batch_inserted(&label, batch.len(), started.elapsed());
-                inserted += batch.len();
-                hint.store(per_insert.unwrap_or(0), Ordering::Relaxed);
-                if whole {
-                    return durable(job, ctx, inserted, &rejected, excluded.len(), stale_columns);
-                }
-                // Each share is the lowest rows left: ascending, as `without` needs.
-                stored.extend(batch.offsets());
+                hint.store(way.per_insert().unwrap_or(0), Ordering::Relaxed);
             }
             (_, Err(e)) if e.wants_fewer_rows() => {
-                if batch.len() == 1 {
+                if !way.split() {
                     return Outcome::Failed(e);
                 }
-                let n = batch.len() / 2;
-                per_insert = Some(n);
                 telemetry::insert_retried(&label, "partitions");
                 tracing::warn!(
                     partition = %p,
                     rows = batch.len(),
-                    per_insert = n,
+                    per_insert = way.per_insert(),
                     error = %e,
                     "ClickHouse takes fewer rows per insert (too many table partitions, or too large a body); splitting it"
                 );
@@ -362,8 +341,7 @@ async fn attempt_until_done(job: &Job, ctx: &WriterCtx, letters: &mut Vec<Pendin
                             })
                         }
                     }
-                    let at = rejected.partition_point(|o| *o < offset);
-                    rejected.insert(at, offset);
+                    way.reject([offset]);
                 }
                 stale_columns |= e.unknown_field().is_some();
             }
@@ -441,19 +419,17 @@ async fn earlier_uncovered(job: &Job) -> Option<Vec<Offset>> {
 
 /// The outcome of a batch whose rows are stored; a rejected row carries its
 /// business key (read back from the row) so the dedup window can forget it.
-fn durable(
-    job: &Job,
-    ctx: &WriterCtx,
-    inserted: usize,
-    rejected: &[Offset],
-    excluded: usize,
-    stale_columns: bool,
-) -> Outcome {
+fn durable(job: &Job, ctx: &WriterCtx, done: Durable, stale_columns: bool) -> Outcome {
+    let Durable {
+        inserted,
+        rejected,
+        excluded,
+    } = done;
     let encoder = &ctx.encoders[job.route_idx];
     let batch = &job.batch;
     let rejected = rejected
-        .iter()
-        .map(|&o| {
+        .into_iter()
+        .map(|o| {
             let key = batch
                 .offsets()
                 .position(|x| x == o)
@@ -478,39 +454,35 @@ fn durable(
     }
 }
 
-/// Fences the previous attempt, then drops the rows of `batch` ClickHouse
+/// Fences the previous attempt, then asks which rows of `batch` ClickHouse
 /// already has.
 async fn reconcile(
     job: &Job,
     batch: &Batch,
     ctx: &WriterCtx,
     previous: Option<&Unsettled>,
-) -> Result<Batch, ChError> {
+) -> Result<Vec<Offset>, ChError> {
     if let Some(u) = previous {
         ctx.ch.fence_attempt(&u.query_id, u.deadline_ms).await?;
     }
     let (Some(first), Some(last)) = (batch.first(), batch.last()) else {
-        return Ok(batch.clone());
+        return Ok(Vec::new());
     };
     let present = ctx
         .ch
         .present_offsets(&job.route, batch.partition.partition, first, last)
         .await?;
-    let rest = batch.without(&present);
-    telemetry::reconciled(
-        &job.route.table_ref().to_string(),
-        batch.len() - rest.len(),
-        batch.len(),
-    );
+    let held = batch.len() - batch.without(&present).len();
+    telemetry::reconciled(&job.route.table_ref().to_string(), held, batch.len());
     tracing::info!(
         partition = %batch.partition,
         first = first.0,
         last = last.0,
-        present = batch.len() - rest.len(),
-        missing = rest.len(),
+        present = held,
+        missing = batch.len() - held,
         "reconciled"
     );
-    Ok(rest)
+    Ok(present)
 }
 
 #[cfg(test)]

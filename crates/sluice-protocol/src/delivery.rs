@@ -1,0 +1,476 @@
+//! One batch → durable: the order of its attempts, as a machine.
+//!
+//! In: the batch (on a key-dedup route, with its conditional rows and the
+//! copies in earlier batches that turned out not stored), then what each
+//! step's I/O found: the rows a reconciliation found stored
+//! ([`Delivery::reconciled`]), an attempt sent and its answer
+//! ([`Delivery::sent`], [`Delivery::answered`]), rows ClickHouse rejected
+//! ([`Delivery::reject`]), a server that takes fewer rows per insert
+//! ([`Delivery::split`]). Out: the next step ([`Delivery::next`]): fence an
+//! attempt that may still commit and ask which rows the table holds, insert
+//! a share of the rows left, wait for an answer, or nothing more (durable).
+//!
+//! The sink's writer does each step's I/O and the model
+//! (`sluice-model`) drives the same machine, so the order in which a batch
+//! is fenced, reconciled and sent is the checked one. What the machine does
+//! not decide is the caller's, and the same in both: an attempt starts only
+//! under a live lease, with its deadline from [`crate::deadline`].
+//!
+//! In exactly-once mode a batch is never re-sent blind: after an unknown
+//! outcome, a rejection or a refusal, the next attempt asks first
+//! ([`Attempts`]). A row ClickHouse rejected is never sent again (it went
+//! to the DLQ). A conditional row is left out once its copy is covered
+//! ([`conditional_excluded`]). A server that refuses the rows of one insert
+//! (too many table partitions, too large a body) gets shares of half as
+//! many rows, each an insert of its own; a stored share is not sent again.
+
+use crate::attempt::{rows_left, Answer, Attempts, Unsettled};
+use crate::batch::Batch;
+use crate::dedup::conditional_excluded;
+use crate::offset::Offset;
+
+/// One batch's way to the table.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Delivery {
+    batch: Batch,
+    attempts: Attempts,
+    /// Key dedup: `(row, copy)`, ascending: rows written on the condition
+    /// that the copy of their key at `copy` is not stored.
+    conditional: Vec<(Offset, Offset)>,
+    /// Copies in earlier batches that conditional rows wait on and that
+    /// turned out not stored.
+    uncovered: Vec<Offset>,
+    /// Rows ClickHouse rejected (ascending): sent to the DLQ, never again.
+    rejected: Vec<Offset>,
+    /// Rows earlier shares stored (ascending).
+    stored: Vec<Offset>,
+    inserted: usize,
+    /// Rows per insert, once the server took fewer than the rows left.
+    per_insert: Option<usize>,
+    /// The rows of the last attempt sent.
+    last_share: usize,
+    state: State,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum State {
+    /// The next step is worked out from what is known.
+    Ready,
+    /// Reconciled: these rows are missing, and the next attempt sends them.
+    Reconciled(Batch),
+    /// An attempt is out; its answer is next.
+    InFlight {
+        share: Batch,
+        whole: bool,
+        query_id: String,
+        deadline_ms: Option<i64>,
+    },
+    /// Every row is stored, rejected or left out.
+    Durable,
+}
+
+/// What the caller does next.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Next {
+    /// Fence `fence` (an earlier attempt that may still commit) if any,
+    /// then ask which rows of `rows` the table holds:
+    /// [`Delivery::reconciled`].
+    Reconcile {
+        fence: Option<Unsettled>,
+        rows: Batch,
+    },
+    /// Send `rows` as attempt `number` ([`Delivery::sent`]).
+    Insert { rows: Batch, number: u32 },
+    /// An attempt is out: [`Delivery::answered`].
+    Waiting,
+    /// Nothing left to send.
+    Durable(Durable),
+}
+
+/// A batch whose rows are all stored, rejected or left out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Durable {
+    /// Rows this delivery's attempts stored.
+    pub inserted: usize,
+    /// Rows ClickHouse rejected (ascending).
+    pub rejected: Vec<Offset>,
+    /// Conditional rows left out, their copy being covered.
+    pub excluded: usize,
+}
+
+impl Delivery {
+    /// A batch some of whose rows may already be stored (`uncertain`: read
+    /// again after a restart) reconciles before its first attempt.
+    pub fn new(batch: Batch, exactly_once: bool, uncertain: bool) -> Self {
+        Self {
+            batch,
+            attempts: Attempts::new(exactly_once, uncertain),
+            conditional: Vec::new(),
+            uncovered: Vec::new(),
+            rejected: Vec::new(),
+            stored: Vec::new(),
+            inserted: 0,
+            per_insert: None,
+            last_share: 0,
+            state: State::Ready,
+        }
+    }
+
+    /// Key dedup: the batch's conditional rows (`(row, copy)`, ascending),
+    /// and the copies in earlier batches that turned out not stored (an
+    /// earlier copy not named is covered).
+    pub fn with_conditional(
+        mut self,
+        conditional: Vec<(Offset, Offset)>,
+        uncovered: Vec<Offset>,
+    ) -> Self {
+        self.conditional = conditional;
+        self.uncovered = uncovered;
+        self
+    }
+
+    /// Starts with shares of at most `rows` rows (what fitted the server
+    /// last time, doubled).
+    pub fn with_per_insert(mut self, rows: Option<usize>) -> Self {
+        self.per_insert = rows.filter(|&n| n > 0);
+        self
+    }
+
+    pub fn batch(&self) -> &Batch {
+        &self.batch
+    }
+
+    /// Key dedup: the conditional rows, `(row, copy)`.
+    pub fn conditional(&self) -> &[(Offset, Offset)] {
+        &self.conditional
+    }
+
+    /// Rows ClickHouse rejected so far (ascending).
+    pub fn rejected(&self) -> &[Offset] {
+        &self.rejected
+    }
+
+    /// Rows per insert, once the server took fewer than the rows left.
+    pub fn per_insert(&self) -> Option<usize> {
+        self.per_insert
+    }
+
+    /// The attempt out, if any: its query id and deadline.
+    pub fn in_flight(&self) -> Option<(&str, Option<i64>)> {
+        match &self.state {
+            State::InFlight {
+                query_id,
+                deadline_ms,
+                ..
+            } => Some((query_id, *deadline_ms)),
+            _ => None,
+        }
+    }
+
+    /// The conditional rows the next attempt leaves out.
+    fn excluded(&self) -> Vec<Offset> {
+        let first = self.batch.first().unwrap_or(Offset(i64::MAX));
+        conditional_excluded(&self.conditional, first, &self.rejected, |c| {
+            !self.uncovered.contains(&c)
+        })
+    }
+
+    /// The rows not yet rejected, left out or stored by an earlier share.
+    fn rows_left(&self) -> Batch {
+        let left = rows_left(&self.batch, &self.rejected, &self.excluded());
+        if self.stored.is_empty() {
+            left
+        } else {
+            left.without(&self.stored)
+        }
+    }
+
+    /// The next attempt's rows, out of `rest`, and whether they are all of it.
+    fn share(&self, rest: &Batch) -> (Batch, bool) {
+        match self.per_insert {
+            Some(n) if n < rest.len() => (rest.head(n), false),
+            _ => (rest.clone(), true),
+        }
+    }
+
+    /// The rows the next attempt sends, and whether they are all that is
+    /// left; `None` when a reconciliation comes first or nothing is left.
+    fn to_send(&self) -> Option<(Batch, bool)> {
+        let rest = match &self.state {
+            State::Reconciled(rest) => rest.clone(),
+            State::Ready if !self.attempts.reconcile() => self.rows_left(),
+            _ => return None,
+        };
+        (!rest.is_empty()).then(|| self.share(&rest))
+    }
+
+    pub fn next(&self) -> Next {
+        match &self.state {
+            State::InFlight { .. } => Next::Waiting,
+            State::Durable => self.durable(),
+            State::Ready if self.attempts.reconcile() => Next::Reconcile {
+                fence: self.attempts.fence().cloned(),
+                rows: self.rows_left(),
+            },
+            State::Ready | State::Reconciled(_) => match self.to_send() {
+                Some((rows, _)) => Next::Insert {
+                    rows,
+                    number: self.attempts.next(),
+                },
+                None => self.durable(),
+            },
+        }
+    }
+
+    fn durable(&self) -> Next {
+        Next::Durable(Durable {
+            inserted: self.inserted,
+            rejected: self.rejected.clone(),
+            excluded: self.excluded().len(),
+        })
+    }
+
+    /// The attempt to fence was fenced and the table holds `present` of
+    /// the rows [`Next::Reconcile`] named (ascending): the next attempt
+    /// sends the rest.
+    pub fn reconciled(&mut self, present: &[Offset]) {
+        if self.state != State::Ready || !self.attempts.reconcile() {
+            return;
+        }
+        let rest = self.rows_left().without(present);
+        self.attempts.reconciled();
+        self.state = State::Reconciled(rest);
+    }
+
+    /// The attempt [`Next::Insert`] named went out with this query id and
+    /// deadline on the server's clock (none outside exactly-once).
+    pub fn sent(&mut self, query_id: String, deadline_ms: Option<i64>) {
+        let Some((share, whole)) = self.to_send() else {
+            return;
+        };
+        self.last_share = share.len();
+        self.state = State::InFlight {
+            share,
+            whole,
+            query_id,
+            deadline_ms,
+        };
+    }
+
+    /// The attempt out was answered (or given up on: [`Answer::Unknown`]).
+    pub fn answered(&mut self, answer: Answer) {
+        let State::InFlight {
+            share,
+            whole,
+            query_id,
+            deadline_ms,
+        } = std::mem::replace(&mut self.state, State::Ready)
+        else {
+            return;
+        };
+        self.attempts.answered(query_id, deadline_ms, answer);
+        if answer != Answer::Stored {
+            return;
+        }
+        self.inserted += share.len();
+        if whole {
+            self.state = State::Durable;
+        } else {
+            self.stored.extend(share.offsets());
+            self.stored.sort_unstable();
+        }
+    }
+
+    /// ClickHouse rejected `rows` of the last attempt (after
+    /// [`Self::answered`] with [`Answer::Rejected`]): they go to the DLQ
+    /// and are never sent again.
+    pub fn reject(&mut self, rows: impl IntoIterator<Item = Offset>) {
+        for o in rows {
+            if let Err(at) = self.rejected.binary_search(&o) {
+                self.rejected.insert(at, o);
+            }
+        }
+    }
+
+    /// The server takes fewer rows per insert than the last attempt held:
+    /// the next shares hold half as many. False if it held one row.
+    pub fn split(&mut self) -> bool {
+        if self.last_share <= 1 {
+            return false;
+        }
+        self.per_insert = Some(self.last_share / 2);
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::batch::{BatchBuilder, BatchLimits, PartitionId};
+
+    fn batch(offsets: std::ops::Range<i64>) -> Batch {
+        let limits = BatchLimits {
+            max_rows: 1000,
+            max_bytes: 1 << 20,
+            max_age: std::time::Duration::from_secs(1),
+            aligned: false,
+        };
+        let id = PartitionId {
+            topic: "t".into(),
+            partition: 0,
+        };
+        let mut b = BatchBuilder::new(id, limits);
+        for o in offsets {
+            b.push(Offset(o), crate::deadline::Millis(0), |buf| {
+                buf.extend_from_slice(format!("{o}\n").as_bytes());
+                Ok::<_, ()>(())
+            })
+            .expect("a row");
+        }
+        b.take().expect("a batch")
+    }
+
+    fn offsets(b: &Batch) -> Vec<i64> {
+        b.offsets().map(|o| o.0).collect()
+    }
+
+    fn insert(d: &Delivery) -> (Vec<i64>, u32) {
+        match d.next() {
+            Next::Insert { rows, number } => (offsets(&rows), number),
+            other => panic!("expected an insert, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_stored_attempt_makes_the_batch_durable() {
+        let mut d = Delivery::new(batch(0..3), true, false);
+        assert_eq!(insert(&d), (vec![0, 1, 2], 0));
+        d.sent("q0".into(), Some(10));
+        assert_eq!(d.next(), Next::Waiting);
+        assert_eq!(d.in_flight(), Some(("q0", Some(10))));
+        d.answered(Answer::Stored);
+        let Next::Durable(done) = d.next() else {
+            panic!("durable")
+        };
+        assert_eq!(done.inserted, 3);
+    }
+
+    #[test]
+    fn an_unknown_outcome_is_fenced_and_only_the_missing_rows_are_sent() {
+        let mut d = Delivery::new(batch(0..4), true, false);
+        d.sent("q0".into(), Some(10));
+        d.answered(Answer::Unknown);
+        match d.next() {
+            Next::Reconcile { fence, rows } => {
+                assert_eq!(fence.map(|u| u.query_id), Some("q0".into()));
+                assert_eq!(offsets(&rows), [0, 1, 2, 3]);
+            }
+            other => panic!("{other:?}"),
+        }
+        d.reconciled(&[Offset(0), Offset(2)]);
+        assert_eq!(insert(&d), (vec![1, 3], 1));
+        d.sent("q1".into(), Some(20));
+        d.answered(Answer::Stored);
+        assert!(matches!(
+            d.next(),
+            Next::Durable(Durable { inserted: 2, .. })
+        ));
+    }
+
+    #[test]
+    fn a_batch_read_again_asks_first_and_may_be_durable_without_an_insert() {
+        let mut d = Delivery::new(batch(5..8), true, true);
+        assert!(matches!(d.next(), Next::Reconcile { fence: None, .. }));
+        d.sent("q0".into(), None);
+        assert!(d.in_flight().is_none(), "nothing is sent before it asks");
+        d.reconciled(&[Offset(5), Offset(6), Offset(7)]);
+        assert!(matches!(
+            d.next(),
+            Next::Durable(Durable { inserted: 0, .. })
+        ));
+    }
+
+    #[test]
+    fn a_rejected_row_is_never_sent_again_and_the_rest_is_reconciled() {
+        let mut d = Delivery::new(batch(0..4), true, false);
+        d.sent("q0".into(), Some(10));
+        d.answered(Answer::Rejected);
+        d.reject([Offset(2)]);
+        match d.next() {
+            Next::Reconcile { fence, rows } => {
+                assert_eq!(fence, None, "a rejection ended the query");
+                assert_eq!(offsets(&rows), [0, 1, 3]);
+            }
+            other => panic!("{other:?}"),
+        }
+        d.reconciled(&[Offset(0), Offset(1)]);
+        assert_eq!(insert(&d).0, [3]);
+        d.sent("q1".into(), Some(20));
+        d.answered(Answer::Stored);
+        let Next::Durable(done) = d.next() else {
+            panic!("durable")
+        };
+        assert_eq!(done.rejected, [Offset(2)]);
+    }
+
+    #[test]
+    fn a_refused_share_is_halved_and_stored_shares_are_not_sent_again() {
+        let mut d = Delivery::new(batch(0..5), true, false);
+        d.sent("q0".into(), Some(10));
+        d.answered(Answer::Refused);
+        assert!(d.split());
+        assert_eq!(d.per_insert(), Some(2));
+        // A refusal may follow stored blocks: ask first.
+        assert!(matches!(d.next(), Next::Reconcile { fence: None, .. }));
+        d.reconciled(&[]);
+        assert_eq!(insert(&d).0, [0, 1]);
+        d.sent("q1".into(), Some(20));
+        d.answered(Answer::Stored);
+        // Every later attempt asks first: the earlier refusal may have
+        // stored rows.
+        d.reconciled(&[]);
+        assert_eq!(insert(&d).0, [2, 3]);
+        d.sent("q2".into(), Some(30));
+        d.answered(Answer::Stored);
+        d.reconciled(&[]);
+        assert_eq!(insert(&d).0, [4]);
+        d.sent("q3".into(), Some(40));
+        d.answered(Answer::Stored);
+        assert!(matches!(
+            d.next(),
+            Next::Durable(Durable { inserted: 5, .. })
+        ));
+        assert!(!Delivery::new(batch(0..1), true, false).split());
+    }
+
+    #[test]
+    fn conditional_rows_are_left_out_once_their_copy_is_covered() {
+        // Row 3 duplicates the key of row 1 (this batch), row 4 that of
+        // row 0 of an earlier batch, which turned out not stored.
+        let d = Delivery::new(batch(1..5), true, false).with_conditional(
+            vec![(Offset(3), Offset(1)), (Offset(4), Offset(0))],
+            vec![Offset(0)],
+        );
+        assert_eq!(insert(&d).0, [1, 2, 4]);
+        let mut d = d;
+        d.sent("q0".into(), Some(1));
+        d.answered(Answer::Rejected);
+        d.reject([Offset(1)]);
+        d.reconciled(&[]);
+        assert_eq!(
+            insert(&d).0,
+            [2, 3, 4],
+            "row 1's copy was rejected: row 3 stands for the key"
+        );
+    }
+
+    #[test]
+    fn outside_exactly_once_every_attempt_sends_the_same_rows() {
+        let mut d = Delivery::new(batch(0..3), false, true);
+        for n in 0..3 {
+            assert_eq!(insert(&d), (vec![0, 1, 2], n));
+            d.sent(format!("q{n}"), None);
+            d.answered(Answer::Unknown);
+        }
+    }
+}
