@@ -5,7 +5,7 @@
 STACK := scripts/stack.sh
 ENV := set -a; eval "$$($(STACK) env)"; set +a
 
-.PHONY: build stack stack-down demo check test lint model bench-formats bench-resume bench-dedup bench-deadline clean-stack bench
+.PHONY: build stack stack-down demo check test lint model bench-formats bench-parts bench-resume bench-dedup bench-deadline clean-stack bench
 
 build:
 	@scripts/install-deps.sh
@@ -80,6 +80,13 @@ bench-formats:
 	@cargo run --release --quiet -p sluice-formats --example decode_cost
 	@cargo build --release --quiet --bin sluice
 	@$(ENV); BENCH_BIN=target/release "$$SLUICE_CLIENTS_PYTHON" scripts/bench/formats.py
+
+# INSERTs per second and rows per INSERT as the partition count grows at a
+# steady input rate (BENCH_PARTITIONS, BENCH_RATE, BENCH_SECS, BENCH_WARMUP).
+bench-parts:
+	@$(STACK) up >/dev/null
+	@cargo build --release --quiet --bin sluice
+	@$(ENV); BENCH_BIN=target/release "$$SLUICE_CLIENTS_PYTHON" scripts/bench/parts.py
 
 bench-resume:
 	@$(STACK) up >/dev/null
