@@ -37,7 +37,7 @@ test:
 	@$(STACK) up >/dev/null
 	@$(ENV); "$$SLUICE_CHDB_PYTHON" stack/test_chdb_server.py
 	@$(ENV); "$$SLUICE_CLIENTS_PYTHON" -W ignore::ResourceWarning stack/test_schema_registry.py
-	@$(ENV); cargo test --release --workspace --lib --bins --tests -- --test-threads=4
+	@$(ENV); scripts/test.sh --test-threads=4
 
 # The checked model, deeper than `make test` checks it: each entry is
 # SECS RECORDS REBALANCES CRASHES LOST_COMMITS RESETS FORGETS
