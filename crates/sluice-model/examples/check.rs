@@ -8,7 +8,9 @@
 //! bit mask of the offsets whose rows ClickHouse rejects, and KEYS gives
 //! each record's business key as one digit (`001`: key dedup, the first two
 //! records share a key; absent: no key dedup); `MAX_STATES` caps the search
-//! and `MAX_ROWS` the rows per batch (default: RECORDS). `FAIR=STALLS,SECS`
+//! and `MAX_ROWS` the rows per batch (default: RECORDS); `REFUSALS=N` lets
+//! ClickHouse refuse N inserts for too many table partitions (the sink
+//! splits the batch). `FAIR=STALLS,SECS`
 //! checks liveness too (`Fair`: at most STALLS unfair seconds, recovery
 //! within SECS of the last fault); `START=clean` or `START=shared` starts
 //! with a clean partition assigned to both processes (`shared`: until a
@@ -119,6 +121,10 @@ fn bounds(args: &[String]) -> Option<Bounds> {
         lost_commits: small(4, 0)?,
         resets: small(5, 0)?,
         forgets: small(6, 0)?,
+        refusals: match std::env::var("REFUSALS") {
+            Ok(s) => s.parse().ok()?,
+            Err(_) => 0,
+        },
         servers,
         start: match std::env::var("START").as_deref() {
             Ok("shared") => Start::SharedByBoth,

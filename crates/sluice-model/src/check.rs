@@ -64,6 +64,9 @@ pub enum Action {
     /// Insert `i`, holding a row ClickHouse rejects after its first row,
     /// stores the rows before it (a partial insert), then names it.
     StoreBefore(usize),
+    /// Insert `i`, running, stores its first `k` rows and is refused for
+    /// holding too many table partitions (code 252).
+    Refuse(usize, usize),
     /// The clean mark in flight lands in the register.
     LandMark,
     /// The rewrite in flight lands in the register.
@@ -138,6 +141,10 @@ impl Model for Sluice {
             actions.push(Action::Store(i));
             if self.bounds.rejected != 0 {
                 actions.push(Action::StoreBefore(i));
+            }
+            if w.left.refusals > 0 {
+                let rows = w.inserts[i].rows.len();
+                actions.extend((0..rows.saturating_sub(1)).map(|k| Action::Refuse(i, k)));
             }
         }
         actions.extend((0..w.letters.len()).map(Action::LandLetter));
@@ -333,6 +340,21 @@ impl Sluice {
                     }
                 }
             }
+            Action::Refuse(i, k) => {
+                let ins = w.inserts.get(i)?;
+                ins.running_since?;
+                if w.left.refusals == 0 || k + 1 >= ins.rows.len() {
+                    return None;
+                }
+                w.left.refusals -= 1;
+                for o in &ins.rows[..k] {
+                    w.table[o.0 as usize] += 1;
+                }
+                let ins = w.inserts.remove(i);
+                if let Some(part) = w.part_of(ins.from) {
+                    sink::on_refused(part, &ins, &self.rules);
+                }
+            }
             Action::LandMark => {
                 if !w.mark_in_flight {
                     return None;
@@ -448,6 +470,10 @@ fn note(m: &Sluice, before: &World, after: &World, a: Action) -> String {
                 .last()
                 .map(|i| i.rows.iter().map(|o| o.0).collect::<Vec<_>>());
             format!("  sends {:?}", sent.unwrap_or_default())
+        }
+        Action::Refuse(i, k) => {
+            let stored: Vec<i64> = before.inserts[i].rows[..k].iter().map(|o| o.0).collect();
+            format!("  stores {stored:?}, then refused: too many table partitions")
         }
         Action::Store(i) | Action::StoreBefore(i) => {
             let rows = &before.inserts[i].rows;

@@ -108,6 +108,22 @@ pub enum RejectedKey {
     Keep,
 }
 
+/// What an insert refused for holding too many table partitions (code
+/// 252) means for the next one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RefusedInsert {
+    /// The product ([`Answer::Refused`]): the refusal may come after the
+    /// insert's first blocks were stored, so the next attempt asks first.
+    ///
+    /// [`Answer::Refused`]: sluice_protocol::attempt::Answer::Refused
+    MayHaveStored,
+    /// Unsafe: it never started ([`Answer::NotSent`]), so its rows are sent
+    /// again without asking.
+    ///
+    /// [`Answer::NotSent`]: sluice_protocol::attempt::Answer::NotSent
+    NothingStored,
+}
+
 /// What a claim that lost the partition to another process does next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ClaimYield {
@@ -131,6 +147,7 @@ pub struct Rules {
     pub key_drop: KeyDrop,
     pub rejected_key: RejectedKey,
     pub claim_yield: ClaimYield,
+    pub refused: RefusedInsert,
 }
 
 impl Rules {
@@ -144,6 +161,7 @@ impl Rules {
         key_drop: KeyDrop::SettledCopy,
         rejected_key: RejectedKey::Forget,
         claim_yield: ClaimYield::Yield,
+        refused: RefusedInsert::MayHaveStored,
     };
 }
 
@@ -181,6 +199,10 @@ pub struct Bounds {
     pub resets: u8,
     /// Times the broker forgets the register's entry (offset retention).
     pub forgets: u8,
+    /// Times ClickHouse refuses a running INSERT of more than one row as
+    /// holding too many table partitions (code 252), after storing the
+    /// rows of its first blocks or none: the sink splits the batch.
+    pub refusals: u8,
     /// Servers behind the one address (1 or 2): server `s`'s clock runs `s`
     /// seconds behind the first's (the assumption: they disagree by at most
     /// 1 s). The fence sees every server's queries and kills on each
@@ -237,6 +259,7 @@ impl Bounds {
         lost_commits: 1,
         resets: 1,
         forgets: 0,
+        refusals: 0,
         servers: 1,
         start: Start::Owned,
         fair: None,

@@ -13,8 +13,8 @@
 
 use crate::world::{Claim, Insert, Job, Keys, Letter, Part, Phase, Rewrite, Wait, World};
 use crate::{
-    ClaimConfirm, ClaimYield, DlqConfirm, KeyDrop, LateGuard, RejectedKey, RewriteCheck, Rules,
-    Settings, Sluice, UnbackedRows,
+    ClaimConfirm, ClaimYield, DlqConfirm, KeyDrop, LateGuard, RefusedInsert, RejectedKey,
+    RewriteCheck, Rules, Settings, Sluice, UnbackedRows,
 };
 use sluice_protocol::attempt::Answer;
 use sluice_protocol::claim::{counts_afresh, taken_wait, Do, Start, Why};
@@ -480,6 +480,23 @@ pub fn on_answer(part: &mut Part, to: &Insert, answer: Answer, now: Millis, rule
     if answer == Answer::TooLate {
         part.leases.suspect(KEY, g, now);
     }
+}
+
+/// ClickHouse refused request `to` for holding too many table partitions
+/// (after storing some of its rows): if its sender still waits for it, the
+/// next attempts send shares of half as many rows (`sink/writer.rs`).
+pub fn on_refused(part: &mut Part, to: &Insert, rules: &Rules) {
+    let Some(job) = waiting_for(part, to) else {
+        return;
+    };
+    job.delivery.answered(match rules.refused {
+        RefusedInsert::MayHaveStored => Answer::Refused,
+        RefusedInsert::NothingStored => Answer::NotSent,
+    });
+    job.wait = Wait::Ready;
+    // The model refuses only inserts of more than one row: the sink stops
+    // on a row that fits no insert.
+    job.delivery.split();
 }
 
 /// ClickHouse rejected request `to` at `row` (`(at row N)`; the query

@@ -77,6 +77,7 @@ pub struct Faults {
     pub lost_commits: u8,
     pub resets: u8,
     pub forgets: u8,
+    pub refusals: u8,
     /// Seconds that pass while a process or a message could have moved
     /// (a freeze, a slow server, a message held); only counted when the
     /// search checks liveness ([`crate::Bounds::fair`]).
@@ -323,6 +324,7 @@ impl World {
                 lost_commits: b.lost_commits,
                 resets: b.resets,
                 forgets: b.forgets,
+                refusals: b.refusals,
                 stalls: b.fair.map_or(0, |f| f.stalls),
             },
             ids: b.processes as u64,

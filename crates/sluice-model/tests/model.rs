@@ -3,8 +3,8 @@
 //! with the trace printed. `make model` runs deeper bounds.
 
 use sluice_model::{
-    trace, Bounds, ClaimConfirm, ClaimYield, DlqConfirm, Fair, KeyDrop, LateGuard, RejectedKey,
-    RewriteCheck, Rules, Settings, Sluice, Start, UnbackedRows,
+    trace, Bounds, ClaimConfirm, ClaimYield, DlqConfirm, Fair, KeyDrop, LateGuard, RefusedInsert,
+    RejectedKey, RewriteCheck, Rules, Settings, Sluice, Start, UnbackedRows,
 };
 use stateright::{Checker, HasDiscoveries, Model};
 use std::time::{Duration, Instant};
@@ -126,6 +126,31 @@ fn records_for_the_dlq_keep_exactly_once() {
         ..bounds(2, 5, [1, 1, 0, 0])
     };
     holds("a record for the DLQ, a rebalance and a crash, 5 s", b);
+}
+
+#[test]
+fn a_server_that_takes_fewer_rows_per_insert_keeps_exactly_once() {
+    // Inserts refused for too many table partitions after storing none or
+    // some of their rows: the batch goes in shares of half as many rows.
+    let b = Bounds {
+        refusals: 2,
+        ..bounds(3, 8, [0, 0, 0, 0])
+    };
+    holds("two refusals, 3 records, 8 s", b);
+}
+
+#[test]
+fn taking_a_refusal_for_an_insert_that_never_started_stores_rows_twice() {
+    let rules = Rules {
+        refused: RefusedInsert::NothingStored,
+        ..Rules::SAFE
+    };
+    let b = Bounds {
+        refusals: 1,
+        ..bounds(3, 4, [0, 0, 0, 0])
+    };
+    let t = breaks(Sluice::new(rules, b), TWICE);
+    assert!(t.contains("then refused"), "{t}");
 }
 
 #[test]
