@@ -243,10 +243,14 @@ impl Delivery {
     }
 
     /// The attempt [`Next::Insert`] named went out with this query id and
-    /// deadline on the server's clock (none outside exactly-once).
+    /// deadline on the server's clock (none outside exactly-once). Sent
+    /// when no insert was due (a caller's mistake), it is still an attempt
+    /// whose answer counts: one that does not say stored is fenced and
+    /// reconciled like any other, and nothing counts as stored by it.
     pub fn sent(&mut self, query_id: String, deadline_ms: Option<i64>) {
-        let Some((share, whole)) = self.to_send() else {
-            return;
+        let (share, whole) = match self.to_send() {
+            Some(due) => due,
+            None => (self.rows_left().head(0), false),
         };
         self.last_share = share.len();
         self.state = State::InFlight {
@@ -289,6 +293,10 @@ impl Delivery {
             if let Err(at) = self.rejected.binary_search(&o) {
                 self.rejected.insert(at, o);
             }
+        }
+        // What a reconciliation left to send may hold them.
+        if let State::Reconciled(_) = self.state {
+            self.state = State::Ready;
         }
     }
 
@@ -381,8 +389,6 @@ mod tests {
     fn a_batch_read_again_asks_first_and_may_be_durable_without_an_insert() {
         let mut d = Delivery::new(batch(5..8), true, true);
         assert!(matches!(d.next(), Next::Reconcile { fence: None, .. }));
-        d.sent("q0".into(), None);
-        assert!(d.in_flight().is_none(), "nothing is sent before it asks");
         d.reconciled(&[Offset(5), Offset(6), Offset(7)]);
         assert!(matches!(
             d.next(),
@@ -462,6 +468,35 @@ mod tests {
             [2, 3, 4],
             "row 1's copy was rejected: row 3 stands for the key"
         );
+    }
+
+    #[test]
+    fn an_attempt_sent_when_none_was_due_is_still_fenced() {
+        let mut d = Delivery::new(batch(0..3), true, true);
+        d.sent("q0".into(), Some(10));
+        d.answered(Answer::Unknown);
+        match d.next() {
+            Next::Reconcile { fence, .. } => {
+                assert_eq!(fence.map(|u| u.query_id), Some("q0".into()))
+            }
+            other => panic!("{other:?}"),
+        }
+        d.sent("q1".into(), Some(20));
+        d.answered(Answer::Stored);
+        assert!(
+            matches!(d.next(), Next::Reconcile { .. }),
+            "nothing counts as stored by it"
+        );
+    }
+
+    #[test]
+    fn a_row_rejected_after_a_reconciliation_is_left_out_of_its_rest() {
+        let mut d = Delivery::new(batch(0..3), true, true);
+        d.reconciled(&[]);
+        d.reject([Offset(1)]);
+        assert!(matches!(d.next(), Next::Reconcile { .. }));
+        d.reconciled(&[]);
+        assert_eq!(insert(&d).0, [0, 2]);
     }
 
     #[test]

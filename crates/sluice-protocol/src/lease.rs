@@ -131,6 +131,17 @@ impl<K: Ord + Copy, T: Moment> Leases<K, T> {
         }
     }
 
+    /// [`Self::suspect`] for every lease held: the server's clock ran ahead
+    /// of ours, which is what a host suspended under a running process
+    /// looks like from inside it (its monotonic clock stood still while the
+    /// leases' real time ran out).
+    pub fn suspect_all(&mut self, now: T) {
+        for h in self.held.values_mut() {
+            h.until = h.until.min(now);
+            h.suspect_since = Some(now);
+        }
+    }
+
     /// A lease that ended by `now` ends at `now`, and a suspicion raised by
     /// then is raised at `now`: when they happened no longer changes what
     /// any later call answers, so a model's states that differ only in it
@@ -194,6 +205,20 @@ mod tests {
     use super::*;
 
     use crate::deadline::Millis as Ms;
+
+    #[test]
+    fn a_clock_that_ran_ahead_ends_every_lease_until_a_later_read() {
+        let mut l = Leases::new(Duration::from_secs(10));
+        l.hold(1, 1, Ms(0));
+        l.hold(2, 1, Ms(0));
+        l.suspect_all(Ms(1_000));
+        assert!(!l.live(1, 1, Ms(1_000)) && !l.live(2, 1, Ms(1_000)));
+        // A read sent before the suspicion proves nothing.
+        l.renew(1, 1, Ms(500));
+        assert!(!l.live(1, 1, Ms(1_100)));
+        l.renew(1, 1, Ms(1_200));
+        assert!(l.live(1, 1, Ms(1_300)) && !l.live(2, 1, Ms(1_300)));
+    }
 
     #[test]
     fn a_lease_runs_from_the_send_time_of_its_last_confirmation() {

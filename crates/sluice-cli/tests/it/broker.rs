@@ -448,6 +448,32 @@ fn held(log: &str) -> std::collections::BTreeSet<String> {
     held
 }
 
+/// A route's topic that does not exist yet when the sink starts is read
+/// once it is created: within seconds, not librdkafka's default metadata
+/// refresh of 5 minutes (a topic created by a deploy beside the sink).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_topic_created_after_the_start_is_read_within_seconds() {
+    let topic = unique("late_topic");
+    let ch = ch();
+    let table = create_table(&ch, &unique("it")).await;
+    let spec = SinkSpec::new(&topic, &table);
+    let mut sink = spec.start();
+    wait_for_log(&sink, "Unknown topic or partition", Duration::from_secs(60)).await;
+    stack()
+        .create_topic(&topic, 2)
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    produce(&topic, 2, 0, 100);
+    let got = wait_for(&ch, &table, 100, Duration::from_secs(60)).await;
+    assert_eq!(
+        (got.distinct_offsets, got.duplicates()),
+        (100, 0),
+        "{}",
+        sink.log_tail()
+    );
+    assert!(sink.stop(Duration::from_secs(60)), "{}", sink.log_tail());
+}
+
 async fn recreate_topic(topic: &str, partitions: i32) {
     stack()
         .recreate_topic(topic, partitions)

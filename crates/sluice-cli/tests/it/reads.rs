@@ -216,3 +216,37 @@ async fn deadlines_follow_a_server_clock_that_steps_back() {
         );
     }
 }
+
+/// A server clock that jumps ahead of ours is what a host suspended under
+/// the sink looks like from inside it: its monotonic clock stood still
+/// while the leases' real time ran out, and a deadline on the new reading
+/// would reach past them. Every lease waits for a renewal read sent after
+/// the jump; the sink goes on, and every record lands once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_clock_that_jumps_ahead_makes_every_lease_renew_first() {
+    let topic = unique("clockjump");
+    create_topic(&topic, 2).await;
+    produce(&topic, 2, 0, 500);
+    let port = free_port();
+    let dir = std::env::temp_dir().join(unique("chdb"));
+    let clock = std::env::temp_dir().join(unique("clock"));
+    std::fs::write(&clock, "0").unwrap();
+    let _server = private_clickhouse(port, dir, &[format!("--clock-file={}", clock.display())]);
+    let ch = ch_at(&format!("http://127.0.0.1:{port}"));
+    let table = create_table(&ch, &unique("it")).await;
+    let mut spec = SinkSpec::new(&topic, &table);
+    spec.clickhouse_url = format!("http://127.0.0.1:{port}");
+    spec.max_batch_rows = 100;
+    let mut sink = spec.start();
+    let got = wait_for(&ch, &table, 500, Duration::from_secs(90)).await;
+    assert_eq!(got.distinct_offsets, 500, "{}", sink.log_tail());
+    std::fs::write(&clock, "60000").unwrap();
+    wait_for_log(&sink, "ran ahead of ours", Duration::from_secs(30)).await;
+    let t = topic.clone();
+    tokio::task::spawn_blocking(move || produce(&t, 2, 500, 500))
+        .await
+        .unwrap();
+    let got = wait_for(&ch, &table, 1_000, Duration::from_secs(90)).await;
+    assert!(sink.stop(Duration::from_secs(60)), "{}", sink.log_tail());
+    assert_eq!((got.rows, got.distinct_offsets), (1_000, 1_000));
+}

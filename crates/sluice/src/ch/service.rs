@@ -171,6 +171,13 @@ impl ClickHouse {
         Ok(now)
     }
 
+    /// How many readings found the server's clock ahead of what ours
+    /// predicted: ours may have stood still (a suspended host), and every
+    /// lease with it ([`crate::sink`] suspects them).
+    pub(crate) fn clock_jumps(&self) -> u64 {
+        self.clock.jumps.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
     /// The deadline of an attempt that must start by `latest` (a lease's
     /// end) on our clock: `insert_timeout` after the earlier of now and
     /// `latest`, on the server's clock. A process stopped between checking
@@ -771,17 +778,24 @@ fn quote_str(text: &str) -> String {
 /// The server's clock as read from here ([`deadline::ServerClock`]), shared
 /// by the tasks of one service.
 #[derive(Debug, Default)]
-struct SharedClock(std::sync::Mutex<deadline::ServerClock<Instant>>);
+struct SharedClock {
+    held: std::sync::Mutex<deadline::ServerClock<Instant>>,
+    /// Readings that found the server's clock ahead of what ours predicted.
+    jumps: std::sync::atomic::AtomicU64,
+}
 
 impl SharedClock {
     /// Takes a reading; logs a clock that moved (stepped, or drifted
     /// against ours) by more than [`deadline::CLOCK_STEP_MS`].
     fn observe(&self, server_ms: i64, sent: Instant, received: Instant, force: bool) {
         let moved = self
-            .0
+            .held
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .observe(server_ms, sent, received, force);
+        if moved.is_some_and(|ms| ms > 0) {
+            self.jumps.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
         match moved {
             Some(ms) if ms < -deadline::CLOCK_MARGIN_MS => tracing::error!(
                 moved_ms = ms,
@@ -801,7 +815,7 @@ impl SharedClock {
     /// The server's clock at `t` on ours (Unix ms); the client's wall clock
     /// until the first reading.
     fn ms_at(&self, t: Instant) -> i64 {
-        let held = *self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let held = *self.held.lock().unwrap_or_else(|p| p.into_inner());
         held.ms_at(t).unwrap_or_else(|| {
             unix_ms() - Instant::now().saturating_duration_since(t).as_millis() as i64
         })

@@ -235,7 +235,11 @@ pub async fn run(
             sink.events(),
             renewing.clone(),
         ));
-        tokio::spawn(reread_clock(ctx.ch.clone(), renewing.clone()));
+        tokio::spawn(reread_clock(
+            ctx.ch.clone(),
+            ctx.lease.clone(),
+            renewing.clone(),
+        ));
     }
 
     let consumer = build_consumer(&cfg, sink, me)?;
@@ -364,6 +368,9 @@ async fn start_clickhouse(
     }
 }
 
+/// How often the consumer asks for the topics' metadata (sluice: 10 s).
+const METADATA_REFRESH: &str = "topic.metadata.refresh.interval.ms";
+
 fn build_consumer(cfg: &Config, sink: Sink, me: u64) -> anyhow::Result<BaseConsumer<SinkContext>> {
     let k = &cfg.kafka;
     // librdkafka's share of the memory bound: its prefetch queue.
@@ -398,6 +405,12 @@ fn build_consumer(cfg: &Config, sink: Sink, me: u64) -> anyhow::Result<BaseConsu
         .set("statistics.interval.ms", "10000");
     if let Some(id) = &k.instance_id {
         cc.set("group.instance.id", id);
+    }
+    // A route's topic created after the start (or whose metadata the broker
+    // had not yet spread) is read once a metadata refresh shows it:
+    // librdkafka's default waits 5 minutes for that.
+    if !k.properties.contains_key(METADATA_REFRESH) {
+        cc.set(METADATA_REFRESH, "10000");
     }
     // Named after the register's owner id, so `sluice status` names the
     // same process whichever it reads.
@@ -594,7 +607,7 @@ impl ConsumerErrors {
 /// Reads the server's clock every [`CLOCK_REREAD`] until `stop`: a clock
 /// that stepped or drifted is seen within that, not only at the next fence
 /// or late answer, and every later deadline follows it.
-async fn reread_clock(ch: ClickHouse, stop: CancellationToken) {
+async fn reread_clock(ch: ClickHouse, lease: Lease, stop: CancellationToken) {
     let mut every = tokio::time::interval(CLOCK_REREAD);
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -602,8 +615,11 @@ async fn reread_clock(ch: ClickHouse, stop: CancellationToken) {
             _ = every.tick() => {}
             _ = stop.cancelled() => return,
         }
-        if let Err(e) = ch.server_now(false).await {
-            tracing::debug!(error = %e, "cannot read ClickHouse's clock; will try again");
+        match ch.server_now(false).await {
+            Ok(_) => {
+                lease.follow_clock(ch.clock_jumps());
+            }
+            Err(e) => tracing::debug!(error = %e, "cannot read ClickHouse's clock; will try again"),
         }
     }
 }

@@ -40,12 +40,15 @@ use tokio_util::sync::CancellationToken;
 #[derive(Debug, Clone)]
 pub(crate) struct Lease {
     held: Arc<Mutex<Leases<Key, Instant>>>,
+    /// The server clock's jumps ahead of ours seen so far.
+    jumps: Arc<Mutex<u64>>,
 }
 
 impl Lease {
     pub(crate) fn new(term: Duration) -> Self {
         Self {
             held: Arc::new(Mutex::new(Leases::new(term))),
+            jumps: Arc::default(),
         }
     }
 
@@ -88,6 +91,22 @@ impl Lease {
     /// from now on confirms it: our clock may not be trusted.
     pub(crate) fn suspect(&self, key: Key, generation: u64) {
         self.lock().suspect(key, generation, Instant::now());
+    }
+
+    /// Suspects every lease if the server's clock ran ahead of ours since
+    /// the last call (`jumps`: [`crate::ch::ClickHouse::clock_jumps`]);
+    /// true if it did.
+    pub(crate) fn follow_clock(&self, jumps: u64) -> bool {
+        let mut seen = self.jumps.lock().unwrap_or_else(|p| p.into_inner());
+        if jumps <= *seen {
+            return false;
+        }
+        *seen = jumps;
+        self.lock().suspect_all(Instant::now());
+        tracing::warn!(
+            "ClickHouse's clock ran ahead of ours (a suspended host?): every lease waits for a renewal read sent from now on"
+        );
+        true
     }
 
     /// Waits until this generation of `key` may write. It may never: the

@@ -191,6 +191,11 @@ async fn attempt_until_done(job: &Job, ctx: &WriterCtx, letters: &mut Vec<Pendin
         .with_conditional(job.conditional.clone(), uncovered)
         .with_per_insert(per_insert);
     loop {
+        // Durable needs no lease and no permit: a leaving partition's last
+        // batch is done even if its lease ran out meanwhile.
+        if let Next::Durable(done) = way.next() {
+            return durable(job, ctx, done, stale_columns);
+        }
         if exactly_once {
             tokio::select! {
                 _ = ctx.lease.ready(key, job.generation) => {}
@@ -245,6 +250,13 @@ async fn attempt_until_done(job: &Job, ctx: &WriterCtx, letters: &mut Vec<Pendin
         let deadline_ms = lease_end
             .filter(|_| exactly_once)
             .map(|end| ctx.ch.deadline_by(end));
+        // A jump of the server's clock seen by then moved the deadline with
+        // it, past a lease that may have run out while this host stood
+        // still: wait for a renewal. One seen later leaves this deadline on
+        // the old reading, in the past if the host stood still.
+        if exactly_once && ctx.lease.follow_clock(ctx.ch.clock_jumps()) {
+            continue;
+        }
         let req = InsertRequest {
             table: table.clone(),
             body: batch.body().clone(),
@@ -284,8 +296,11 @@ async fn attempt_until_done(job: &Job, ctx: &WriterCtx, letters: &mut Vec<Pendin
                 // Our clock may have stood still (a suspended VM): trust the
                 // lease again only after a renewal read sent from now on.
                 ctx.lease.suspect(key, job.generation);
-                if let Err(e) = ctx.ch.server_now(true).await {
-                    tracing::warn!(error = %e, "cannot read the server's clock");
+                match ctx.ch.server_now(true).await {
+                    Ok(_) => {
+                        ctx.lease.follow_clock(ctx.ch.clock_jumps());
+                    }
+                    Err(e) => tracing::warn!(error = %e, "cannot read the server's clock"),
                 }
                 delays.wait(&job.abandon).await;
             }
