@@ -246,8 +246,12 @@ impl Delivery {
     /// deadline on the server's clock (none outside exactly-once). Sent
     /// when no insert was due (a caller's mistake), it is still an attempt
     /// whose answer counts: one that does not say stored is fenced and
-    /// reconciled like any other, and nothing counts as stored by it.
+    /// reconciled like any other, and nothing counts as stored by it. A
+    /// batch durable, or with an attempt out, takes no other.
     pub fn sent(&mut self, query_id: String, deadline_ms: Option<i64>) {
+        if matches!(self.state, State::Durable | State::InFlight { .. }) {
+            return;
+        }
         let (share, whole) = match self.to_send() {
             Some(due) => due,
             None => (self.rows_left().head(0), false),
@@ -486,6 +490,20 @@ mod tests {
         assert!(
             matches!(d.next(), Next::Reconcile { .. }),
             "nothing counts as stored by it"
+        );
+        d.reconciled(&[]);
+        d.sent("q2".into(), Some(30));
+        d.sent("q3".into(), Some(40));
+        assert_eq!(
+            d.in_flight(),
+            Some(("q2", Some(30))),
+            "one attempt out at a time"
+        );
+        d.answered(Answer::Stored);
+        d.sent("q4".into(), Some(50));
+        assert!(
+            matches!(d.next(), Next::Durable(_)),
+            "a durable batch sends nothing"
         );
     }
 

@@ -48,6 +48,9 @@ struct Held<T> {
 pub struct Leases<K, T> {
     held: BTreeMap<K, Held<T>>,
     term: Duration,
+    /// The last [`Self::suspect_all`]: a lease confirmed by a read sent
+    /// before it starts suspect.
+    all_suspect_since: Option<T>,
 }
 
 impl<K: Ord + Copy, T: Moment> Leases<K, T> {
@@ -55,6 +58,7 @@ impl<K: Ord + Copy, T: Moment> Leases<K, T> {
         Self {
             held: BTreeMap::new(),
             term,
+            all_suspect_since: None,
         }
     }
 
@@ -65,10 +69,12 @@ impl<K: Ord + Copy, T: Moment> Leases<K, T> {
     /// `key` (this `generation` of it) is ours since a read of the register
     /// sent at `sent`.
     pub fn hold(&mut self, key: K, generation: u64, sent: T) {
+        let suspect_since = self.all_suspect_since.filter(|&s| sent < s);
+        let until = sent.after(self.term);
         let held = Held {
             generation,
-            until: sent.after(self.term),
-            suspect_since: None,
+            until: suspect_since.map_or(until, |s| until.min(s)),
+            suspect_since,
             leaving: false,
         };
         self.held.insert(key, held);
@@ -136,6 +142,7 @@ impl<K: Ord + Copy, T: Moment> Leases<K, T> {
     /// looks like from inside it (its monotonic clock stood still while the
     /// leases' real time ran out).
     pub fn suspect_all(&mut self, now: T) {
+        self.all_suspect_since = Some(now);
         for h in self.held.values_mut() {
             h.until = h.until.min(now);
             h.suspect_since = Some(now);
@@ -218,6 +225,14 @@ mod tests {
         assert!(!l.live(1, 1, Ms(1_100)));
         l.renew(1, 1, Ms(1_200));
         assert!(l.live(1, 1, Ms(1_300)) && !l.live(2, 1, Ms(1_300)));
+        // A lease taken later on a read sent before the suspicion (a claim
+        // read before the host stood still) starts suspect too.
+        l.hold(3, 1, Ms(900));
+        assert!(!l.live(3, 1, Ms(1_300)));
+        l.renew(3, 1, Ms(1_400));
+        assert!(l.live(3, 1, Ms(1_500)));
+        l.hold(4, 1, Ms(1_100));
+        assert!(l.live(4, 1, Ms(1_500)));
     }
 
     #[test]

@@ -788,14 +788,17 @@ impl SharedClock {
     /// Takes a reading; logs a clock that moved (stepped, or drifted
     /// against ours) by more than [`deadline::CLOCK_STEP_MS`].
     fn observe(&self, server_ms: i64, sent: Instant, received: Instant, force: bool) {
-        let moved = self
-            .held
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .observe(server_ms, sent, received, force);
-        if moved.is_some_and(|ms| ms > 0) {
-            self.jumps.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        }
+        let moved = {
+            let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+            let moved = held.observe(server_ms, sent, received, force);
+            // Counted before the new reading can be used: a deadline on it
+            // is computed after the count grew. Servers behind one address
+            // may disagree by the margin: only a larger jump counts.
+            if moved.is_some_and(|ms| ms > deadline::CLOCK_MARGIN_MS) {
+                self.jumps.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
+            moved
+        };
         match moved {
             Some(ms) if ms < -deadline::CLOCK_MARGIN_MS => tracing::error!(
                 moved_ms = ms,

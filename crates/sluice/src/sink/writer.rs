@@ -229,7 +229,13 @@ async fn attempt_until_done(job: &Job, ctx: &WriterCtx, letters: &mut Vec<Pendin
             }
         };
         // Reconciliation takes time: check again right before the insert,
-        // and let the deadline end with the lease.
+        // and let the deadline end with the lease. A jump of the server's
+        // clock seen by now suspects the lease first; one seen until the
+        // deadline is computed sends this attempt back to wait for a
+        // renewal (its deadline may be on the new reading, past a lease
+        // that ran out while this host stood still).
+        let jumps = ctx.ch.clock_jumps();
+        ctx.lease.follow_clock(jumps);
         let lease_end = ctx.lease.until(key, job.generation);
         if exactly_once && (lease_end.is_none() || job.abandon.is_cancelled()) {
             continue;
@@ -250,11 +256,8 @@ async fn attempt_until_done(job: &Job, ctx: &WriterCtx, letters: &mut Vec<Pendin
         let deadline_ms = lease_end
             .filter(|_| exactly_once)
             .map(|end| ctx.ch.deadline_by(end));
-        // A jump of the server's clock seen by then moved the deadline with
-        // it, past a lease that may have run out while this host stood
-        // still: wait for a renewal. One seen later leaves this deadline on
-        // the old reading, in the past if the host stood still.
-        if exactly_once && ctx.lease.follow_clock(ctx.ch.clock_jumps()) {
+        if exactly_once && ctx.ch.clock_jumps() != jumps {
+            ctx.lease.follow_clock(ctx.ch.clock_jumps());
             continue;
         }
         let req = InsertRequest {
