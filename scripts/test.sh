@@ -30,7 +30,10 @@ run() { # run DIR EXE ARGS…: one test binary, as cargo test runs it.
     (cd "$dir" && "$exe" "$@")
 }
 models=$(grep '^sluice-model ' <<<"$list" || true)
+# At a lower priority: the model takes what CPU the stack's tests leave
+# (their timing-sensitive cells must not wait for it).
 (
+    renice -n 10 -p "$BASHPID" >/dev/null || true
     while read -r _ dir exe; do
         run "$dir" "$exe" "$@" || exit 1
     done <<<"$models"
