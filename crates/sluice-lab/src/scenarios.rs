@@ -608,18 +608,6 @@ pub async fn run(
             // A still reaches the partition leader and ClickHouse, not the
             // coordinator: no heartbeat, no commit, no offset read.
             proxy.cut_off_group(Some("lab-owner-a"));
-            // What A writes from now on it cannot commit: B starts from
-            // A's last commit before the cut and reads it again, however
-            // late the rest arrives (a loaded machine once delivered the
-            // records meant for the overlap after A's session had ended,
-            // and a baseline showed no copy).
-            let written = r.rows().await?;
-            r.produce(n / 2, n / 4).await?;
-            // Exactly-once: A's lease runs out with its renewals (the
-            // register is the group's commits), so it stops writing.
-            if !mode.starts_with("exactly-once") {
-                r.wait_rows(&mut a, written + n / 8).await?;
-            }
             let mut b = member("lab-owner-b").spawn_self()?;
             // The fault is two owners at once: B must hold the partitions
             // while A still writes. Without that wait A could land every
@@ -629,7 +617,7 @@ pub async fn run(
                 "coordinator-partition: the second member was never given the partitions; its log:\n{}",
                 b.log_tail()
             );
-            r.produce(n / 2 + n / 4, n - n / 2 - n / 4).await?;
+            r.produce(n / 2, n - n / 2).await?;
             let fault_end = Instant::now();
             let mut cell = r.finish(scenario, vec![a, b], n, fault_end).await?;
             cell.fault_injected = proxy.swallowed() > 0;
