@@ -145,26 +145,7 @@ mod tests {
 
     #[test]
     fn an_attempt_leaves_out_rejected_and_excluded_rows() {
-        use crate::batch::{BatchBuilder, BatchLimits, PartitionId};
-        let limits = BatchLimits {
-            max_rows: 10,
-            max_bytes: 1 << 20,
-            max_age: std::time::Duration::from_secs(1),
-            aligned: false,
-        };
-        let id = PartitionId {
-            topic: "t".into(),
-            partition: 0,
-        };
-        let mut b = BatchBuilder::new(id, limits);
-        for o in 10..15 {
-            b.push(Offset(o), crate::deadline::Millis(0), |buf| {
-                buf.extend_from_slice(format!("{o}\n").as_bytes());
-                Ok::<_, ()>(())
-            })
-            .expect("a row");
-        }
-        let batch = b.take().expect("a batch");
+        let batch = crate::batch::numbered(10..15);
         let o = Offset;
         let left = rows_left(&batch, &[o(11), o(14)], &[o(12)]);
         assert_eq!(left.offsets().collect::<Vec<_>>(), [o(10), o(13)]);

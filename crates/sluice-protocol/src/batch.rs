@@ -261,6 +261,30 @@ impl<T: Moment> BatchBuilder<T> {
     }
 }
 
+/// Test batches: partition `t`[0], one row `"{offset}\n"` per offset.
+#[cfg(test)]
+pub(crate) fn numbered(offsets: std::ops::Range<i64>) -> Batch {
+    let limits = BatchLimits {
+        max_rows: 1000,
+        max_bytes: 1 << 20,
+        max_age: std::time::Duration::from_secs(1),
+        aligned: false,
+    };
+    let id = PartitionId {
+        topic: "t".into(),
+        partition: 0,
+    };
+    let mut b = BatchBuilder::new(id, limits);
+    for o in offsets {
+        b.push(Offset(o), crate::deadline::Millis(0), |buf| {
+            buf.extend_from_slice(format!("{o}\n").as_bytes());
+            Ok::<_, ()>(())
+        })
+        .expect("a row");
+    }
+    b.take().expect("a batch")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
