@@ -151,22 +151,14 @@ async fn a_profile_that_cuts_reads_short_cuts_no_protocol_read() {
 /// that much later than its lease allows), and every record lands once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deadlines_follow_a_server_clock_that_steps_back() {
-    let topic = unique("clockstep");
-    create_topic(&topic, 1).await;
-    produce(&topic, 1, 0, 500);
-    let port = free_port();
-    let dir = std::env::temp_dir().join(unique("chdb"));
-    let clock = std::env::temp_dir().join(unique("clock"));
-    std::fs::write(&clock, "0").unwrap();
-    let _server = private_clickhouse(port, dir, &[format!("--clock-file={}", clock.display())]);
-    let ch = ch_at(&format!("http://127.0.0.1:{port}"));
-    let table = create_table(&ch, &unique("it")).await;
-    let mut spec = SinkSpec::new(&topic, &table);
-    spec.clickhouse_url = format!("http://127.0.0.1:{port}");
-    spec.max_batch_rows = 100;
-    let mut sink = spec.start();
-    let got = wait_for(&ch, &table, 500, Duration::from_secs(90)).await;
-    assert_eq!(got.distinct_offsets, 500, "{}", sink.log_tail());
+    let ClockRun {
+        topic,
+        clock,
+        ch,
+        table,
+        mut sink,
+        _server,
+    } = clock_run("clockstep", 1).await;
     // The server's clock goes back a minute.
     let step_ms: i64 = -60_000;
     std::fs::write(&clock, step_ms.to_string()).unwrap();
@@ -224,9 +216,40 @@ async fn deadlines_follow_a_server_clock_that_steps_back() {
 /// the jump; the sink goes on, and every record lands once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_clock_that_jumps_ahead_makes_every_lease_renew_first() {
-    let topic = unique("clockjump");
-    create_topic(&topic, 2).await;
-    produce(&topic, 2, 0, 500);
+    let ClockRun {
+        topic,
+        clock,
+        ch,
+        table,
+        mut sink,
+        _server,
+    } = clock_run("clockjump", 2).await;
+    std::fs::write(&clock, "60000").unwrap();
+    wait_for_log(&sink, "ran ahead of ours", Duration::from_secs(30)).await;
+    let t = topic.clone();
+    tokio::task::spawn_blocking(move || produce(&t, 2, 500, 500))
+        .await
+        .unwrap();
+    let got = wait_for(&ch, &table, 1_000, Duration::from_secs(90)).await;
+    assert!(sink.stop(Duration::from_secs(60)), "{}", sink.log_tail());
+    assert_eq!((got.rows, got.distinct_offsets), (1_000, 1_000));
+}
+
+/// A sink on a test server whose clock a file moves, with 500 records of
+/// `partitions` partitions landed.
+struct ClockRun {
+    topic: String,
+    clock: std::path::PathBuf,
+    ch: clickhouse::Client,
+    table: String,
+    sink: Sink,
+    _server: PrivateClickHouse,
+}
+
+async fn clock_run(prefix: &str, partitions: i32) -> ClockRun {
+    let topic = unique(prefix);
+    create_topic(&topic, partitions).await;
+    produce(&topic, partitions, 0, 500);
     let port = free_port();
     let dir = std::env::temp_dir().join(unique("chdb"));
     let clock = std::env::temp_dir().join(unique("clock"));
@@ -237,16 +260,15 @@ async fn a_server_clock_that_jumps_ahead_makes_every_lease_renew_first() {
     let mut spec = SinkSpec::new(&topic, &table);
     spec.clickhouse_url = format!("http://127.0.0.1:{port}");
     spec.max_batch_rows = 100;
-    let mut sink = spec.start();
+    let sink = spec.start();
     let got = wait_for(&ch, &table, 500, Duration::from_secs(90)).await;
     assert_eq!(got.distinct_offsets, 500, "{}", sink.log_tail());
-    std::fs::write(&clock, "60000").unwrap();
-    wait_for_log(&sink, "ran ahead of ours", Duration::from_secs(30)).await;
-    let t = topic.clone();
-    tokio::task::spawn_blocking(move || produce(&t, 2, 500, 500))
-        .await
-        .unwrap();
-    let got = wait_for(&ch, &table, 1_000, Duration::from_secs(90)).await;
-    assert!(sink.stop(Duration::from_secs(60)), "{}", sink.log_tail());
-    assert_eq!((got.rows, got.distinct_offsets), (1_000, 1_000));
+    ClockRun {
+        topic,
+        clock,
+        ch,
+        table,
+        sink,
+        _server,
+    }
 }
