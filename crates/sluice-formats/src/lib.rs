@@ -14,11 +14,14 @@
 //!   JSONEachRow line with metadata and the dedup key's hash.
 //! - `json_text`: the one way the decoders write a string, a number and a
 //!   time as JSON.
+//! - `work`: the decoders' steps and comparisons, tallied in tests (which
+//!   bound costs by counting work, not by timing it).
 
 pub mod avro;
 mod json_text;
 pub mod protobuf;
 pub mod row;
 pub mod wire;
+mod work;
 
 pub use row::{MetadataColumns, RowEncoder, RowError};

@@ -14,9 +14,12 @@
 //! entry without its key or value, a wire type that does not fit its field,
 //! bytes that do not parse, text that is not UTF-8, nesting past
 //! [`MAX_DEPTH`], a row past its limit. Tests compare both paths on random
-//! messages and random bytes.
+//! messages and random bytes, and bound its cost by the steps and
+//! comparisons it tallies ([`crate::work`]: bytes scanned, messages
+//! entered, fields looked at, sort comparisons), not by timing it.
 
 use super::{nanos_fit, well_known, wrapped, Json, WellKnown};
+use crate::work;
 use prost_reflect::{FieldDescriptor, FileDescriptor, Kind, MessageDescriptor};
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -195,6 +198,12 @@ impl Plans {
     }
 }
 
+/// Drops this thread's lists, so that a test measures a run from the start.
+#[cfg(test)]
+pub(super) fn drop_scratch() {
+    SCRATCH.with(|s| *s.borrow_mut() = Default::default());
+}
+
 #[derive(Default)]
 struct Builder {
     plans: Vec<Plan>,
@@ -249,6 +258,7 @@ impl Builder {
             _ => m.fields().collect(),
         };
         for f in &descriptors {
+            work::step(1);
             direct &= !f.is_group();
             let shape = if f.is_map() {
                 let Kind::Message(entry) = f.kind() else {
@@ -263,9 +273,12 @@ impl Builder {
             } else {
                 Shape::One
             };
-            let oneof = f
-                .containing_oneof()
-                .and_then(|o| oneofs.get(o.full_name()).copied());
+            let oneof = f.containing_oneof().and_then(|o| {
+                // One probe; a search of the names (a compile quadratic in
+                // the oneofs) would tally each name it passes.
+                work::step(1);
+                oneofs.get(o.full_name()).copied()
+            });
             let mut unset = Vec::new();
             if !f.supports_presence() {
                 // The slow path's own text for the field's default (a
@@ -402,6 +415,7 @@ fn varint(bytes: &[u8], at: &mut usize) -> Option<u64> {
     for i in 0..10 {
         let b = *bytes.get(*at)?;
         *at += 1;
+        work::step(1);
         if i == 9 && b > 1 {
             return None;
         }
@@ -455,6 +469,7 @@ impl Writer<'_> {
         if !p.direct || depth > MAX_DEPTH || u32::try_from(bytes.len()).is_err() {
             return None;
         }
+        work::step(1);
         let base = self.seen.len();
         let mut at = 0;
         while at < bytes.len() {
@@ -475,8 +490,12 @@ impl Writer<'_> {
         }
         // Stable: a repeated field's values keep their order.
         let mine = &mut self.seen[base..];
-        if !mine.is_sorted_by_key(|s| s.field) {
-            mine.sort_by_key(|s| s.field);
+        let by_field = |a: &Seen, b: &Seen| {
+            work::compared(1);
+            a.field.cmp(&b.field)
+        };
+        if !mine.is_sorted_by(|a, b| by_field(a, b).is_le()) {
+            mine.sort_by(by_field);
         }
         let written = match p.form {
             Form::Object => self.object(p, bytes, base, depth),
@@ -505,6 +524,7 @@ impl Writer<'_> {
                 next += 1;
             }
             let count = next - from;
+            work::step(1 + count);
             if count == 0 && f.presence {
                 continue;
             }
@@ -564,6 +584,7 @@ impl Writer<'_> {
         }
         let raw = &bytes[s.start as usize..s.end as usize];
         let v = s.value;
+        work::step(1);
         use crate::json_text::int;
         match kind {
             Scalar::Int32 => int(self.out, v as i32),
@@ -594,10 +615,14 @@ impl Writer<'_> {
                 crate::json_text::f64(self.out, f64::from_le_bytes(raw.try_into().ok()?))
             }
             Scalar::String => {
+                work::step(raw.len());
                 std::str::from_utf8(raw).ok()?;
                 crate::json_text::string(self.out, raw);
             }
-            Scalar::Bytes => crate::json_text::string(self.out, raw),
+            Scalar::Bytes => {
+                work::step(raw.len());
+                crate::json_text::string(self.out, raw)
+            }
             Scalar::Message(plan) => self.message(plan, raw, depth + 1)?,
         }
         Some(())
@@ -664,6 +689,7 @@ impl Writer<'_> {
                 Scalar::Sfixed64 => MapKey::Int(i64::from_le_bytes(raw.try_into().ok()?)),
                 Scalar::Bool => MapKey::Bool(k.value != 0),
                 Scalar::String => {
+                    work::step(raw.len());
                     std::str::from_utf8(raw).ok()?;
                     MapKey::Str(s.start + k.start, s.start + k.end)
                 }
@@ -671,11 +697,16 @@ impl Writer<'_> {
             };
             self.entries.push((ordered, s.start, s.end, v));
         }
-        let cmp = |a: &MapKey, b: &MapKey| match (a, b) {
-            (MapKey::Str(a0, a1), MapKey::Str(b0, b1)) => {
-                bytes[*a0 as usize..*a1 as usize].cmp(&bytes[*b0 as usize..*b1 as usize])
+        // Every comparison of keys, the sort's and the duplicate check's,
+        // goes through here and is tallied.
+        let cmp = |a: &MapKey, b: &MapKey| {
+            work::compared(1);
+            match (a, b) {
+                (MapKey::Str(a0, a1), MapKey::Str(b0, b1)) => {
+                    bytes[*a0 as usize..*a1 as usize].cmp(&bytes[*b0 as usize..*b1 as usize])
+                }
+                _ => a.cmp(b),
             }
-            _ => a.cmp(b),
         };
         let mine = &mut self.entries[base..];
         mine.sort_by(|a, b| cmp(&a.0, &b.0));
@@ -748,10 +779,12 @@ fn packed(kind: Scalar, run: &[u8], at: &mut usize) -> Option<Seen> {
         VARINT => varint(run, at)?,
         I64 => {
             *at = at.checked_add(8).filter(|&e| e <= run.len())?;
+            work::step(8);
             0
         }
         I32 => {
             *at = at.checked_add(4).filter(|&e| e <= run.len())?;
+            work::step(4);
             0
         }
         _ => return None,
