@@ -453,11 +453,12 @@ fn note(m: &Sluice, before: &World, after: &World, a: Action) -> String {
     match a {
         Action::Proc(p, Step::Cut(_)) => job(p).map_or_else(String::new, |j| {
             let batch = j.delivery.batch();
-            let rows: Vec<i64> = batch.offsets().map(|o| o.0).collect();
+            let rows: Vec<i64> = batch.rows().map(|r| r.offset.0).collect();
             let cond: Vec<(i64, i64)> = (j.delivery.conditional().iter())
-                .map(|(r, c)| (r.0, c.0))
+                .map(|(r, c)| (r.offset.0, c.offset.0))
                 .collect();
-            match (batch.end().0, cond.is_empty()) {
+            let end = batch.end_of(0).map_or(0, |e| e.0);
+            match (end, cond.is_empty()) {
                 (end, true) => format!("  batch to {end}: rows {rows:?}"),
                 (end, false) => {
                     format!("  batch to {end}: rows {rows:?}, (row, unless copy) {cond:?}")

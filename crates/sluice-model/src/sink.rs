@@ -24,7 +24,9 @@ use sluice_protocol::delivery::{Delivery, Next};
 use sluice_protocol::lease::{on_register, Leases, Owner, Renewal};
 use sluice_protocol::resume::{resume_plan, Committed, LogBounds, ResetPolicy};
 use sluice_protocol::token::{insert_token, query_id};
-use sluice_protocol::{AckTracker, BatchBuilder, BatchLimits, NextOffset, Offset, PartitionId};
+use sluice_protocol::{
+    AckTracker, BatchBuilder, BatchLimits, NextOffset, Offset, PartitionId, Row,
+};
 use std::time::Duration;
 
 /// What a process does next.
@@ -188,7 +190,7 @@ pub fn take(m: &Sluice, w: &World, p: usize, step: Step) -> Option<World> {
                                 Verdict::Write => true,
                                 Verdict::Drop => false,
                                 Verdict::WriteUnless { copy } => {
-                                    conditional.push((o, copy));
+                                    conditional.push((Row::new(0, o.0), Row::new(0, copy.0)));
                                     true
                                 }
                             })
@@ -210,7 +212,7 @@ pub fn take(m: &Sluice, w: &World, p: usize, step: Step) -> Option<World> {
             // Full, or cut short by its age (`max_age` is one step): the
             // search picks when.
             let batch = part.builder.take()?;
-            let ticket = part.acks.register(batch.end());
+            let ticket = part.acks.register(batch.end_of(0)?);
             let uncertain = std::mem::take(&mut part.builder_uncertain);
             w.letters.extend(letters.iter().map(|&offset| Letter {
                 from: id,
@@ -398,7 +400,7 @@ pub fn take(m: &Sluice, w: &World, p: usize, step: Step) -> Option<World> {
                 }
                 Next::Reconcile { .. } | Next::Waiting => return None,
             };
-            let token = insert_token(TABLE, TOPIC, 0, batch.offsets());
+            let token = insert_token(TABLE, TOPIC, batch.rows());
             let qid = query_id(&token, number);
             let clock = w.procs[p].clock;
             let deadline = attempt_deadline(
@@ -419,7 +421,7 @@ pub fn take(m: &Sluice, w: &World, p: usize, step: Step) -> Option<World> {
             w.inserts.push(Insert {
                 from: id,
                 query_id: qid,
-                rows: batch.offsets().collect(),
+                rows: batch.rows().map(|r| r.offset).collect(),
                 deadline_ms: sent_deadline,
                 sent: now,
                 running_since: None,
@@ -511,7 +513,7 @@ pub fn on_rejected(m: &Sluice, w: &mut World, to: &Insert, row: Offset) {
         return;
     };
     job.delivery.answered(Answer::Rejected);
-    job.delivery.reject([row]);
+    job.delivery.reject([Row::new(0, row.0)]);
     job.wait = Wait::Ready;
     // One stamp per job for its letters (its earlier ones, if any, have
     // landed when it has none left).
@@ -543,9 +545,9 @@ fn durable(part: &mut Part, rules: &Rules) {
     }
     if let Some(keys) = part.keys.as_mut() {
         if rules.rejected_key == RejectedKey::Forget {
-            for &o in job.delivery.rejected() {
-                let key = keys.key(o);
-                keys.window.forget(key, o);
+            for r in job.delivery.rejected() {
+                let key = keys.key(r.offset);
+                keys.window.forget(key, r.offset);
             }
         }
     }

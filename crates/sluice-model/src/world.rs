@@ -16,7 +16,7 @@ use sluice_protocol::dedup::{KeyHash, KeyWindow};
 use sluice_protocol::delivery::Delivery;
 use sluice_protocol::lease::{Leases, Owner};
 use sluice_protocol::resume::Committed;
-use sluice_protocol::{AckTracker, Batch, BatchBuilder, NextOffset, Offset};
+use sluice_protocol::{AckTracker, Batch, BatchBuilder, NextOffset, Offset, Row};
 
 /// The whole state.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -364,10 +364,10 @@ impl World {
     }
 
     /// The offsets of `batch` the table holds.
-    pub fn present(&self, batch: &Batch) -> Vec<Offset> {
+    pub fn present(&self, batch: &Batch) -> Vec<Row> {
         batch
-            .offsets()
-            .filter(|o| self.table[o.0 as usize] > 0)
+            .rows()
+            .filter(|r| self.table[r.offset.0 as usize] > 0)
             .collect()
     }
 

@@ -16,8 +16,7 @@
 //! and sends only the rest. In the other modes every attempt sends the same
 //! bytes and nothing is tracked.
 
-use crate::batch::Batch;
-use crate::offset::Offset;
+use crate::batch::{Batch, Row};
 
 /// What one attempt's answer means.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -130,11 +129,11 @@ impl Attempts {
 /// (a copy of their key is covered: [`crate::dedup::conditional_excluded`]);
 /// both ascending. Its end stays the batch's: it still accounts for every
 /// record.
-pub fn rows_left(batch: &Batch, rejected: &[Offset], excluded: &[Offset]) -> Batch {
+pub fn rows_left(batch: &Batch, rejected: &[Row], excluded: &[Row]) -> Batch {
     if rejected.is_empty() && excluded.is_empty() {
         return batch.clone();
     }
-    let mut out: Vec<Offset> = rejected.iter().chain(excluded).copied().collect();
+    let mut out: Vec<Row> = rejected.iter().chain(excluded).copied().collect();
     out.sort_unstable();
     batch.without(&out)
 }
@@ -146,13 +145,13 @@ mod tests {
     #[test]
     fn an_attempt_leaves_out_rejected_and_excluded_rows() {
         let batch = crate::batch::numbered(10..15);
-        let o = Offset;
+        let o = |o| Row::new(0, o);
         let left = rows_left(&batch, &[o(11), o(14)], &[o(12)]);
-        assert_eq!(left.offsets().collect::<Vec<_>>(), [o(10), o(13)]);
+        assert_eq!(left.rows().collect::<Vec<_>>(), [o(10), o(13)]);
         assert_eq!(left.body().as_ref(), b"10\n13\n");
-        assert_eq!(left.end(), batch.end());
+        assert_eq!(left.ends(), batch.ends());
         let all = rows_left(&batch, &[], &[]);
-        assert_eq!(all.offsets().count(), 5);
+        assert_eq!(all.rows().count(), 5);
     }
 
     #[test]

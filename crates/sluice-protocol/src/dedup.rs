@@ -352,21 +352,22 @@ pub fn verdict(seen: Seen, settled: NextOffset) -> Verdict {
 /// Which conditional rows of a batch to leave out of its next attempt.
 ///
 /// `conditional` lists, ascending, each row written while the copy of its
-/// key it duplicates was not yet durable: `(row, copy)`. A row is left out
-/// when its copy is *covered*: stored, or itself left out for a covered copy
-/// (so a key lands once). A copy in this batch (at or after `first`) is
-/// covered unless ClickHouse `rejected` it (ascending); a copy in an earlier
-/// batch is covered as `earlier` says.
-pub fn conditional_excluded(
-    conditional: &[(Offset, Offset)],
-    first: Offset,
-    rejected: &[Offset],
-    earlier: impl Fn(Offset) -> bool,
-) -> Vec<Offset> {
+/// key it duplicates was not yet durable: `(row, copy)` (rows are
+/// [`Offset`]s of one partition, or [`crate::batch::Row`]s of several). A
+/// row is left out when its copy is *covered*: stored, or itself left out
+/// for a covered copy (so a key lands once). A copy in this batch
+/// (`in_batch`) is covered unless ClickHouse `rejected` it (ascending); a
+/// copy in an earlier batch is covered as `earlier` says.
+pub fn conditional_excluded<R: Ord + Copy>(
+    conditional: &[(R, R)],
+    in_batch: impl Fn(R) -> bool,
+    rejected: &[R],
+    earlier: impl Fn(R) -> bool,
+) -> Vec<R> {
     conditional
         .iter()
         .filter(|&&(_, copy)| {
-            if copy >= first {
+            if in_batch(copy) {
                 rejected.binary_search(&copy).is_err()
             } else {
                 earlier(copy)
@@ -485,7 +486,7 @@ mod tests {
         let o = Offset;
         let cond = [(o(12), o(5)), (o(13), o(11)), (o(14), o(13))];
         // 5 (earlier batch) is covered, 11 was rejected here, 13 was not.
-        let out = conditional_excluded(&cond, o(10), &[o(11)], |c| c == o(5));
+        let out = conditional_excluded(&cond, |c| c >= o(10), &[o(11)], |c| c == o(5));
         assert_eq!(out, vec![o(12), o(14)]);
         let v = |seen, settled| verdict(seen, NextOffset(settled));
         assert_eq!(v(Seen::New, 0), Verdict::Write);
@@ -654,7 +655,7 @@ mod tests {
                 let mut rejected: Vec<Offset> = Vec::new();
                 let first = Offset(i as i64);
                 loop {
-                    let out = conditional_excluded(&cond, first, &rejected, |x| !uncovered.contains(&x));
+                    let out = conditional_excluded(&cond, |c| c >= first, &rejected, |x| !uncovered.contains(&x));
                     let sent: Vec<Offset> = rows.iter().copied()
                         .filter(|r| !out.contains(r) && !rejected.contains(r)).collect();
                     match sent.iter().find(|r| bad[r.0 as usize]) {

@@ -25,9 +25,8 @@
 //! many rows, each an insert of its own; a stored share is not sent again.
 
 use crate::attempt::{rows_left, Answer, Attempts, Unsettled};
-use crate::batch::Batch;
+use crate::batch::{Batch, Row};
 use crate::dedup::conditional_excluded;
-use crate::offset::Offset;
 
 /// One batch's way to the table.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -36,14 +35,14 @@ pub struct Delivery {
     attempts: Attempts,
     /// Key dedup: `(row, copy)`, ascending: rows written on the condition
     /// that the copy of their key at `copy` is not stored.
-    conditional: Vec<(Offset, Offset)>,
+    conditional: Vec<(Row, Row)>,
     /// Copies in earlier batches that conditional rows wait on and that
     /// turned out not stored.
-    uncovered: Vec<Offset>,
+    uncovered: Vec<Row>,
     /// Rows ClickHouse rejected (ascending): sent to the DLQ, never again.
-    rejected: Vec<Offset>,
+    rejected: Vec<Row>,
     /// Rows earlier shares stored (ascending).
-    stored: Vec<Offset>,
+    stored: Vec<Row>,
     inserted: usize,
     /// Rows per insert, once the server took fewer than the rows left.
     per_insert: Option<usize>,
@@ -93,7 +92,7 @@ pub struct Durable {
     /// Rows this delivery's attempts stored.
     pub inserted: usize,
     /// Rows ClickHouse rejected (ascending).
-    pub rejected: Vec<Offset>,
+    pub rejected: Vec<Row>,
     /// Conditional rows left out, their copy being covered.
     pub excluded: usize,
 }
@@ -119,11 +118,7 @@ impl Delivery {
     /// Key dedup: the batch's conditional rows (`(row, copy)`, ascending),
     /// and the copies in earlier batches that turned out not stored (an
     /// earlier copy not named is covered).
-    pub fn with_conditional(
-        mut self,
-        conditional: Vec<(Offset, Offset)>,
-        uncovered: Vec<Offset>,
-    ) -> Self {
+    pub fn with_conditional(mut self, conditional: Vec<(Row, Row)>, uncovered: Vec<Row>) -> Self {
         self.conditional = conditional;
         self.uncovered = uncovered;
         self
@@ -141,12 +136,12 @@ impl Delivery {
     }
 
     /// Key dedup: the conditional rows, `(row, copy)`.
-    pub fn conditional(&self) -> &[(Offset, Offset)] {
+    pub fn conditional(&self) -> &[(Row, Row)] {
         &self.conditional
     }
 
     /// Rows ClickHouse rejected so far (ascending).
-    pub fn rejected(&self) -> &[Offset] {
+    pub fn rejected(&self) -> &[Row] {
         &self.rejected
     }
 
@@ -168,9 +163,10 @@ impl Delivery {
     }
 
     /// The conditional rows the next attempt leaves out.
-    fn excluded(&self) -> Vec<Offset> {
-        let first = self.batch.first().unwrap_or(Offset(i64::MAX));
-        conditional_excluded(&self.conditional, first, &self.rejected, |c| {
+    fn excluded(&self) -> Vec<Row> {
+        let spans = self.batch.spans();
+        let in_batch = |c: Row| spans.iter().any(|s| s.0 == c.partition && c.offset >= s.1);
+        conditional_excluded(&self.conditional, in_batch, &self.rejected, |c| {
             !self.uncovered.contains(&c)
         })
     }
@@ -233,7 +229,7 @@ impl Delivery {
     /// The attempt to fence was fenced and the table holds `present` of
     /// the rows [`Next::Reconcile`] named (ascending): the next attempt
     /// sends the rest.
-    pub fn reconciled(&mut self, present: &[Offset]) {
+    pub fn reconciled(&mut self, present: &[Row]) {
         if self.state != State::Ready || !self.attempts.reconcile() {
             return;
         }
@@ -284,7 +280,7 @@ impl Delivery {
         if whole {
             self.state = State::Durable;
         } else {
-            self.stored.extend(share.offsets());
+            self.stored.extend(share.rows());
             self.stored.sort_unstable();
         }
     }
@@ -292,7 +288,7 @@ impl Delivery {
     /// ClickHouse rejected `rows` of the last attempt (after
     /// [`Self::answered`] with [`Answer::Rejected`]): they go to the DLQ
     /// and are never sent again.
-    pub fn reject(&mut self, rows: impl IntoIterator<Item = Offset>) {
+    pub fn reject(&mut self, rows: impl IntoIterator<Item = Row>) {
         for o in rows {
             if let Err(at) = self.rejected.binary_search(&o) {
                 self.rejected.insert(at, o);
@@ -301,6 +297,24 @@ impl Delivery {
         // What a reconciliation left to send may hold them.
         if let State::Reconciled(_) = self.state {
             self.state = State::Ready;
+        }
+    }
+
+    /// `partition` is no longer this process's to write (revoked with its
+    /// lease run out, or taken): its rows leave the batch and are never
+    /// sent again by it; the partition's next owner judges them. An
+    /// attempt out that holds some of them is answered as any other (one
+    /// whose outcome is unknown is fenced before the rest is sent), and
+    /// what it stored is the next owner's to find.
+    pub fn drop_partition(&mut self, partition: i32) {
+        self.batch = self.batch.without_partition(partition);
+        let other = |r: &Row| r.partition != partition;
+        self.conditional.retain(|c| other(&c.0));
+        for rows in [&mut self.uncovered, &mut self.rejected, &mut self.stored] {
+            rows.retain(other);
+        }
+        if let State::Reconciled(rest) = &self.state {
+            self.state = State::Reconciled(rest.without_partition(partition));
         }
     }
 
@@ -318,10 +332,10 @@ impl Delivery {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::batch::numbered as batch;
+    use crate::batch::{numbered as batch, numbered_in};
 
     fn offsets(b: &Batch) -> Vec<i64> {
-        b.offsets().map(|o| o.0).collect()
+        b.rows().map(|r| r.offset.0).collect()
     }
 
     fn insert(d: &Delivery) -> (Vec<i64>, u32) {
@@ -357,7 +371,7 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
-        d.reconciled(&[Offset(0), Offset(2)]);
+        d.reconciled(&[Row::new(0, 0), Row::new(0, 2)]);
         assert_eq!(insert(&d), (vec![1, 3], 1));
         d.sent("q1".into(), Some(20));
         d.answered(Answer::Stored);
@@ -371,7 +385,7 @@ mod tests {
     fn a_batch_read_again_asks_first_and_may_be_durable_without_an_insert() {
         let mut d = Delivery::new(batch(5..8), true, true);
         assert!(matches!(d.next(), Next::Reconcile { fence: None, .. }));
-        d.reconciled(&[Offset(5), Offset(6), Offset(7)]);
+        d.reconciled(&[Row::new(0, 5), Row::new(0, 6), Row::new(0, 7)]);
         assert!(matches!(
             d.next(),
             Next::Durable(Durable { inserted: 0, .. })
@@ -383,7 +397,7 @@ mod tests {
         let mut d = Delivery::new(batch(0..4), true, false);
         d.sent("q0".into(), Some(10));
         d.answered(Answer::Rejected);
-        d.reject([Offset(2)]);
+        d.reject([Row::new(0, 2)]);
         match d.next() {
             Next::Reconcile { fence, rows } => {
                 assert_eq!(fence, None, "a rejection ended the query");
@@ -391,14 +405,14 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
-        d.reconciled(&[Offset(0), Offset(1)]);
+        d.reconciled(&[Row::new(0, 0), Row::new(0, 1)]);
         assert_eq!(insert(&d).0, [3]);
         d.sent("q1".into(), Some(20));
         d.answered(Answer::Stored);
         let Next::Durable(done) = d.next() else {
             panic!("durable")
         };
-        assert_eq!(done.rejected, [Offset(2)]);
+        assert_eq!(done.rejected, [Row::new(0, 2)]);
     }
 
     #[test]
@@ -436,14 +450,17 @@ mod tests {
         // Row 3 duplicates the key of row 1 (this batch), row 4 that of
         // row 0 of an earlier batch, which turned out not stored.
         let d = Delivery::new(batch(1..5), true, false).with_conditional(
-            vec![(Offset(3), Offset(1)), (Offset(4), Offset(0))],
-            vec![Offset(0)],
+            vec![
+                (Row::new(0, 3), Row::new(0, 1)),
+                (Row::new(0, 4), Row::new(0, 0)),
+            ],
+            vec![Row::new(0, 0)],
         );
         assert_eq!(insert(&d).0, [1, 2, 4]);
         let mut d = d;
         d.sent("q0".into(), Some(1));
         d.answered(Answer::Rejected);
-        d.reject([Offset(1)]);
+        d.reject([Row::new(0, 1)]);
         d.reconciled(&[]);
         assert_eq!(
             insert(&d).0,
@@ -489,7 +506,7 @@ mod tests {
     fn a_row_rejected_after_a_reconciliation_is_left_out_of_its_rest() {
         let mut d = Delivery::new(batch(0..3), true, true);
         d.reconciled(&[]);
-        d.reject([Offset(1)]);
+        d.reject([Row::new(0, 1)]);
         assert!(matches!(d.next(), Next::Reconcile { .. }));
         d.reconciled(&[]);
         assert_eq!(insert(&d).0, [0, 2]);
@@ -503,5 +520,62 @@ mod tests {
             d.sent(format!("q{n}"), None);
             d.answered(Answer::Unknown);
         }
+    }
+
+    #[test]
+    fn a_batch_of_two_partitions_reconciles_and_sends_by_partition_and_offset() {
+        let b = Batch::concat(vec![numbered_in(0, 0..3), numbered_in(1, 0..3)]);
+        let mut d = Delivery::new(b, true, false);
+        d.sent("q0".into(), Some(10));
+        d.answered(Answer::Unknown);
+        let Next::Reconcile { rows, .. } = d.next() else {
+            panic!("reconcile first")
+        };
+        assert_eq!(rows.len(), 6);
+        // Offset 1 is stored in partition 0 only.
+        d.reconciled(&[Row::new(0, 1), Row::new(1, 2)]);
+        let Next::Insert { rows, .. } = d.next() else {
+            panic!("an insert")
+        };
+        let sent: Vec<Row> = rows.rows().collect();
+        let r = Row::new;
+        assert_eq!(sent, [r(0, 0), r(0, 2), r(1, 0), r(1, 1)]);
+    }
+
+    #[test]
+    fn a_partition_dropped_while_its_rows_are_in_flight_is_never_sent_again() {
+        let b = Batch::concat(vec![numbered_in(0, 0..2), numbered_in(1, 0..2)]);
+        let mut d = Delivery::new(b, true, false);
+        d.sent("q0".into(), Some(10));
+        // Partition 1 is taken while the attempt is out.
+        d.drop_partition(1);
+        d.answered(Answer::Unknown);
+        let Next::Reconcile { fence, rows } = d.next() else {
+            panic!("fence and reconcile")
+        };
+        assert_eq!(fence.map(|u| u.query_id), Some("q0".into()));
+        assert_eq!(rows.partitions().collect::<Vec<_>>(), [0]);
+        d.reconciled(&[]);
+        let Next::Insert { rows, .. } = d.next() else {
+            panic!("an insert")
+        };
+        assert_eq!(offsets(&rows), [0, 1]);
+        assert!(rows.rows().all(|r| r.partition == 0));
+        d.sent("q1".into(), Some(20));
+        d.answered(Answer::Stored);
+        assert!(matches!(d.next(), Next::Durable(_)));
+    }
+
+    #[test]
+    fn a_partition_dropped_after_a_reconciliation_leaves_its_rest() {
+        let b = Batch::concat(vec![numbered_in(0, 0..2), numbered_in(1, 0..2)]);
+        let mut d = Delivery::new(b, true, true);
+        d.reconciled(&[Row::new(0, 0)]);
+        d.drop_partition(0);
+        let Next::Insert { rows, .. } = d.next() else {
+            panic!("an insert")
+        };
+        assert!(rows.rows().all(|r| r.partition == 1));
+        assert_eq!(rows.len(), 2);
     }
 }

@@ -9,7 +9,8 @@
 //! code:
 //!
 //! - [`offset`]: the two offset conventions as two types.
-//! - [`batch`]: rows of one partition → a batch cut by rows, bytes or age.
+//! - [`batch`]: rows of a route's partitions → a batch cut by rows, bytes or
+//!   age; each row named by its partition and offset ([`Row`]).
 //! - [`token`]: a batch's rows → deterministic dedup token and query ids.
 //! - [`acks`]: out-of-order batch completions → the in-order durable frontier.
 //! - [`attempt`]: each attempt's answer → whether the next one fences an
@@ -49,6 +50,6 @@ pub mod token;
 pub mod window;
 
 pub use acks::AckTracker;
-pub use batch::{Batch, BatchBuilder, BatchLimits, PartitionId};
+pub use batch::{Batch, BatchBuilder, BatchLimits, PartitionId, Row};
 pub use offset::{NextOffset, Offset};
 pub use resume::{resume_plan, Committed, LogBounds, ResetPolicy, ResumePlan};

@@ -1,43 +1,50 @@
 //! A batch's rows → its `insert_deduplication_token` and per-attempt query ids.
 //!
-//! The token is a pure function of the target table, the topic, the
-//! partition and the exact set of offsets in the insert, so the same rows
+//! The token is a pure function of the target table, the topic and the
+//! exact set of `(partition, offset)` rows in the insert, so the same rows
 //! always carry the same token and different rows never share one. It is a
 //! cheap first line of defence against re-submits inside ClickHouse's dedup
 //! window, never the guarantee. Query ids add the attempt number, so every
 //! attempt can be found in `system.processes` and killed before a retry.
-//! Every id of one partition of one table and topic starts with the same
-//! [`partition_query_prefix`], so a new owner can find and end whatever an
-//! earlier owner of the partition still runs.
+//!
+//! Every id names the partitions its rows come from, so a new owner of a
+//! partition can find and end whatever an earlier owner still runs for it,
+//! alone or beside other partitions: `sluice-`, 8 hex digits naming the
+//! table and topic ([`query_scope`]), the partitions joined by `.`, then
+//! `-` and the rest ([`partitions_named`] reads them back).
 
-use crate::offset::Offset;
+use crate::batch::Row;
 use xxhash_rust::xxh3::Xxh3;
 
-/// The deterministic token of one insert.
-pub fn insert_token(
-    table: &str,
-    topic: &str,
-    partition: i32,
-    offsets: impl ExactSizeIterator<Item = Offset>,
-) -> String {
-    let n = offsets.len();
-    let prefix = partition_query_prefix(table, topic, partition);
+/// The deterministic token of one insert of `rows` (ascending).
+pub fn insert_token(table: &str, topic: &str, rows: impl ExactSizeIterator<Item = Row>) -> String {
+    let n = rows.len();
     let mut h = Xxh3::new();
     for part in [table.as_bytes(), b"\0", topic.as_bytes(), b"\0"] {
         h.update(part);
     }
-    h.update(&partition.to_le_bytes());
     let (mut first, mut last) = (None, None);
-    for o in offsets {
-        first.get_or_insert(o);
-        last = Some(o);
-        h.update(&o.0.to_le_bytes());
+    let mut partitions: Vec<i32> = Vec::new();
+    for r in rows {
+        first.get_or_insert(r);
+        last = Some(r);
+        if partitions.last() != Some(&r.partition) {
+            partitions.push(r.partition);
+        }
+        h.update(&r.partition.to_le_bytes());
+        h.update(&r.offset.0.to_le_bytes());
     }
+    let named: Vec<String> = partitions.iter().map(i32::to_string).collect();
     let span = match (first, last) {
-        (Some(f), Some(l)) => format!("{f}-{l}"),
+        (Some(f), Some(l)) => format!("{}-{}", f.offset, l.offset),
         _ => "empty".into(),
     };
-    format!("{prefix}{span}-{n}-{:032x}", h.digest128())
+    format!(
+        "{}{}-{span}-{n}-{:032x}",
+        query_scope(table, topic),
+        named.join("."),
+        h.digest128()
+    )
 }
 
 /// The query id of attempt `attempt` of the insert with `token`.
@@ -45,13 +52,19 @@ pub fn query_id(token: &str, attempt: u32) -> String {
     format!("{token}-a{attempt}")
 }
 
-/// The prefix shared by the query ids of every insert sluice makes for one
-/// partition of one topic into one table, for finding them in
-/// `system.processes`: `sluice-`, 8 hex digits naming the table and topic,
-/// the partition and a dash (so partition 1 never matches partition 10).
-pub fn partition_query_prefix(table: &str, topic: &str, partition: i32) -> String {
+/// The start of the query id of every insert sluice makes from `topic`
+/// into `table`: `sluice-` and 8 hex digits naming both, then `-`.
+pub fn query_scope(table: &str, topic: &str) -> String {
     let scope = xxhash_rust::xxh3::xxh3_64(format!("{table}\0{topic}").as_bytes());
-    format!("sluice-{:08x}-{partition}-", scope as u32)
+    format!("sluice-{:08x}-", scope as u32)
+}
+
+/// The partitions a query id of `scope` ([`query_scope`]) names; `None`
+/// for any other id.
+pub fn partitions_named(query_id: &str, scope: &str) -> Option<Vec<i32>> {
+    let rest = query_id.strip_prefix(scope)?;
+    let field = rest.split('-').next()?;
+    field.split('.').map(|p| p.parse().ok()).collect()
 }
 
 #[cfg(test)]
@@ -60,27 +73,34 @@ mod tests {
     use proptest::prelude::*;
 
     fn tok(table: &str, topic: &str, p: i32, offs: &[i64]) -> String {
-        insert_token(
-            table,
-            topic,
-            p,
-            offs.iter()
-                .map(|o| Offset(*o))
-                .collect::<Vec<_>>()
-                .into_iter(),
-        )
+        let rows: Vec<Row> = offs.iter().map(|&o| Row::new(p, o)).collect();
+        insert_token(table, topic, rows.into_iter())
     }
 
     #[test]
     fn token_names_its_range_and_is_stable() {
         let t = tok("db.t", "orders", 3, &[5, 6, 9]);
-        let prefix = partition_query_prefix("db.t", "orders", 3);
-        assert!(t.starts_with(&format!("{prefix}5-9-3-")), "{t}");
+        let scope = query_scope("db.t", "orders");
+        assert!(t.starts_with(&format!("{scope}3-5-9-3-")), "{t}");
         assert_eq!(t, tok("db.t", "orders", 3, &[5, 6, 9]));
         assert!(query_id(&t, 2).ends_with("-a2"));
-        assert!(!tok("db.t", "orders", 30, &[5]).starts_with(&prefix));
-        assert!(!tok("db.t", "payments", 3, &[5]).starts_with(&prefix));
-        assert!(!tok("db.u", "orders", 3, &[5]).starts_with(&prefix));
+        assert_eq!(partitions_named(&query_id(&t, 2), &scope), Some(vec![3]));
+        let other = |table, topic, p| partitions_named(&tok(table, topic, p, &[5]), &scope);
+        assert_eq!(other("db.t", "orders", 30), Some(vec![30]));
+        assert_eq!(other("db.t", "payments", 3), None);
+        assert_eq!(other("db.u", "orders", 3), None);
+    }
+
+    #[test]
+    fn a_token_of_several_partitions_names_each() {
+        let rows = [Row::new(1, 7), Row::new(1, 8), Row::new(12, 0)];
+        let t = insert_token("db.t", "orders", rows.into_iter());
+        let scope = query_scope("db.t", "orders");
+        assert_eq!(
+            partitions_named(&query_id(&t, 0), &scope),
+            Some(vec![1, 12])
+        );
+        assert_ne!(t, tok("db.t", "orders", 1, &[7, 8, 0]));
     }
 
     proptest! {

@@ -64,11 +64,11 @@ async fn main() -> anyhow::Result<()> {
         .map(|(i, batch)| {
             let (ch, table, done) = (&ch, &table, &done);
             async move {
-                let p = &batch.partition;
-                let token =
-                    cfg.sink.delivery.sends_tokens().then(|| {
-                        insert_token(&table.sql(), &p.topic, p.partition, batch.offsets())
-                    });
+                let token = cfg
+                    .sink
+                    .delivery
+                    .sends_tokens()
+                    .then(|| insert_token(&table.sql(), batch.topic(), batch.rows()));
                 let qid = match &token {
                     Some(t) => query_id(t, 0),
                     None => format!("raw-insert-{}-{i}", std::process::id()),

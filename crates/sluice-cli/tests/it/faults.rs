@@ -3,7 +3,7 @@
 use crate::harness::*;
 use sluice_lab::proxy::{Fault, Proxy};
 use sluice_protocol::token::{insert_token, query_id};
-use sluice_protocol::Offset;
+use sluice_protocol::Row;
 use std::time::{Duration, Instant};
 
 const PARTITIONS: i32 = 8;
@@ -285,16 +285,21 @@ struct EventRow {
 /// claimed the partition (its part written late, past its deadline; a
 /// paused server) is ended before the new owner reads the table: its rows
 /// never land beside the new owner's. Here the earlier owner's insert is
-/// made by hand, under the query id sluice would give it, and its body
-/// arrives 20 s after its head.
+/// made by hand, under the query id sluice would give an insert of these
+/// rows beside rows of another partition (partition 7: the id names both),
+/// and its body arrives 20 s after its head.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_earlier_owners_insert_still_running_at_the_claim_is_ended_first() {
     let n = 300u64;
     let (topic, table, ch) = setup("lateowner", 1, n).await;
     let table_ref = sluice::sql::TableRef::parse(&table).unwrap();
     let table_sql = table_ref.sql();
-    let offsets: Vec<Offset> = (0..n as i64).map(Offset).collect();
-    let qid = query_id(&insert_token(&table_sql, &topic, 0, offsets.into_iter()), 0);
+    let rows: Vec<Row> = (0..n as i64)
+        .map(|o| Row::new(0, o))
+        .chain([Row::new(7, 0)])
+        .collect();
+    let qid = query_id(&insert_token(&table_sql, &topic, rows.into_iter()), 0);
+    assert!(qid.contains("-0.7-"), "{qid}");
     let late = ch
         .clone()
         .with_database(&table_ref.database)

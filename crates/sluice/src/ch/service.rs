@@ -36,8 +36,8 @@ use bytes::Bytes;
 use sluice_formats::MetadataColumns;
 use sluice_protocol::deadline::{self, FenceStep};
 use sluice_protocol::dedup::{key_hash, KeyHash};
-use sluice_protocol::token::partition_query_prefix;
-use sluice_protocol::Offset;
+use sluice_protocol::token::query_scope;
+use sluice_protocol::{Offset, Row};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -380,7 +380,7 @@ impl ClickHouse {
                 self.rows_of(
                     route,
                     &format!("toInt32({p}), toInt64(max({o}))"),
-                    None,
+                    &[],
                     &format!("GROUP BY {p}"),
                 )
                 .fetch_all(),
@@ -389,28 +389,29 @@ impl ClickHouse {
         Ok(rows.into_iter().map(|(p, o)| (p, Offset(o))).collect())
     }
 
-    /// The offsets in `first..=last` of one partition that the table holds,
-    /// ascending (duplicates included once or more).
-    pub(crate) async fn present_offsets(
+    /// The rows the table holds in `spans` (per partition, `first..=last`),
+    /// ascending by partition and offset (duplicates included once or more).
+    pub(crate) async fn present_rows(
         &self,
         route: &Route,
-        partition: i32,
-        first: Offset,
-        last: Offset,
-    ) -> Result<Vec<Offset>, ChError> {
-        let o = q(&self.columns.offset);
-        let rows: Vec<i64> = self
+        spans: &[(i32, Offset, Offset)],
+    ) -> Result<Vec<Row>, ChError> {
+        if spans.is_empty() {
+            return Ok(Vec::new());
+        }
+        let (p, o) = (q(&self.columns.partition), q(&self.columns.offset));
+        let rows: Vec<(i32, i64)> = self
             .bounded(
                 self.rows_of(
                     route,
-                    &format!("toInt64({o}) AS o"),
-                    Some((partition, first, last)),
-                    "ORDER BY o",
+                    &format!("toInt32({p}) AS p, toInt64({o}) AS o"),
+                    spans,
+                    "ORDER BY p, o",
                 )
                 .fetch_all(),
             )
             .await?;
-        Ok(rows.into_iter().map(Offset).collect())
+        Ok(rows.into_iter().map(|(p, o)| Row::new(p, o)).collect())
     }
 
     /// How many distinct offsets in `first..=last` of one partition the table
@@ -427,7 +428,7 @@ impl ClickHouse {
             self.rows_of(
                 route,
                 &format!("uniqExact({o})"),
-                Some((partition, first, last)),
+                &[(partition, first, last)],
                 "",
             )
             .fetch_one(),
@@ -459,7 +460,7 @@ impl ClickHouse {
             .rows_of(
                 route,
                 &format!("arrayStringConcat([{}], '\\x1f')", parts.join(", ")),
-                Some((partition, first, last)),
+                &[(partition, first, last)],
                 &not_null,
             )
             .fetch::<String>()?;
@@ -480,28 +481,29 @@ impl ClickHouse {
         &self,
         route: &Route,
         select: &str,
-        range: Option<(i32, Offset, Offset)>,
+        spans: &[(i32, Offset, Offset)],
         tail: &str,
     ) -> clickhouse::query::Query {
         let c = &self.columns;
-        let within = match range {
-            Some(_) => format!(
-                " AND {} = ? AND {} BETWEEN ? AND ?",
-                q(&c.partition),
-                q(&c.offset)
-            ),
-            None => String::new(),
+        let span = format!(
+            "{} = ? AND {} BETWEEN ? AND ?",
+            q(&c.partition),
+            q(&c.offset)
+        );
+        let within = match spans.len() {
+            0 => String::new(),
+            n => format!(" AND ({})", vec![span; n].join(" OR ")),
         };
         let sql = format!(
             "SELECT {select} FROM {t} WHERE {tp} = ?{within} {tail}",
             tp = q(&c.topic),
             t = route.table_ref().sql()
         );
-        let query = self.read(&sql).bind(&route.topic);
-        match range {
-            Some((partition, first, last)) => query.bind(partition).bind(first.0).bind(last.0),
-            None => query,
+        let mut query = self.read(&sql).bind(&route.topic);
+        for &(partition, first, last) in spans {
+            query = query.bind(partition).bind(first.0).bind(last.0);
         }
+        query
     }
 
     /// Makes sure the attempt `query_id`, whose deadline is `deadline_ms` on
@@ -564,24 +566,20 @@ impl ClickHouse {
     }
 
     /// Ends every insert any process still runs for `partitions` of
-    /// `route` (their query ids start with [`partition_query_prefix`]) and
+    /// `route` (their query ids name one of them: [`query_scope`]) and
     /// waits until the process lists show none. A new owner does this after
     /// its claim and before it reads what the table holds: an earlier
     /// owner's insert that outlived its deadline (a part written late, a
-    /// paused server) cannot commit after that read. Errs while one still
-    /// runs after a kill and the insert timeout, for the caller to retry.
+    /// paused server) cannot commit after that read, whichever other
+    /// partitions it holds rows of. Errs while one still runs after a kill
+    /// and the insert timeout, for the caller to retry.
     pub(crate) async fn end_partition_queries(
         &self,
         route: &Route,
         partitions: &[i32],
     ) -> Result<(), ChError> {
-        let table = route.table_ref().sql();
-        let prefixes: Vec<String> = partitions
-            .iter()
-            .map(|&p| partition_query_prefix(&table, &route.topic, p))
-            .collect();
-        let cond =
-            "arrayExists(p -> startsWith(query_id, p) OR startsWith(initial_query_id, p), ?)";
+        let cond = names_a_partition(&query_scope(&route.table_ref().sql(), &route.topic));
+        let named: Vec<String> = partitions.iter().map(i32::to_string).collect();
         let give_up = Instant::now() + self.insert_timeout + Duration::from_secs(5);
         loop {
             let seen = self
@@ -590,7 +588,7 @@ impl ClickHouse {
                         "SELECT count() FROM {} WHERE {cond}",
                         self.processes()
                     ))
-                    .bind(&prefixes)
+                    .bind(&named)
                     .fetch_one::<u64>(),
                 )
                 .await;
@@ -620,7 +618,7 @@ impl ClickHouse {
                 ?partitions,
                 "an earlier owner's inserts of these partitions still run; ending them before reading the table"
             );
-            self.kill_where(cond, &prefixes).await;
+            self.kill_where(&cond, &named).await;
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
@@ -668,6 +666,17 @@ impl ClickHouse {
     ) -> Result<T, ChError> {
         bounded(self.insert_timeout, work).await
     }
+}
+
+/// A `WHERE` condition true for a query (or one it was started by) whose
+/// id, of `scope` ([`query_scope`]: hex digits, no quote), names one of the
+/// partitions bound to its one `?` (an array of strings): the third
+/// `-`-separated field of the id, split at `.`.
+fn names_a_partition(scope: &str) -> String {
+    format!(
+        "arrayExists(id -> startsWith(id, '{scope}') \
+         AND hasAny(splitByChar('.', splitByChar('-', id)[3]), ?), [query_id, initial_query_id])"
+    )
 }
 
 async fn bounded<T>(

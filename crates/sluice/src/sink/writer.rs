@@ -55,7 +55,7 @@ use sluice_protocol::acks::Ticket;
 use sluice_protocol::attempt::{Answer, Unsettled, REFUSED_AT_START};
 use sluice_protocol::delivery::{self, Durable, Next};
 use sluice_protocol::token::{insert_token, query_id};
-use sluice_protocol::{Batch, Offset};
+use sluice_protocol::{Batch, Offset, PartitionId, Row};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -80,6 +80,8 @@ pub(crate) struct WriterCtx {
 pub(crate) struct Job {
     pub(crate) route: Arc<Route>,
     pub(crate) route_idx: usize,
+    /// The partition the batch's rows come from.
+    pub(crate) partition: PartitionId,
     pub(crate) batch: Batch,
     /// Some rows may already be stored: reconcile before the first attempt.
     pub(crate) uncertain: bool,
@@ -108,7 +110,12 @@ pub(crate) async fn deliver(mut job: Job, ctx: Arc<WriterCtx>) -> Completion {
         Ok(None) => (Outcome::Abandoned, Vec::new()),
         Err(e) => (Outcome::DlqFailed(e), Vec::new()),
     };
-    match (&outcome, job.batch.first(), job.batch.last()) {
+    let offset = |r: Row| r.offset;
+    match (
+        &outcome,
+        job.batch.first().map(offset),
+        job.batch.last().map(offset),
+    ) {
         (Outcome::Durable { rejected, .. }, Some(first), Some(last)) => {
             let uncovered: Vec<Offset> = rejected.iter().map(|r| r.0).collect();
             job.fates.finish(first, last, &uncovered);
@@ -127,7 +134,7 @@ pub(crate) async fn deliver(mut job: Job, ctx: Arc<WriterCtx>) -> Completion {
     }
     Completion {
         route_idx: job.route_idx,
-        partition: job.batch.partition.partition,
+        partition: job.partition.partition,
         ticket: job.ticket,
         generation: job.generation,
         bytes: job.bytes,
@@ -174,13 +181,17 @@ async fn attempt_until_done(job: &Job, ctx: &WriterCtx, letters: &mut Vec<Pendin
     let mut delays = Delays::new(Duration::from_millis(100));
     // ClickHouse refused a field the route's cached columns hold.
     let mut stale_columns = false;
-    let p = &job.batch.partition;
+    let p = &job.partition;
     let table = job.route.table_ref();
     let label = table.to_string();
     let Some(uncovered) = earlier_uncovered(job).await else {
         return Outcome::Abandoned;
     };
     let key = (job.route_idx, p.partition);
+    let row = |offset| Row {
+        partition: p.partition,
+        offset,
+    };
     // Rows per insert, once the server asked for fewer (code 252).
     let hint = &ctx.per_insert[job.route_idx];
     let per_insert = match hint.load(Ordering::Relaxed) {
@@ -188,7 +199,13 @@ async fn attempt_until_done(job: &Job, ctx: &WriterCtx, letters: &mut Vec<Pendin
         n => Some(n.saturating_mul(2)),
     };
     let mut way = delivery::Delivery::new(job.batch.clone(), exactly_once, job.uncertain)
-        .with_conditional(job.conditional.clone(), uncovered)
+        .with_conditional(
+            job.conditional
+                .iter()
+                .map(|&(r, c)| (row(r), row(c)))
+                .collect(),
+            uncovered.into_iter().map(row).collect(),
+        )
         .with_per_insert(per_insert);
     loop {
         // Durable needs no lease and no permit: a leaving partition's last
@@ -243,13 +260,13 @@ async fn attempt_until_done(job: &Job, ctx: &WriterCtx, letters: &mut Vec<Pendin
         let token = ctx
             .delivery
             .sends_tokens()
-            .then(|| insert_token(&table.sql(), &p.topic, p.partition, batch.offsets()));
+            .then(|| insert_token(&table.sql(), &p.topic, batch.rows()));
         let qid = match &token {
             Some(t) => query_id(t, attempt),
             None => format!(
                 "sluice-alo-{}-{}-{attempt}",
                 p.partition,
-                batch.first().map_or(-1, |o| o.0),
+                batch.first().map_or(-1, |r| r.offset.0),
             ),
         };
         let started = Instant::now();
@@ -316,7 +333,7 @@ async fn attempt_until_done(job: &Job, ctx: &WriterCtx, letters: &mut Vec<Pendin
                 // batch of them would cost an attempt each), and only those:
                 // a field's name can hold text that reads as another row's
                 // number.
-                let mut refused: Vec<(Offset, &[u8])> = match e.unknown_field() {
+                let mut refused: Vec<(Row, &[u8])> = match e.unknown_field() {
                     Some(field) => (0..batch.len())
                         .filter_map(|i| batch.row(i))
                         .filter(|&(_, r)| sluice_formats::row::has_field(r, field))
@@ -331,8 +348,9 @@ async fn attempt_until_done(job: &Job, ctx: &WriterCtx, letters: &mut Vec<Pendin
                 }
                 let encoder = &ctx.encoders[job.route_idx];
                 let named_at = refused[0].0;
-                tracing::warn!(partition = %p, offset = named_at.0, rows = refused.len(), error = %e, "ClickHouse rejected rows; sending them to the DLQ");
-                for (offset, row) in refused {
+                tracing::warn!(partition = %p, offset = named_at.offset.0, rows = refused.len(), error = %e, "ClickHouse rejected rows; sending them to the DLQ");
+                for (at, row) in refused {
+                    let offset = at.offset;
                     let value = match job.originals.get(offset) {
                         Some(v) => v.to_vec(),
                         None => encoder.original(row).unwrap_or_else(|| row.to_vec()),
@@ -359,7 +377,7 @@ async fn attempt_until_done(job: &Job, ctx: &WriterCtx, letters: &mut Vec<Pendin
                             })
                         }
                     }
-                    way.reject([offset]);
+                    way.reject([at]);
                 }
                 stale_columns |= e.unknown_field().is_some();
             }
@@ -372,8 +390,8 @@ async fn attempt_until_done(job: &Job, ctx: &WriterCtx, letters: &mut Vec<Pendin
                 };
                 tracing::warn!(
                     partition = %p,
-                    first = batch.first().map_or(-1, |o| o.0),
-                    last = batch.last().map_or(-1, |o| o.0),
+                    first = batch.first().map_or(-1, |r| r.offset.0),
+                    last = batch.last().map_or(-1, |r| r.offset.0),
                     attempt,
                     error = %e,
                     "{what}"
@@ -408,7 +426,7 @@ fn answer(result: &Result<(), ChError>) -> Answer {
 
 /// The record of `batch` a permanent ClickHouse error names ([`ChError::row`],
 /// from 1), with its encoded row.
-fn rejected_row<'b>(e: &ChError, batch: &'b Batch) -> Option<(Offset, &'b [u8])> {
+fn rejected_row<'b>(e: &ChError, batch: &'b Batch) -> Option<(Row, &'b [u8])> {
     if e.kind != ChErrorKind::Server {
         return None;
     }
@@ -419,7 +437,7 @@ fn rejected_row<'b>(e: &ChError, batch: &'b Batch) -> Option<(Offset, &'b [u8])>
 /// and that turned out not stored; `None` if that will never be known (the
 /// partition was given up, or an earlier batch failed).
 async fn earlier_uncovered(job: &Job) -> Option<Vec<Offset>> {
-    let Some(first) = job.batch.first() else {
+    let Some(first) = job.batch.first().map(|r| r.offset) else {
         return Some(Vec::new());
     };
     let mut uncovered = Vec::new();
@@ -447,21 +465,20 @@ fn durable(job: &Job, ctx: &WriterCtx, done: Durable, stale_columns: bool) -> Ou
     let batch = &job.batch;
     let rejected = rejected
         .into_iter()
-        .map(|o| {
+        .map(|r: Row| {
             let key = batch
-                .offsets()
-                .position(|x| x == o)
+                .rows()
+                .position(|x| x == r)
                 .and_then(|i| batch.row(i))
                 .and_then(|(_, row)| encoder.original(row))
                 .and_then(|value| {
                     let mut scratch = Vec::new();
-                    let p = batch.partition.partition;
                     encoder
-                        .encode_keyed(Some(&value), p, o.0, &mut scratch)
+                        .encode_keyed(Some(&value), r.partition, r.offset.0, &mut scratch)
                         .ok()
                         .flatten()
                 });
-            (o, key)
+            (r.offset, key)
         })
         .collect();
     Outcome::Durable {
@@ -479,23 +496,17 @@ async fn reconcile(
     batch: &Batch,
     ctx: &WriterCtx,
     previous: Option<&Unsettled>,
-) -> Result<Vec<Offset>, ChError> {
+) -> Result<Vec<Row>, ChError> {
     if let Some(u) = previous {
         ctx.ch.fence_attempt(&u.query_id, u.deadline_ms).await?;
     }
-    let (Some(first), Some(last)) = (batch.first(), batch.last()) else {
-        return Ok(Vec::new());
-    };
-    let present = ctx
-        .ch
-        .present_offsets(&job.route, batch.partition.partition, first, last)
-        .await?;
+    let spans = batch.spans();
+    let present = ctx.ch.present_rows(&job.route, &spans).await?;
     let held = batch.len() - batch.without(&present).len();
     telemetry::reconciled(&job.route.table_ref().to_string(), held, batch.len());
     tracing::info!(
-        partition = %batch.partition,
-        first = first.0,
-        last = last.0,
+        topic = batch.topic(),
+        spans = ?spans,
         present = held,
         missing = batch.len() - held,
         "reconciled"
@@ -506,7 +517,7 @@ async fn reconcile(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sluice_protocol::{BatchBuilder, BatchLimits, PartitionId};
+    use sluice_protocol::{BatchBuilder, BatchLimits};
 
     fn batch(offsets: &[i64]) -> Batch {
         let mut b = BatchBuilder::new(
@@ -542,11 +553,11 @@ mod tests {
         let e = server("Cannot parse input: expected '\"' before: 'abc\"}': (while reading the value of key id): (at row 3)\n: While executing");
         assert_eq!(
             rejected_row(&e, &b),
-            Some((Offset(15), b"{\"o\":15}\n".as_slice()))
+            Some((Row::new(0, 15), b"{\"o\":15}\n".as_slice()))
         );
         assert_eq!(
             rejected_row(&server("(at row 1)"), &b).map(|r| r.0),
-            Some(Offset(10))
+            Some(Row::new(0, 10))
         );
         // No row named, a row outside the batch, row 0, or not a server answer.
         assert_eq!(rejected_row(&server("Table x does not exist"), &b), None);

@@ -454,8 +454,11 @@ impl Sink {
         let Some(acks) = part.acks.as_mut() else {
             return;
         };
-        let ticket = acks.register(batch.end());
-        part.cut_since.push_back((batch.end(), since));
+        let end = batch
+            .end_of(key.1)
+            .expect("a partition's batch accounts for it");
+        let ticket = acks.register(end);
+        part.cut_since.push_back((end, since));
         let letters = std::mem::take(&mut part.letters);
         let originals = std::mem::take(&mut part.originals);
         let bytes = batch.bytes() + std::mem::take(&mut part.letter_bytes) + originals.bytes();
@@ -467,6 +470,7 @@ impl Sink {
         let job = Job {
             route: self.routes[key.0].clone(),
             route_idx: key.0,
+            partition: part.builder.partition().clone(),
             batch,
             uncertain,
             ticket,
