@@ -580,7 +580,7 @@ pub async fn run(
         }
         "coordinator-partition" => {
             // A broker of our own behind a proxy that can cut one member
-            // off from its group coordinator.
+            // off from its group coordinator, and hold its fetches.
             let super::kafka_proxy::ProxiedBroker {
                 broker,
                 proxy,
@@ -593,34 +593,63 @@ pub async fn run(
             // proxy swallows: A learns nothing until its own session check.
             r.spec.instance_id = Some(Stack::unique("member"));
             // A believes it owns the partitions until its own session check
-            // fails: the two owners' overlap. At the 6 s default a second
-            // member slow to start (a loaded machine) could find A already
-            // gone, and a baseline would show no copy; 30 s leaves no doubt.
+            // fails, 30 s after its last answered heartbeat: B must start
+            // and A must read within that, with no producer in between.
             r.spec.session_timeout = Duration::from_secs(30);
             let member = |client: &str| {
                 let mut s = r.spec.clone();
                 s.kafka_properties = vec![("client.id".into(), client.into())];
                 s
             };
+            const A: &str = "lab-owner-a";
             r.produce(0, n / 2).await?;
-            let mut a = member("lab-owner-a").spawn_self()?;
+            let mut a = member(A).spawn_self()?;
             r.wait_rows(&mut a, n / 8).await?;
+            // A's fetches wait in the proxy; once one does, A has read
+            // nothing produced since (one fetch in flight per broker).
+            proxy.hold_fetches(Some(A));
+            let deadline = Instant::now() + p.timeout;
+            while proxy.fetches_waiting() == 0 {
+                anyhow::ensure!(
+                    Instant::now() < deadline && a.is_running(),
+                    "coordinator-partition: the first member never fetched again; its log:\n{}",
+                    a.log_tail()
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            // The overlap is in the broker before the fault: however slow
+            // the producer, A still heartbeats and commits meanwhile.
+            r.produce(n / 2, n - n / 2).await?;
             // A still reaches the partition leader and ClickHouse, not the
-            // coordinator: no heartbeat, no commit, no offset read.
-            proxy.cut_off_group(Some("lab-owner-a"));
+            // coordinator: no heartbeat, no commit, no offset read, no read
+            // or renewal of its lease in the register of owners.
+            proxy.cut_off_group(Some(A));
+            let cut = Instant::now();
             let mut b = member("lab-owner-b").spawn_self()?;
-            // The fault is two owners at once: B must hold the partitions
-            // while A still writes. Without that wait A could land every
-            // record before B joins, and a baseline would show no copy.
+            // The fault is two owners at once: B holds the partitions (in
+            // exactly-once it has claimed them and waits out its fence)
+            // before A is let read the records both will take.
+            let owns = if mode.starts_with("exactly-once") {
+                "claimed, waiting out the previous owner's inserts"
+            } else {
+                "assigned"
+            };
             anyhow::ensure!(
-                b.wait_for_log("assigned", r.params.timeout).await,
-                "coordinator-partition: the second member was never given the partitions; its log:\n{}",
+                b.wait_for_log(owns, r.params.timeout).await,
+                "coordinator-partition: the second member never held the partitions; its log:\n{}",
                 b.log_tail()
             );
-            r.produce(n / 2, n - n / 2).await?;
+            // A's session check has not fired, or A would have let the
+            // partitions go and read nothing more (no second owner then),
+            // and leaves A 10 s to read and insert (its last heartbeat was
+            // answered at most a second before the cut).
+            let a_still_owns = a.is_running()
+                && cut.elapsed() + Duration::from_secs(11) < r.spec.session_timeout
+                && !std::fs::read_to_string(&a.log).is_ok_and(|l| l.contains("revoked"));
+            proxy.hold_fetches(None);
             let fault_end = Instant::now();
             let mut cell = r.finish(scenario, vec![a, b], n, fault_end).await?;
-            cell.fault_injected = proxy.swallowed() > 0;
+            cell.fault_injected = proxy.swallowed() > 0 && proxy.held() > 0 && a_still_owns;
             drop(r);
             drop(broker);
             Ok(cell)

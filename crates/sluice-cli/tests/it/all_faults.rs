@@ -93,10 +93,11 @@ fn quick_matrix_exactly_once_is_clean_and_baselines_fail() {
             assert_eq!(c.duplicates, 0, "{c:?}");
         }
     }
-    // A baseline cell whose fault was not injected measured nothing (under
-    // the load of the suite beside it the first member of
-    // coordinator-partition can land every record before the second one
-    // joins). Such a cell is run once more, alone; exactly-once cells get
+    // A baseline cell whose fault was not injected measured nothing (in
+    // coordinator-partition: the first member's 30 s session had under 10 s
+    // left when the second one held the partitions, a machine too loaded to
+    // start a process in 20 s, so the first might not read the held
+    // records). Such a cell is run once more, alone; exactly-once cells get
     // no second run.
     let cut_cells: Vec<Cell> = ["at-least-once", "token-only"]
         .into_iter()
@@ -137,8 +138,9 @@ fn quick_matrix_exactly_once_is_clean_and_baselines_fail() {
         let late = cell("late-insert", m);
         assert!(late.fault_injected && late.duplicates > 0, "{late:?}");
         // An owner nobody stops writes beside the one the group chose (the
-        // lab waits until the second one holds the partitions, and the
-        // table has no dedup window).
+        // lab holds the first one's fetches until the second one holds the
+        // partitions, then both read the same records; the table has no
+        // dedup window).
         let cut = cut_cells.iter().find(|c| c.mode == m).expect("its cell");
         assert!(cut.fault_injected && cut.duplicates > 0, "{cut:?}");
         // The dedup window catches a same-bytes re-submit while it holds.
