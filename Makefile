@@ -60,6 +60,9 @@ model:
 	@for b in $(MODEL_BOUNDS); do target/release/examples/check $$b || exit 1; done
 	@for b in $(MODEL_FAIR); do FAIR=1,20 target/release/examples/check $$b || exit 1; done
 	START=shared FAIR=2,40 target/release/examples/check 60 2 0 0 0 0 0
+	PARTITIONS=2 target/release/examples/check 8 1 0 0 0 2 0
+	PARTITIONS=2 PROCESSES=1 target/release/examples/check 7 1 1 1 0 0 0
+	PARTITIONS=2 MAX_STATES=100000000 target/release/examples/check 8 1 1 0 0 0 0
 
 lint:
 	cargo fmt --all -- --check

@@ -10,7 +10,9 @@
 //! records share a key; absent: no key dedup); `MAX_STATES` caps the search
 //! and `MAX_ROWS` the rows per batch (default: RECORDS); `REFUSALS=N` lets
 //! ClickHouse refuse N inserts for too many table partitions (the sink
-//! splits the batch). `FAIR=STALLS,SECS`
+//! splits the batch); `PARTITIONS=N` (1 to 4) gives the topic N partitions
+//! of RECORDS records each, which one batch may span; `PROCESSES=N` (1 to
+//! 3, default 2) sets the sink processes. `FAIR=STALLS,SECS`
 //! checks liveness too (`Fair`: at most STALLS unfair seconds, recovery
 //! within SECS of the last fault); `START=clean` or `START=shared` starts
 //! with a clean partition assigned to both processes (`shared`: until a
@@ -46,7 +48,8 @@ fn main() -> ExitCode {
         .join();
     let complete = c.state_count() < cap;
     println!(
-        "{secs} s, {records} records, rebalances/crashes/lost commits/resets/forgets {rebalances}/{crashes}/{lost_commits}/{resets}/{forgets}, DLQ mask {bad:#b}, {} server(s), rejected mask {:#b}, keys {:?}, {} rows per batch: {} states ({} unique), depth {}, {:.0?}{}",
+        "{secs} s, {} partition(s) of {records} records, rebalances/crashes/lost commits/resets/forgets {rebalances}/{crashes}/{lost_commits}/{resets}/{forgets}, DLQ mask {bad:#b}, {} server(s), rejected mask {:#b}, keys {:?}, {} rows per batch: {} states ({} unique), depth {}, {:.0?}{}",
+        b.partitions,
         b.servers,
         b.rejected,
         keys,
@@ -109,6 +112,14 @@ fn bounds(args: &[String]) -> Option<Bounds> {
         Err(_) => records as usize,
     };
     Some(Bounds {
+        partitions: match std::env::var("PARTITIONS") {
+            Ok(s) => s.parse().ok().filter(|&n| (1..=4).contains(&n))?,
+            Err(_) => 1,
+        },
+        processes: match std::env::var("PROCESSES") {
+            Ok(s) => s.parse().ok().filter(|&n| (1..=3).contains(&n))?,
+            Err(_) => 2,
+        },
         records: records as i64,
         bad: small(7, 0)?,
         rejected: small(9, 0)?,
@@ -141,6 +152,5 @@ fn bounds(args: &[String]) -> Option<Bounds> {
             }
             Err(_) => None,
         },
-        ..Bounds::CI
     })
 }

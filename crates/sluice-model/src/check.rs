@@ -8,12 +8,13 @@
 //! out of time, a rebalance, a crash, a lost commit, a clean mark landing.
 
 use crate::sink::{self, Step};
-use crate::world::{Claim, Phase, Rewrite, World};
+use crate::world::{Claim, Partition, Phase, Rewrite, World};
 use crate::{Bounds, Rules, Settings, Start};
 use sluice_protocol::attempt::Answer;
 use sluice_protocol::deadline::{Millis, Moment};
 use sluice_protocol::lease::Owner;
 use sluice_protocol::resume::Committed;
+use sluice_protocol::Row;
 use stateright::{Model, Path, Property};
 use std::time::Duration;
 
@@ -49,10 +50,10 @@ impl Sluice {
 pub enum Action {
     /// A second passes.
     Tick,
-    /// The coordinator assigns the partition to this process.
-    Rebalance(usize),
-    /// The broker forgets the group's committed offset.
-    LoseCommit,
+    /// The coordinator assigns partition `q` to process `p`: `(p, q)`.
+    Rebalance(usize, usize),
+    /// The broker forgets a partition's committed offset.
+    LoseCommit(usize),
     /// The process crashes and restarts with a new id.
     Crash(usize),
     /// Insert `i` reaches server `s` (refused after its deadline on that
@@ -67,28 +68,34 @@ pub enum Action {
     /// Insert `i`, running, stores its first `k` rows and is refused for
     /// holding too many table partitions (code 252).
     Refuse(usize, usize),
-    /// The clean mark in flight lands in the register.
-    LandMark,
+    /// The clean mark in flight for a partition lands in the register.
+    LandMark(usize),
     /// The rewrite in flight lands in the register.
     LandRewrite,
-    /// The broker forgets the register's entry.
-    Forget,
+    /// The broker forgets a partition's register entry.
+    Forget(usize),
     /// Letter `i` lands in the DLQ, and its sender hears of it.
     LandLetter(usize),
     /// Process `p` takes a step.
     Proc(usize, Step),
 }
 
-const STEPS: [Step; 13] = [
+/// The steps a process takes on partition `q`.
+const PARTITION_STEPS: [fn(usize) -> Step; 7] = [
     Step::Hear,
     Step::Revoke,
     Step::Claim,
-    Step::Renew,
     Step::Rewrite,
     Step::RewriteAcked,
-    Step::Commit,
     Step::Settle,
     Step::Expire,
+];
+
+/// The steps a process takes over all its partitions: a read of the
+/// register, a commit, and its batch's.
+const PROCESS_STEPS: [Step; 6] = [
+    Step::Renew,
+    Step::Commit,
     Step::Fence(0),
     Step::Reconcile,
     Step::Send,
@@ -101,20 +108,22 @@ impl Model for Sluice {
 
     fn init_states(&self) -> Vec<World> {
         let mut w = World::new(&self.bounds);
-        match self.bounds.start {
-            Start::Owned => {
-                w.register = Owner::Process(w.procs[0].id);
-                w.procs[0].heard = 1;
-                sink::activate(self, &mut w, 0, 1, Committed::Nothing, Millis(0));
-            }
-            Start::CleanToBoth | Start::SharedByBoth => {
-                w.register = Owner::Clean;
-                w.group.shared = self.bounds.start == Start::SharedByBoth;
-                for p in &mut w.procs {
-                    p.heard = 1;
-                    let start = sluice_protocol::claim::Start::Now;
-                    let claim = Claim::new(p.id, 1, Committed::Nothing, &self.settings, start);
-                    p.phase = Phase::Claiming(claim);
+        for q in 0..self.bounds.partitions {
+            match self.bounds.start {
+                Start::Owned => {
+                    w.parts[q].register = Owner::Process(w.procs[0].id);
+                    w.procs[0].heard[q] = 1;
+                    sink::activate(self, &mut w, 0, q, 1, Committed::Nothing, Millis(0));
+                }
+                Start::CleanToBoth | Start::SharedByBoth => {
+                    w.parts[q].register = Owner::Clean;
+                    w.parts[q].group.shared = self.bounds.start == Start::SharedByBoth;
+                    for p in &mut w.procs {
+                        p.heard[q] = 1;
+                        let start = sluice_protocol::claim::Start::Now;
+                        let claim = Claim::new(p.id, 1, Committed::Nothing, &self.settings, start);
+                        p.phase[q] = Phase::Claiming(claim);
+                    }
                 }
             }
         }
@@ -123,19 +132,27 @@ impl Model for Sluice {
 
     fn actions(&self, w: &World, actions: &mut Vec<Action>) {
         actions.push(Action::Tick);
+        let parts = self.bounds.partitions;
         for p in 0..w.procs.len() {
-            actions.push(Action::Rebalance(p));
             actions.push(Action::Crash(p));
-            actions.extend(STEPS.iter().map(|&s| Action::Proc(p, s)));
-            let rows = 1..=self.bounds.max_rows;
-            actions.extend(rows.map(|n| Action::Proc(p, Step::Cut(n))));
+            actions.push(Action::Rebalance(p, parts - 1));
+            for q in 0..parts {
+                actions.extend(PARTITION_STEPS.iter().map(|s| Action::Proc(p, s(q))));
+            }
+            actions.extend(PROCESS_STEPS.iter().map(|&s| Action::Proc(p, s)));
+            for rows in 1..=self.bounds.max_rows {
+                let sets = 1..(1u8 << parts);
+                actions.extend(sets.map(|parts| Action::Proc(p, Step::Cut { rows, parts })));
+            }
             let others = 1..self.bounds.servers;
             actions.extend(others.map(|s| Action::Proc(p, Step::Fence(s))));
         }
-        actions.push(Action::LoseCommit);
-        actions.push(Action::LandMark);
+        for q in 0..parts {
+            actions.push(Action::LandMark(q));
+        }
+        actions.push(Action::LoseCommit(parts - 1));
+        actions.push(Action::Forget(parts - 1));
         actions.push(Action::LandRewrite);
-        actions.push(Action::Forget);
         for i in 0..w.inserts.len() {
             actions.extend((0..self.bounds.servers).map(|s| Action::Arrive(i, s)));
             actions.push(Action::Store(i));
@@ -168,31 +185,37 @@ impl Model for Sluice {
     fn properties(&self) -> Vec<Property<Self>> {
         vec![
             Property::always("no offset is stored twice", |_, w: &World| {
-                w.table.iter().all(|&n| n <= 1)
+                w.parts.iter().all(|q| q.table.iter().all(|&n| n <= 1))
             }),
             // A record that shares its key with another may be dropped as a
             // duplicate: the next property says when that is right.
             Property::always(
                 "the commit passes only offsets in the table or the DLQ",
                 |m: &Sluice, w: &World| {
-                    (0..committed(w))
-                        .all(|o| w.table[o] > 0 || w.dlq[o] > 0 || shares_key(&m.bounds, o))
+                    w.parts.iter().all(|q| {
+                        (0..committed(q))
+                            .all(|o| q.table[o] > 0 || q.dlq[o] > 0 || shares_key(&m.bounds, o))
+                    })
                 },
             ),
             Property::always(
                 "a key-dedup drop the commit passes has its key in the table",
                 |m: &Sluice, w: &World| {
-                    (0..committed(w)).all(|o| {
-                        let dropped = w.table[o] == 0 && w.dlq[o] == 0;
-                        !(dropped && shares_key(&m.bounds, o)) || key_stored(&m.bounds, w, o)
+                    w.parts.iter().all(|q| {
+                        (0..committed(q)).all(|o| {
+                            let dropped = q.table[o] == 0 && q.dlq[o] == 0;
+                            !(dropped && shares_key(&m.bounds, o)) || key_stored(&m.bounds, q, o)
+                        })
                     })
                 },
             ),
             Property::always("no key is stored twice", |m: &Sluice, w: &World| {
                 let keys = m.bounds.keys;
-                (0..keys.len()).all(|o| {
-                    let copies = (0..keys.len()).filter(|&i| keys[i] == keys[o]);
-                    copies.map(|i| u32::from(w.table[i])).sum::<u32>() <= 1
+                w.parts.iter().all(|q| {
+                    (0..keys.len()).all(|o| {
+                        let copies = (0..keys.len()).filter(|&i| keys[i] == keys[o]);
+                        copies.map(|i| u32::from(q.table[i])).sum::<u32>() <= 1
+                    })
                 })
             }),
             Property::sometimes(
@@ -228,10 +251,10 @@ impl Sluice {
             let fault = matches!(
                 a,
                 Action::Tick
-                    | Action::Rebalance(_)
+                    | Action::Rebalance(..)
                     | Action::Crash(_)
-                    | Action::LoseCommit
-                    | Action::Forget
+                    | Action::LoseCommit(_)
+                    | Action::Forget(_)
             );
             // A step that spends a fault (a reset) is one too.
             !fault && self.step(w, a).is_some_and(|n| n != *w && n.left == w.left)
@@ -270,21 +293,22 @@ impl Sluice {
                     w.answer(i, Answer::Unknown, &self.rules);
                 }
             }
-            Action::Rebalance(p) => {
+            Action::Rebalance(p, q) => {
                 if w.left.rebalances == 0 {
                     return None;
                 }
                 w.left.rebalances -= 1;
-                w.group.generation += 1;
-                w.group.member = Some(p);
-                w.group.shared = false;
+                let g = &mut w.parts[q].group;
+                g.generation += 1;
+                g.member = Some(p);
+                g.shared = false;
             }
-            Action::LoseCommit => {
-                if w.left.lost_commits == 0 || w.group.committed.is_none() {
+            Action::LoseCommit(q) => {
+                if w.left.lost_commits == 0 || w.parts[q].group.committed.is_none() {
                     return None;
                 }
                 w.left.lost_commits -= 1;
-                w.group.committed = None;
+                w.parts[q].group.committed = None;
             }
             Action::Crash(p) => {
                 if w.left.crashes == 0 {
@@ -292,16 +316,19 @@ impl Sluice {
                 }
                 w.left.crashes -= 1;
                 w.ids += 1;
-                let generation = w.group.generation;
+                let heard = w.parts.iter().map(|q| q.group.generation).collect();
                 let proc = &mut w.procs[p];
                 proc.id = w.ids;
-                proc.heard = generation;
-                proc.taken = 0;
-                proc.phase = Phase::Idle;
+                proc.heard = heard;
+                proc.taken.fill(0);
+                proc.phase.fill(Phase::Idle);
+                proc.job = None;
                 proc.clock = crate::world::server_clock();
                 // Checking liveness, it rejoins the group: a new generation.
                 if self.bounds.fair.is_some() {
-                    w.group.generation += 1;
+                    for q in &mut w.parts {
+                        q.group.generation += 1;
+                    }
                 }
             }
             Action::Arrive(i, s) => {
@@ -320,15 +347,19 @@ impl Sluice {
                 let ins = w.inserts.get(i)?;
                 ins.running_since?;
                 let rejects = self.bounds.rejected;
-                let bad = ins.rows.iter().position(|o| rejects & (1 << o.0) != 0);
+                let bad = ins
+                    .rows
+                    .iter()
+                    .position(|r| rejects & (1 << r.offset.0) != 0);
                 let stored = match (action, bad) {
                     (Action::Store(_), None) => ins.rows.len(),
                     (Action::Store(_), Some(_)) => 0,
                     (_, Some(at)) if at > 0 => at,
                     _ => return None,
                 };
-                for o in &ins.rows[..stored] {
-                    w.table[o.0 as usize] += 1;
+                let landed: Vec<Row> = ins.rows[..stored].to_vec();
+                for r in landed {
+                    w.parts[r.partition as usize].table[r.offset.0 as usize] += 1;
                 }
                 match bad {
                     None => {
@@ -347,26 +378,27 @@ impl Sluice {
                     return None;
                 }
                 w.left.refusals -= 1;
-                for o in &ins.rows[..k] {
-                    w.table[o.0 as usize] += 1;
+                let landed: Vec<Row> = ins.rows[..k].to_vec();
+                for r in landed {
+                    w.parts[r.partition as usize].table[r.offset.0 as usize] += 1;
                 }
                 let ins = w.inserts.remove(i);
-                if let Some(part) = w.part_of(ins.from) {
-                    sink::on_refused(part, &ins, &self.rules);
+                if let Some(proc) = w.proc_of(ins.from) {
+                    sink::on_refused(proc, &ins, &self.rules);
                 }
             }
-            Action::LandMark => {
-                if !w.mark_in_flight {
+            Action::LandMark(q) => {
+                if !w.parts[q].mark_in_flight {
                     return None;
                 }
-                w.mark_in_flight = false;
-                w.register = Owner::Clean;
+                w.parts[q].mark_in_flight = false;
+                w.parts[q].register = Owner::Clean;
             }
             Action::LandRewrite => {
-                let id = w.rewrite_in_flight.take()?;
-                w.register = Owner::Process(id);
+                let (id, q) = w.rewrite_in_flight.take()?;
+                w.parts[q].register = Owner::Process(id);
                 for p in &mut w.procs {
-                    match &mut p.phase {
+                    match &mut p.phase[q] {
                         Phase::Active(part) if p.id == id && part.rewrite == Rewrite::Sent => {
                             part.rewrite = Rewrite::Stored
                         }
@@ -374,12 +406,12 @@ impl Sluice {
                     }
                 }
             }
-            Action::Forget => {
-                if w.left.forgets == 0 || w.register == Owner::Nobody {
+            Action::Forget(q) => {
+                if w.left.forgets == 0 || w.parts[q].register == Owner::Nobody {
                     return None;
                 }
                 w.left.forgets -= 1;
-                w.register = Owner::Nobody;
+                w.parts[q].register = Owner::Nobody;
             }
             Action::LandLetter(i) => {
                 if i >= w.letters.len() {
@@ -395,31 +427,38 @@ impl Sluice {
 }
 
 /// Every record is stored once, in the DLQ or a duplicate of a stored key,
-/// and the group's commit passes it.
+/// and the group's commit passes it, in every partition.
 fn done(m: &Sluice, w: &World) -> bool {
-    let all = w.table.len();
-    let landed = (0..all).all(|o| {
-        w.table[o] == 1 || w.dlq[o] > 0 || (shares_key(&m.bounds, o) && key_stored(&m.bounds, w, o))
-    });
-    landed && committed(w) == all
+    w.parts.iter().all(|q| {
+        let all = q.table.len();
+        let landed = (0..all).all(|o| {
+            q.table[o] == 1
+                || q.dlq[o] > 0
+                || (shares_key(&m.bounds, o) && key_stored(&m.bounds, q, o))
+        });
+        landed && committed(q) == all
+    })
 }
 
-/// The offsets the group's commit passes (of the records in the log).
-fn committed(w: &World) -> usize {
-    let c = w.group.committed.map_or(0, |c| c.0.max(0) as usize);
-    c.min(w.table.len())
+/// The offsets the group's commit of partition `q` passes (of the records
+/// in the log).
+fn committed(q: &Partition) -> usize {
+    let c = q.group.committed.map_or(0, |c| c.0.max(0) as usize);
+    c.min(q.table.len())
 }
 
-/// Whether key dedup may drop the record at `o`: another record has its key.
+/// Whether key dedup may drop the record at `o`: another record of its
+/// partition has its key.
 fn shares_key(b: &Bounds, o: usize) -> bool {
     let keys = b.keys;
     (0..keys.len()).any(|i| i != o && keys[i] == keys[o])
 }
 
-/// Whether the table holds a copy of the key of the record at `o`.
-fn key_stored(b: &Bounds, w: &World, o: usize) -> bool {
+/// Whether partition `q`'s rows in the table hold a copy of the key of the
+/// record at `o`.
+fn key_stored(b: &Bounds, q: &Partition, o: usize) -> bool {
     let keys = b.keys;
-    (0..keys.len()).any(|i| keys[i] == keys[o] && w.table[i] > 0)
+    (0..keys.len()).any(|i| keys[i] == keys[o] && q.table[i] > 0)
 }
 
 /// A counterexample in plain words: one line per action, with the time and
@@ -429,57 +468,77 @@ pub fn trace(m: &Sluice, path: &Path<World, Action>) -> String {
     for (state, action) in path.clone().into_vec() {
         let Some(a) = action else { continue };
         let after = m.next_state(&state, a).expect("a step of the path");
+        let each = |f: &dyn Fn(&Partition) -> String| match after.parts.as_slice() {
+            [one] => f(one),
+            parts => format!("[{}]", parts.iter().map(f).collect::<Vec<_>>().join(", ")),
+        };
         out.push_str(&format!(
-            "t={:>2}s {:<28} table={:?} dlq={:?} register={:?} committed={:?}{}\n",
+            "t={:>2}s {:<32} table={} dlq={} register={} committed={}{}\n",
             state.now.0 / 1000,
             format!("{a:?}"),
-            after.table,
-            after.dlq,
-            after.register,
-            after.group.committed.map(|c| c.0),
+            each(&|q| format!("{:?}", q.table)),
+            each(&|q| format!("{:?}", q.dlq)),
+            each(&|q| format!("{:?}", q.register)),
+            each(&|q| format!("{:?}", q.group.committed.map(|c| c.0))),
             note(m, &state, &after, a),
         ));
     }
     out
 }
 
+/// Rows as the trace shows them: offsets, with their partition where the
+/// topic has several.
+fn shown(m: &Sluice, rows: impl Iterator<Item = Row>) -> String {
+    let rows: Vec<String> = rows
+        .map(|r| match m.bounds.partitions {
+            1 => r.offset.to_string(),
+            _ => format!("{}:{}", r.partition, r.offset),
+        })
+        .collect();
+    format!("[{}]", rows.join(", "))
+}
+
 /// What a cut batch holds, what an insert sends, or which row ClickHouse
 /// rejected.
 fn note(m: &Sluice, before: &World, after: &World, a: Action) -> String {
-    let job = |p: usize| match &after.procs[p].phase {
-        Phase::Active(part) => part.job.as_ref(),
-        _ => None,
-    };
     match a {
-        Action::Proc(p, Step::Cut(_)) => job(p).map_or_else(String::new, |j| {
-            let batch = j.delivery.batch();
-            let rows: Vec<i64> = batch.rows().map(|r| r.offset.0).collect();
-            let cond: Vec<(i64, i64)> = (j.delivery.conditional().iter())
-                .map(|(r, c)| (r.offset.0, c.offset.0))
-                .collect();
-            let end = batch.end_of(0).map_or(0, |e| e.0);
-            match (end, cond.is_empty()) {
-                (end, true) => format!("  batch to {end}: rows {rows:?}"),
-                (end, false) => {
-                    format!("  batch to {end}: rows {rows:?}, (row, unless copy) {cond:?}")
+        Action::Proc(p, Step::Cut { .. }) => {
+            after.procs[p].job.as_ref().map_or_else(String::new, |j| {
+                let batch = j.delivery.batch();
+                let rows = shown(m, batch.rows());
+                let ends: Vec<i64> = batch.ends().iter().map(|e| e.1 .0).collect();
+                let cond = j.delivery.conditional();
+                match cond.is_empty() {
+                    true => format!("  batch to {ends:?}: rows {rows}"),
+                    false => {
+                        let (r, c): (Vec<Row>, Vec<Row>) = cond.iter().copied().unzip();
+                        let (r, c) = (shown(m, r.into_iter()), shown(m, c.into_iter()));
+                        format!("  batch to {ends:?}: rows {rows}, rows {r} unless copies {c}")
+                    }
                 }
-            }
-        }),
+            })
+        }
         Action::Proc(_, Step::Send) if after.inserts.len() > before.inserts.len() => {
             let sent = after
                 .inserts
                 .last()
-                .map(|i| i.rows.iter().map(|o| o.0).collect::<Vec<_>>());
-            format!("  sends {:?}", sent.unwrap_or_default())
+                .map(|i| shown(m, i.rows.iter().copied()));
+            format!("  sends {}", sent.unwrap_or_default())
         }
         Action::Refuse(i, k) => {
-            let stored: Vec<i64> = before.inserts[i].rows[..k].iter().map(|o| o.0).collect();
-            format!("  stores {stored:?}, then refused: too many table partitions")
+            let stored = shown(m, before.inserts[i].rows[..k].iter().copied());
+            format!("  stores {stored}, then refused: too many table partitions")
         }
         Action::Store(i) | Action::StoreBefore(i) => {
             let rows = &before.inserts[i].rows;
-            match rows.iter().find(|o| m.bounds.rejected & (1 << o.0) != 0) {
-                Some(r) => format!("  rejected at offset {}", r.0),
+            match rows
+                .iter()
+                .find(|r| m.bounds.rejected & (1 << r.offset.0) != 0)
+            {
+                Some(&r) => {
+                    let at = shown(m, std::iter::once(r));
+                    format!("  rejected at offset {}", at.trim_matches(['[', ']']))
+                }
                 None => String::new(),
             }
         }

@@ -136,6 +136,21 @@ pub enum ClaimYield {
     AtOnce,
 }
 
+/// What a batch does with the rows of a partition it lost while they were
+/// in it (revoked and its lease run out, or taken by another process).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LostSlice {
+    /// The product ([`Delivery::drop_partition`]): they leave the batch,
+    /// which goes on under the leases of the partitions it still holds;
+    /// the partition's next owner judges them.
+    ///
+    /// [`Delivery::drop_partition`]: sluice_protocol::delivery::Delivery::drop_partition
+    Drop,
+    /// Unsafe: they stay in the batch, sent again under the leases of the
+    /// partitions it still holds.
+    KeepSending,
+}
+
 /// The rules the processes follow.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Rules {
@@ -148,6 +163,7 @@ pub struct Rules {
     pub rejected_key: RejectedKey,
     pub claim_yield: ClaimYield,
     pub refused: RefusedInsert,
+    pub lost_slice: LostSlice,
 }
 
 impl Rules {
@@ -162,13 +178,20 @@ impl Rules {
         rejected_key: RejectedKey::Forget,
         claim_yield: ClaimYield::Yield,
         refused: RefusedInsert::MayHaveStored,
+        lost_slice: LostSlice::Drop,
     };
 }
 
 /// The bounds of one search.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Bounds {
-    /// Records in the partition's log, produced before the start.
+    /// Partitions of the topic; a batch may hold rows of several. The
+    /// faults that strike one partition (a rebalance, a lost commit, a
+    /// forgotten register entry) strike the last: the others stay with
+    /// their first owner unless it crashes, which keeps the search within
+    /// reach.
+    pub partitions: usize,
+    /// Records in each partition's log, produced before the start.
     pub records: i64,
     /// The records that cannot become rows and go to the DLQ (bit `o` for
     /// offset `o`).
@@ -188,16 +211,16 @@ pub struct Bounds {
     pub max_rows: usize,
     /// Time stops here.
     pub horizon: Duration,
-    /// Group rebalances (each assigns the partition to any process).
+    /// Group rebalances (each assigns one partition to any process).
     pub rebalances: u8,
     /// Crashes (a crashed process restarts at once, with a new id, and
     /// waits for the next rebalance).
     pub crashes: u8,
-    /// Times the group's committed offset is lost (retention).
+    /// Times a partition's committed offset is lost (retention).
     pub lost_commits: u8,
     /// Connections reset while an INSERT is in flight, before its timeout.
     pub resets: u8,
-    /// Times the broker forgets the register's entry (offset retention).
+    /// Times the broker forgets a register entry (offset retention).
     pub forgets: u8,
     /// Times ClickHouse refuses a running INSERT of more than one row as
     /// holding too many table partitions (code 252), after storing the
@@ -233,9 +256,9 @@ pub struct Fair {
 /// Where the search starts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Start {
-    /// Process 0 has just claimed the partition; nothing is stored.
+    /// Process 0 has just claimed every partition; nothing is stored.
     Owned,
-    /// The last owner left cleanly, and the coordinator assigned the
+    /// The last owner left cleanly, and the coordinator assigned every
     /// partition to both processes (a faulty coordinator can); the first
     /// is the member the next generation keeps.
     CleanToBoth,
@@ -247,6 +270,7 @@ pub enum Start {
 impl Bounds {
     /// The bounds CI checks.
     pub const CI: Bounds = Bounds {
+        partitions: 1,
         records: 2,
         bad: 0,
         rejected: 0,

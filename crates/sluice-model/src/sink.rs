@@ -11,10 +11,10 @@
 //! decisions are `sluice-protocol`'s; the unsafe [`Rules`] replace one of them
 //! each.
 
-use crate::world::{Claim, Insert, Job, Keys, Letter, Part, Phase, Rewrite, Wait, World};
+use crate::world::{Claim, Insert, Job, Keys, Letter, Part, Phase, Proc, Rewrite, Wait, World};
 use crate::{
-    ClaimConfirm, ClaimYield, DlqConfirm, KeyDrop, LateGuard, RefusedInsert, RejectedKey,
-    RewriteCheck, Rules, Settings, Sluice, UnbackedRows,
+    ClaimConfirm, ClaimYield, DlqConfirm, KeyDrop, LateGuard, LostSlice, RefusedInsert,
+    RejectedKey, RewriteCheck, Rules, Settings, Sluice, UnbackedRows,
 };
 use sluice_protocol::attempt::Answer;
 use sluice_protocol::claim::{counts_afresh, taken_wait, Do, Start, Why};
@@ -25,33 +25,36 @@ use sluice_protocol::lease::{on_register, Leases, Owner, Renewal};
 use sluice_protocol::resume::{resume_plan, Committed, LogBounds, ResetPolicy};
 use sluice_protocol::token::{insert_token, query_id};
 use sluice_protocol::{
-    AckTracker, BatchBuilder, BatchLimits, NextOffset, Offset, PartitionId, Row,
+    AckTracker, Batch, BatchBuilder, BatchLimits, NextOffset, Offset, PartitionId, Row,
 };
 use std::time::Duration;
 
-/// What a process does next.
+/// What a process does next. Steps on one partition name it (`q`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Step {
-    /// Hears that the coordinator assigned it the partition.
-    Hear,
-    /// Hears that the partition was revoked.
-    Revoke,
-    /// The next step of its claim.
-    Claim,
-    /// Fetches this many records and cuts them as a batch.
-    Cut(usize),
-    /// Reads the register to renew its lease.
+    /// Hears that the coordinator assigned it partition `q`.
+    Hear(usize),
+    /// Hears that partition `q` was revoked.
+    Revoke(usize),
+    /// The next step of its claim of partition `q`.
+    Claim(usize),
+    /// Fetches `rows` records of each partition in `parts` (a bit per
+    /// partition) and cuts them as one batch.
+    Cut { rows: usize, parts: u8 },
+    /// Reads the register to renew the leases of its partitions.
     Renew,
-    /// Sends the write of itself back into a register that forgot it.
-    Rewrite,
+    /// Sends the write of itself back into a register entry that forgot it.
+    Rewrite(usize),
     /// Hears that write acknowledged.
-    RewriteAcked,
-    /// Commits its durable frontier.
+    RewriteAcked(usize),
+    /// Commits the durable frontier of every partition whose frontier
+    /// moved.
     Commit,
-    /// A revoked partition whose insert ended hands off.
-    Settle,
-    /// A revoked partition whose lease ran out gives its insert up.
-    Expire,
+    /// Revoked partition `q`, whose rows are no longer in flight, hands off.
+    Settle(usize),
+    /// Revoked partition `q`, whose lease ran out, is given up (its rows
+    /// in flight with it).
+    Expire(usize),
     /// One look of the fence of the last unsettled attempt, answered by
     /// this server.
     Fence(u8),
@@ -72,28 +75,29 @@ pub fn take(m: &Sluice, w: &World, p: usize, step: Step) -> Option<World> {
     let (rules, s) = (m.rules, &m.settings);
     let mut w = w.clone();
     let now = w.now;
-    let records = w.table.len() as i64;
+    let records = m.bounds.records;
     let id = w.procs[p].id;
     match step {
-        Step::Hear => {
-            let g = &w.group;
-            let fresh = g.assigned(p) && w.procs[p].heard < g.generation;
-            if !fresh || !matches!(w.procs[p].phase, Phase::Idle) {
+        Step::Hear(q) => {
+            let g = &w.parts.get(q)?.group;
+            let fresh = g.assigned(p) && w.procs[p].heard[q] < g.generation;
+            if !fresh || !matches!(w.procs[p].phase[q], Phase::Idle) {
                 return None;
             }
             let claim = Claim::new(id, g.generation, g.committed(), s, Start::Now);
-            w.procs[p].heard = g.generation;
-            w.procs[p].phase = Phase::Claiming(claim);
+            w.procs[p].heard[q] = g.generation;
+            w.procs[p].phase[q] = Phase::Claiming(claim);
         }
-        Step::Revoke => {
-            let current = w.group.assigned(p) && w.group.generation == generation(&w, p)?;
+        Step::Revoke(q) => {
+            let g = &w.parts.get(q)?.group;
+            let current = g.assigned(p) && g.generation == generation(&w, p, q)?;
             if current {
                 return None;
             }
             // A new assignment counts its takings afresh.
-            w.procs[p].taken = 0;
-            match &mut w.procs[p].phase {
-                Phase::Claiming(_) => w.procs[p].phase = Phase::Idle,
+            w.procs[p].taken[q] = 0;
+            match &mut w.procs[p].phase[q] {
+                Phase::Claiming(_) => w.procs[p].phase[q] = Phase::Idle,
                 Phase::Active(part) if !part.leaving => {
                     part.leaving = true;
                     part.leases.leave(KEY, part.generation);
@@ -102,33 +106,33 @@ pub fn take(m: &Sluice, w: &World, p: usize, step: Step) -> Option<World> {
                 _ => return None,
             }
         }
-        Step::Claim => {
+        Step::Claim(q) => {
             // One read, write or look of the claim (`sink/prepare.rs`),
             // decided by the sink's own `Claim`; reads are atomic here.
-            let register = w.register;
+            let register = w.parts.get(q)?.register;
             let entry = |_: &()| register;
-            let Phase::Claiming(c) = &mut w.procs[p].phase else {
+            let Phase::Claiming(c) = &mut w.procs[p].phase[q] else {
                 return None;
             };
             let (generation, committed) = (c.generation, c.committed);
             match c.claim.next() {
                 Do::Done => return None,
                 Do::ReadCommits => {
-                    c.committed = w.group.committed();
+                    c.committed = w.parts[q].group.committed();
                     c.claim.commits_read();
                 }
                 Do::Read => {
                     if let Some(((), read_at)) = c.claim.read(now, now, entry).pop() {
-                        activate(m, &mut w, p, generation, committed, read_at);
+                        activate(m, &mut w, p, q, generation, committed, read_at);
                     }
                 }
                 Do::Write => {
-                    w.register = Owner::Process(id);
+                    w.parts[q].register = Owner::Process(id);
                     if rules.claim == ClaimConfirm::TrustWrite {
-                        activate(m, &mut w, p, generation, committed, now);
+                        activate(m, &mut w, p, q, generation, committed, now);
                         return Some(w);
                     }
-                    let Phase::Claiming(c) = &mut w.procs[p].phase else {
+                    let Phase::Claiming(c) = &mut w.procs[p].phase[q] else {
                         unreachable!()
                     };
                     c.claim.written(now);
@@ -148,75 +152,84 @@ pub fn take(m: &Sluice, w: &World, p: usize, step: Step) -> Option<World> {
                 }
             }
         }
-        Step::Cut(rows) => {
-            // Fetches `rows` records and cuts them as a batch: full
-            // (`max_rows`), or cut short by its age.
+        Step::Cut { rows, parts } => {
+            // Fetches `rows` records of each partition named and cuts them
+            // as one batch: full (`max_rows`), or cut short by its age.
             let max_rows = m.bounds.max_rows;
-            let part = active(&mut w, p)?;
-            let left = records - part.next.0;
-            if part.leaving
-                || part.job.is_some()
-                || rows == 0
-                || rows > max_rows
-                || rows as i64 > left
-            {
+            if w.procs[p].job.is_some() || rows == 0 || rows > max_rows || parts == 0 {
                 return None;
             }
+            let mut slices = Vec::new();
+            let mut tickets = Vec::new();
             let mut letters = Vec::new();
             let mut conditional = Vec::new();
-            for _ in 0..rows {
-                let o = Offset(part.next.0);
-                let row = |buf: &mut Vec<u8>| buf.extend_from_slice(format!("{o}\n").as_bytes());
-                if m.bounds.bad & (1 << o.0) != 0 {
-                    // It cannot become a row: the batch accounts for it,
-                    // and it goes to the DLQ.
-                    part.builder.skip(o, now);
-                    letters.push(o);
-                } else if let Some(keys) = part.keys.as_mut() {
-                    // Below the frontier every row is settled.
-                    let settled = part.acks.frontier();
-                    let key = keys.key(o);
-                    let verdict = match rules.key_drop {
-                        KeyDrop::SettledCopy => keys.window.decide(key, None, o, settled),
-                        KeyDrop::AnyCopy => match keys.window.check(key, None, o) {
-                            Seen::New => Verdict::Write,
-                            Seen::Duplicate { .. } => Verdict::Drop,
-                        },
-                    };
-                    part.builder
-                        .push_or_skip(o, now, |buf| {
-                            row(buf);
-                            Ok::<_, ()>(match verdict {
-                                Verdict::Write => true,
-                                Verdict::Drop => false,
-                                Verdict::WriteUnless { copy } => {
-                                    conditional.push((Row::new(0, o.0), Row::new(0, copy.0)));
-                                    true
-                                }
+            let mut uncertain = false;
+            for q in 0..w.parts.len() {
+                if parts & (1 << q) == 0 {
+                    continue;
+                }
+                let part = active(&mut w, p, q)?;
+                if part.leaving || rows as i64 > records - part.next.0 {
+                    return None;
+                }
+                let row_of = |o: Offset| Row::new(q as i32, o.0);
+                for _ in 0..rows {
+                    let o = Offset(part.next.0);
+                    let row =
+                        |buf: &mut Vec<u8>| buf.extend_from_slice(format!("{o}\n").as_bytes());
+                    if m.bounds.bad & (1 << o.0) != 0 {
+                        // It cannot become a row: the batch accounts for it,
+                        // and it goes to the DLQ.
+                        part.builder.skip(o, now);
+                        letters.push(row_of(o));
+                    } else if let Some(keys) = part.keys.as_mut() {
+                        // Below the frontier every row is settled.
+                        let settled = part.acks.frontier();
+                        let key = keys.key(o);
+                        let verdict = match rules.key_drop {
+                            KeyDrop::SettledCopy => keys.window.decide(key, None, o, settled),
+                            KeyDrop::AnyCopy => match keys.window.check(key, None, o) {
+                                Seen::New => Verdict::Write,
+                                Seen::Duplicate { .. } => Verdict::Drop,
+                            },
+                        };
+                        part.builder
+                            .push_or_skip(o, now, |buf| {
+                                row(buf);
+                                Ok::<_, ()>(match verdict {
+                                    Verdict::Write => true,
+                                    Verdict::Drop => false,
+                                    Verdict::WriteUnless { copy } => {
+                                        conditional.push((row_of(o), row_of(copy)));
+                                        true
+                                    }
+                                })
                             })
-                        })
-                        .ok()?;
-                } else {
-                    part.builder
-                        .push(o, now, |buf| {
-                            row(buf);
-                            Ok::<_, ()>(())
-                        })
-                        .ok()?;
+                            .ok()?;
+                    } else {
+                        part.builder
+                            .push(o, now, |buf| {
+                                row(buf);
+                                Ok::<_, ()>(())
+                            })
+                            .ok()?;
+                    }
+                    if part.check_through.is_some_and(|c| o <= c) {
+                        part.builder_uncertain = true;
+                    }
+                    part.next = o.next();
                 }
-                if part.check_through.is_some_and(|c| o <= c) {
-                    part.builder_uncertain = true;
-                }
-                part.next = o.next();
+                // Full, or cut short by its age (`max_age` is one step):
+                // the search picks when.
+                let batch = part.builder.take()?;
+                let ticket = part.acks.register(batch.end_of(q as i32)?);
+                tickets.push((q, part.generation, ticket));
+                uncertain |= std::mem::take(&mut part.builder_uncertain);
+                slices.push(batch);
             }
-            // Full, or cut short by its age (`max_age` is one step): the
-            // search picks when.
-            let batch = part.builder.take()?;
-            let ticket = part.acks.register(batch.end_of(0)?);
-            let uncertain = std::mem::take(&mut part.builder_uncertain);
-            w.letters.extend(letters.iter().map(|&offset| Letter {
+            w.letters.extend(letters.iter().map(|&row| Letter {
                 from: id,
-                offset,
+                row,
                 sent: now,
             }));
             if rules.dlq == DlqConfirm::Queued {
@@ -225,52 +238,71 @@ pub fn take(m: &Sluice, w: &World, p: usize, step: Step) -> Option<World> {
             // Only a batch with letters remembers when it queued them:
             // the rest stay equal to batches cut at other moments.
             let letters_sent = if letters.is_empty() { Millis(0) } else { now };
-            let part = active(&mut w, p)?;
-            part.job = Some(Job {
-                delivery: Delivery::new(batch, true, uncertain)
+            conditional.sort_unstable();
+            w.procs[p].job = Some(Job {
+                delivery: Delivery::new(Batch::concat(slices), true, uncertain)
                     .with_conditional(conditional, Vec::new()),
-                ticket,
+                tickets,
                 wait: Wait::Ready,
                 letters,
                 letters_sent,
             });
         }
         Step::Renew => {
-            let register = w.register;
-            let part = active(&mut w, p)?;
-            // One task reads and writes: no read while it writes.
-            if part.rewrite != Rewrite::No {
+            // One read of the register shows every partition's entry
+            // (`sink/lease.rs`); one task reads and writes: no read while
+            // it writes.
+            let registers: Vec<Owner> = w.parts.iter().map(|q| q.register).collect();
+            let proc = &w.procs[p];
+            let parts = || {
+                proc.phase.iter().filter_map(|ph| match ph {
+                    Phase::Active(part) => Some(part),
+                    _ => None,
+                })
+            };
+            if parts().any(|part| part.rewrite != Rewrite::No) {
                 return None;
             }
-            let g = part.generation;
-            let live = part.leases.live(KEY, g, now);
-            match on_register(Some(register), id, live, part.leaving) {
-                Renewal::Renew => part.leases.renew(KEY, g, now),
-                Renewal::Rewrite => part.rewrite = Rewrite::Decided,
-                Renewal::Taken(by) => {
-                    // Someone else claimed it: give it up (its insert is
-                    // abandoned) and claim it back after `fence_wait`.
-                    let watch = matches!(by, Owner::Process(_));
-                    taken(&mut w, p, g, watch, s);
+            let mut changed = false;
+            for (q, &register) in registers.iter().enumerate() {
+                let Some(part) = active(&mut w, p, q) else {
+                    continue;
+                };
+                let g = part.generation;
+                let live = part.leases.live(KEY, g, now);
+                match on_register(Some(register), id, live, part.leaving) {
+                    Renewal::Renew => part.leases.renew(KEY, g, now),
+                    Renewal::Rewrite => part.rewrite = Rewrite::Decided,
+                    Renewal::Taken(by) => {
+                        // Someone else claimed it: give it up (its rows in
+                        // flight leave the batch) and claim it back after
+                        // `fence_wait`.
+                        let watch = matches!(by, Owner::Process(_));
+                        taken(&mut w, p, q, g, watch, s, &rules);
+                    }
+                    Renewal::Reclaim => taken(&mut w, p, q, g, false, s, &rules),
+                    Renewal::Keep => continue,
                 }
-                Renewal::Reclaim => taken(&mut w, p, g, false, s),
-                Renewal::Keep => return None,
+                changed = true;
+            }
+            if !changed {
+                return None;
             }
         }
-        Step::Rewrite => {
+        Step::Rewrite(q) => {
             let busy = w.rewrite_in_flight.is_some();
-            let part = active(&mut w, p)?;
+            let part = active(&mut w, p, q)?;
             if part.rewrite != Rewrite::Decided || busy {
                 return None;
             }
             let live = part.leases.live(KEY, part.generation, now);
             part.rewrite = if live { Rewrite::Sent } else { Rewrite::No };
             if live {
-                w.rewrite_in_flight = Some(id);
+                w.rewrite_in_flight = Some((id, q));
             }
         }
-        Step::RewriteAcked => {
-            let part = active(&mut w, p)?;
+        Step::RewriteAcked(q) => {
+            let part = active(&mut w, p, q)?;
             if part.rewrite != Rewrite::Stored {
                 return None;
             }
@@ -279,45 +311,60 @@ pub fn take(m: &Sluice, w: &World, p: usize, step: Step) -> Option<World> {
             // Acknowledged after the lease ended: it may have landed over
             // a new owner's claim. Claim again.
             if !part.leases.live(KEY, g, now) && m.rules.rewrite == RewriteCheck::AckWithinLease {
-                taken(&mut w, p, g, false, s);
+                taken(&mut w, p, q, g, false, s, &rules);
             }
         }
         Step::Commit => {
-            let part = active(&mut w, p)?;
-            let live = part.leases.live(KEY, part.generation, now);
-            let frontier = part.acks.to_commit(part.committed, live)?;
-            part.committed = Some(frontier);
-            // Taken whatever the generation: a coordinator that fences
-            // stale commits only helps.
-            w.group.committed = Some(frontier);
+            // One commit of every partition whose frontier moved, each
+            // under its live lease (`sink/state`, `commit`).
+            let mut moved = false;
+            for q in 0..w.parts.len() {
+                let Some(part) = active(&mut w, p, q) else {
+                    continue;
+                };
+                let live = part.leases.live(KEY, part.generation, now);
+                let Some(frontier) = part.acks.to_commit(part.committed, live) else {
+                    continue;
+                };
+                part.committed = Some(frontier);
+                // Taken whatever the generation: a coordinator that fences
+                // stale commits only helps.
+                w.parts[q].group.committed = Some(frontier);
+                moved = true;
+            }
+            if !moved {
+                return None;
+            }
         }
-        Step::Settle => {
-            let part = active(&mut w, p)?;
-            if !part.leaving || part.job.is_some() {
+        Step::Settle(q) => {
+            let in_flight = w.procs[p].job.as_ref().is_some_and(|j| j.holds(q));
+            let part = active(&mut w, p, q)?;
+            if !part.leaving || in_flight {
                 return None;
             }
             let live = part.leases.live(KEY, part.generation, now);
             if let Some(frontier) = part.acks.to_commit(part.committed, live) {
-                w.group.committed = Some(frontier);
+                w.parts[q].group.committed = Some(frontier);
             }
             if live {
-                w.mark_in_flight = true;
+                w.parts[q].mark_in_flight = true;
             }
-            w.procs[p].phase = Phase::Idle;
+            w.procs[p].phase[q] = Phase::Idle;
         }
-        Step::Expire => {
-            let part = active(&mut w, p)?;
+        Step::Expire(q) => {
+            let part = active(&mut w, p, q)?;
             if !part.leaving || part.leases.live(KEY, part.generation, now) {
                 return None;
             }
-            w.procs[p].phase = Phase::Idle;
+            w.procs[p].phase[q] = Phase::Idle;
+            lose(&mut w.procs[p], q, &rules);
         }
         Step::Fence(at) => {
             if at >= m.bounds.servers {
                 return None;
             }
             let server = w.server_ms(at);
-            let job = w_active(&w, p)?.job.as_ref()?;
+            let job = w.procs[p].job.as_ref()?;
             let Next::Reconcile {
                 fence: Some(previous),
                 ..
@@ -342,8 +389,7 @@ pub fn take(m: &Sluice, w: &World, p: usize, step: Step) -> Option<World> {
             if clock.ms_at(now) != Some(server) {
                 clock.observe(server, now, now, false);
             }
-            let part = active(&mut w, p)?;
-            let job = part.job.as_mut()?;
+            let job = w.procs[p].job.as_mut()?;
             match step {
                 FenceStep::Done => job.wait = Wait::Fenced,
                 FenceStep::KillAgain => {
@@ -359,8 +405,7 @@ pub fn take(m: &Sluice, w: &World, p: usize, step: Step) -> Option<World> {
             }
         }
         Step::Reconcile => {
-            let part = w_active(&w, p)?;
-            let job = part.job.as_ref()?;
+            let job = w.procs[p].job.as_ref()?;
             let Next::Reconcile { fence, rows } = job.delivery.next() else {
                 return None;
             };
@@ -369,24 +414,23 @@ pub fn take(m: &Sluice, w: &World, p: usize, step: Step) -> Option<World> {
                 Wait::Fenced => true,
                 _ => false,
             };
-            if !fenced || !part.leases.live(KEY, part.generation, now) {
+            if !fenced || lease_end(&w.procs[p], now, &rules).is_none() {
                 return None;
             }
             let present = w.present(&rows);
-            let part = active(&mut w, p)?;
-            let job = part.job.as_mut()?;
+            let proc = &mut w.procs[p];
+            let job = proc.job.as_mut()?;
             job.delivery.reconciled(&present);
             job.wait = Wait::Ready;
             if matches!(job.delivery.next(), Next::Durable(_)) {
-                durable(part, &rules);
+                durable(proc, &rules);
             }
         }
         Step::Send => {
             let server = w.server_ms(0);
-            let part = active(&mut w, p)?;
-            let g = part.generation;
-            let lease_end = part.leases.until(KEY, g, now)?;
-            let job = part.job.as_mut()?;
+            let proc = &mut w.procs[p];
+            let lease_end = lease_end(proc, now, &rules)?;
+            let job = proc.job.as_mut()?;
             if job.wait != Wait::Ready {
                 return None;
             }
@@ -395,14 +439,14 @@ pub fn take(m: &Sluice, w: &World, p: usize, step: Step) -> Option<World> {
                 // Every record went to the DLQ or was dropped for its key:
                 // nothing to insert.
                 Next::Durable(_) => {
-                    durable(part, &rules);
+                    durable(proc, &rules);
                     return Some(w);
                 }
                 Next::Reconcile { .. } | Next::Waiting => return None,
             };
             let token = insert_token(TABLE, TOPIC, batch.rows());
             let qid = query_id(&token, number);
-            let clock = w.procs[p].clock;
+            let clock = proc.clock;
             let deadline = attempt_deadline(
                 |t| clock.ms_at(t).unwrap_or(server),
                 lease_end,
@@ -414,14 +458,13 @@ pub fn take(m: &Sluice, w: &World, p: usize, step: Step) -> Option<World> {
                 // The client's own bound, on its own clock.
                 LateGuard::ClientTimeout => None,
             };
-            let part = active(&mut w, p)?;
-            let job = part.job.as_mut()?;
+            let job = proc.job.as_mut()?;
             job.delivery.sent(qid.clone(), Some(deadline));
             job.wait = Wait::InFlight { sent: now };
             w.inserts.push(Insert {
                 from: id,
                 query_id: qid,
-                rows: batch.rows().map(|r| r.offset).collect(),
+                rows: batch.rows().collect(),
                 deadline_ms: sent_deadline,
                 sent: now,
                 running_since: None,
@@ -430,8 +473,8 @@ pub fn take(m: &Sluice, w: &World, p: usize, step: Step) -> Option<World> {
         Step::GiveUp => {
             let timeout = s.insert_timeout;
             let reset_left = w.left.resets > 0;
-            let part = active(&mut w, p)?;
-            let job = part.job.as_ref()?;
+            let proc = &mut w.procs[p];
+            let job = proc.job.as_ref()?;
             let Wait::InFlight { sent } = &job.wait else {
                 return None;
             };
@@ -448,7 +491,7 @@ pub fn take(m: &Sluice, w: &World, p: usize, step: Step) -> Option<World> {
                 sent: *sent,
                 running_since: None,
             };
-            on_answer(part, &lost, Answer::Unknown, now, &rules);
+            on_answer(proc, &lost, Answer::Unknown, now, &rules);
             if !timed_out {
                 w.left.resets -= 1;
             }
@@ -457,9 +500,51 @@ pub fn take(m: &Sluice, w: &World, p: usize, step: Step) -> Option<World> {
     Some(w)
 }
 
+/// When the leases of the partitions the process's batch holds rows of
+/// end (the earliest), if every one is live: an attempt starts only then
+/// (`sink/writer.rs`). Under [`LostSlice::KeepSending`] a partition no
+/// longer held does not count.
+fn lease_end(proc: &Proc, now: Millis, rules: &Rules) -> Option<Millis> {
+    let job = proc.job.as_ref()?;
+    let mut end: Option<Millis> = None;
+    for &(q, _, _) in &job.tickets {
+        let until = match &proc.phase[q] {
+            Phase::Active(part) => part.leases.until(KEY, part.generation, now),
+            _ => None,
+        };
+        match until {
+            Some(u) => end = Some(end.map_or(u, |e: Millis| e.min(u))),
+            None if rules.lost_slice == LostSlice::KeepSending
+                && !matches!(proc.phase[q], Phase::Active(_)) => {}
+            None => return None,
+        }
+    }
+    end
+}
+
+/// Partition `q` is no longer the process's to write: its rows leave the
+/// batch in flight ([`LostSlice::Drop`]), and the batch no longer counts
+/// toward its acks.
+fn lose(proc: &mut Proc, q: usize, rules: &Rules) {
+    let Some(job) = proc.job.as_mut() else {
+        return;
+    };
+    if !job.holds(q) {
+        return;
+    }
+    if rules.lost_slice == LostSlice::Drop {
+        job.delivery.drop_partition(q as i32);
+        job.tickets.retain(|t| t.0 != q);
+        job.letters.retain(|r| r.partition != q as i32);
+    }
+    if job.tickets.is_empty() {
+        proc.job = None;
+    }
+}
+
 /// The job waiting for the answer to request `to`, if any.
-fn waiting_for<'a>(part: &'a mut Part, to: &Insert) -> Option<&'a mut Job> {
-    let job = part.job.as_mut()?;
+fn waiting_for<'a>(proc: &'a mut Proc, to: &Insert) -> Option<&'a mut Job> {
+    let job = proc.job.as_mut()?;
     let asked = job.delivery.in_flight().map(|(q, _)| q) == Some(to.query_id.as_str());
     match job.wait {
         Wait::InFlight { sent } if asked && sent == to.sent => Some(job),
@@ -468,27 +553,31 @@ fn waiting_for<'a>(part: &'a mut Part, to: &Insert) -> Option<&'a mut Job> {
 }
 
 /// The answer to request `to` reaches the writer, if it still waits for it.
-pub fn on_answer(part: &mut Part, to: &Insert, answer: Answer, now: Millis, rules: &Rules) {
-    let g = part.generation;
-    let Some(job) = waiting_for(part, to) else {
+pub fn on_answer(proc: &mut Proc, to: &Insert, answer: Answer, now: Millis, rules: &Rules) {
+    let Some(job) = waiting_for(proc, to) else {
         return;
     };
     job.delivery.answered(answer);
     job.wait = Wait::Ready;
+    let held: Vec<usize> = job.tickets.iter().map(|t| t.0).collect();
     if matches!(job.delivery.next(), Next::Durable(_)) {
-        durable(part, rules);
+        durable(proc, rules);
     }
     // Refused after its deadline: the clock may have stood still.
     if answer == Answer::TooLate {
-        part.leases.suspect(KEY, g, now);
+        for q in held {
+            if let Phase::Active(part) = &mut proc.phase[q] {
+                part.leases.suspect(KEY, part.generation, now);
+            }
+        }
     }
 }
 
 /// ClickHouse refused request `to` for holding too many table partitions
 /// (after storing some of its rows): if its sender still waits for it, the
 /// next attempts send shares of half as many rows (`sink/writer.rs`).
-pub fn on_refused(part: &mut Part, to: &Insert, rules: &Rules) {
-    let Some(job) = waiting_for(part, to) else {
+pub fn on_refused(proc: &mut Proc, to: &Insert, rules: &Rules) {
+    let Some(job) = waiting_for(proc, to) else {
         return;
     };
     job.delivery.answered(match rules.refused {
@@ -504,16 +593,16 @@ pub fn on_refused(part: &mut Part, to: &Insert, rules: &Rules) {
 /// ClickHouse rejected request `to` at `row` (`(at row N)`; the query
 /// ended). If its sender still waits for it, the row goes to the DLQ and
 /// the rest of the batch is tried again (`sink/writer.rs`).
-pub fn on_rejected(m: &Sluice, w: &mut World, to: &Insert, row: Offset) {
+pub fn on_rejected(m: &Sluice, w: &mut World, to: &Insert, row: Row) {
     let now = w.now;
-    let Some(part) = w.part_of(to.from) else {
+    let Some(proc) = w.proc_of(to.from) else {
         return;
     };
-    let Some(job) = waiting_for(part, to) else {
+    let Some(job) = waiting_for(proc, to) else {
         return;
     };
     job.delivery.answered(Answer::Rejected);
-    job.delivery.reject([Row::new(0, row.0)]);
+    job.delivery.reject([row]);
     job.wait = Wait::Ready;
     // One stamp per job for its letters (its earlier ones, if any, have
     // landed when it has none left).
@@ -526,74 +615,88 @@ pub fn on_rejected(m: &Sluice, w: &mut World, to: &Insert, row: Offset) {
     let sent = job.letters_sent;
     w.letters.push(Letter {
         from: to.from,
-        offset: row,
+        row,
         sent,
     });
 }
 
 /// The batch's rows are durable: it is done once the DLQ acknowledged its
 /// letters (`sink/writer.rs`, `dlq::confirm`). Its completion reaches the
-/// consumer thread: the window forgets the keys of its rejected rows, and
-/// the frontier moves (`sink/state`, `on_completion`).
-fn durable(part: &mut Part, rules: &Rules) {
-    let Some(job) = part.job.as_mut() else {
+/// consumer thread: each partition's window forgets the keys of its
+/// rejected rows, and each partition's frontier moves (`sink/state`,
+/// `on_completion`).
+fn durable(proc: &mut Proc, rules: &Rules) {
+    let Some(job) = proc.job.as_mut() else {
         return;
     };
     if !job.letters.is_empty() {
         job.wait = Wait::Letters;
         return;
     }
-    if let Some(keys) = part.keys.as_mut() {
-        if rules.rejected_key == RejectedKey::Forget {
-            for r in job.delivery.rejected() {
-                let key = keys.key(r.offset);
-                keys.window.forget(key, r.offset);
+    let Some(job) = proc.job.take() else {
+        return;
+    };
+    for &(q, generation, ticket) in &job.tickets {
+        let Phase::Active(part) = &mut proc.phase[q] else {
+            continue;
+        };
+        if part.generation != generation {
+            continue;
+        }
+        if let Some(keys) = part.keys.as_mut() {
+            if rules.rejected_key == RejectedKey::Forget {
+                for r in job.delivery.rejected() {
+                    if r.partition == q as i32 {
+                        let key = keys.key(r.offset);
+                        keys.window.forget(key, r.offset);
+                    }
+                }
             }
         }
+        part.acks.ack(ticket);
     }
-    let ticket = job.ticket;
-    part.acks.ack(ticket);
-    part.job = None;
 }
 
 /// The DLQ acknowledged letter `l`: its batch stops waiting for it.
-pub fn on_letter(part: &mut Part, l: &Letter, rules: &Rules) {
-    let Some(job) = part.job.as_mut() else {
+pub fn on_letter(proc: &mut Proc, l: &Letter, rules: &Rules) {
+    let Some(job) = proc.job.as_mut() else {
         return;
     };
     if job.letters_sent != l.sent {
         return;
     }
-    job.letters.retain(|&o| o != l.offset);
+    job.letters.retain(|&r| r != l.row);
     if job.wait == Wait::Letters {
-        durable(part, rules);
+        durable(proc, rules);
     }
 }
 
-/// The process claimed the partition at `read_at` (the send time of the
+/// The process claimed partition `q` at `read_at` (the send time of the
 /// read that showed the claim): it plans where to start from the group's
 /// commit (read before the claim) and what the table holds, and writes.
 pub fn activate(
     m: &Sluice,
     w: &mut World,
     p: usize,
+    q: usize,
     generation: u64,
     committed: Committed,
     read_at: Millis,
 ) {
-    let records = w.table.len() as i64;
+    let records = m.bounds.records;
     let log = LogBounds {
         low: NextOffset(0),
         high: NextOffset(records),
     };
     let watermark = match (m.rules.unbacked, committed) {
         (UnbackedRows::ResetPolicy, Committed::Nothing) => None,
-        _ => w.watermark(),
+        _ => w.watermark(q),
     };
     let mut plan = resume_plan(committed, watermark, log, ResetPolicy::Earliest);
+    let table = &w.parts[q].table;
     if let Some((first, last)) = plan.zone() {
         let held = (first.0..=last.0)
-            .filter(|&o| w.table[o as usize] > 0)
+            .filter(|&o| table[o as usize] > 0)
             .count();
         plan = plan.with_zone_count(held as u64);
     }
@@ -602,9 +705,9 @@ pub fn activate(
     // covers the whole partition.
     let keys = (!m.bounds.keys.is_empty()).then(|| {
         let of = m.bounds.keys;
-        let window = match w.watermark() {
+        let window = match w.watermark(q) {
             Some(high) => {
-                let held = (0..=high.0 as usize).filter(|&o| w.table[o] > 0);
+                let held = (0..=high.0 as usize).filter(|&o| table[o] > 0);
                 let seeds = held.map(|o| KeyHash::from(of[o]));
                 KeyWindow::rebuilt(Keys::WINDOW, Keys::MAX_KEYS, seeds, 0, high)
             }
@@ -612,7 +715,6 @@ pub fn activate(
         };
         Keys { window, of }
     });
-    let proc = &mut w.procs[p];
     let mut leases = Leases::new(m.settings.lease);
     leases.hold(KEY, generation, read_at);
     let limits = BatchLimits {
@@ -623,9 +725,9 @@ pub fn activate(
     };
     let id = PartitionId {
         topic: TOPIC.into(),
-        partition: 0,
+        partition: q as i32,
     };
-    proc.phase = Phase::Active(Box::new(Part {
+    w.procs[p].phase[q] = Phase::Active(Box::new(Part {
         generation,
         since: w.now,
         leases,
@@ -636,31 +738,40 @@ pub fn activate(
         builder_uncertain: false,
         acks: AckTracker::new(plan.start),
         committed: None,
-        job: None,
         rewrite: Rewrite::No,
         keys,
     }));
 }
 
-/// The partition was taken from process `p`: it gives it up (its insert is
-/// abandoned) and claims it back after `claim::taken_wait`, or (`watch`)
-/// once the register shows a clean hand-off.
-fn taken(w: &mut World, p: usize, generation: u64, watch: bool, s: &Settings) {
-    let committed = w.group.committed();
+/// Partition `q` was taken from process `p`: it gives it up (its rows in
+/// flight leave the batch) and claims it back after `claim::taken_wait`,
+/// or (`watch`) once the register shows a clean hand-off.
+#[allow(clippy::too_many_arguments)]
+fn taken(
+    w: &mut World,
+    p: usize,
+    q: usize,
+    generation: u64,
+    watch: bool,
+    s: &Settings,
+    rules: &Rules,
+) {
+    let committed = w.parts[q].group.committed();
     let now = w.now;
     let proc = &mut w.procs[p];
-    if let Phase::Active(part) = &proc.phase {
+    if let Phase::Active(part) = &proc.phase[q] {
         if counts_afresh(now.since(part.since), s.fence_wait) {
-            proc.taken = 0;
+            proc.taken[q] = 0;
         }
     }
-    proc.taken += 1;
+    proc.taken[q] += 1;
     let start = Start::After {
-        until: now.after(taken_wait(s.fence_wait, proc.taken)),
+        until: now.after(taken_wait(s.fence_wait, proc.taken[q])),
         watch,
     };
-    let id = w.procs[p].id;
-    w.procs[p].phase = Phase::Claiming(Claim::new(id, generation, committed, s, start));
+    lose(proc, q, rules);
+    let id = proc.id;
+    proc.phase[q] = Phase::Claiming(Claim::new(id, generation, committed, s, start));
 }
 
 /// `KILL QUERY WHERE query_id = …`: every running query with that id ends
@@ -675,23 +786,16 @@ fn kill(w: &mut World, qid: &str, rules: &Rules) {
     }
 }
 
-fn generation(w: &World, p: usize) -> Option<u64> {
-    match &w.procs[p].phase {
+fn generation(w: &World, p: usize, q: usize) -> Option<u64> {
+    match &w.procs[p].phase[q] {
         Phase::Idle => None,
         Phase::Claiming(c) => Some(c.generation),
         Phase::Active(part) => Some(part.generation),
     }
 }
 
-fn active(w: &mut World, p: usize) -> Option<&mut Part> {
-    match &mut w.procs[p].phase {
-        Phase::Active(part) => Some(part),
-        _ => None,
-    }
-}
-
-fn w_active(w: &World, p: usize) -> Option<&Part> {
-    match &w.procs[p].phase {
+fn active(w: &mut World, p: usize, q: usize) -> Option<&mut Part> {
+    match w.procs[p].phase.get_mut(q)? {
         Phase::Active(part) => Some(part),
         _ => None,
     }

@@ -1,4 +1,5 @@
-//! The state of the model: one partition, its readers and its table.
+//! The state of the model: a topic's partitions, their readers and the
+//! table they are written to.
 //!
 //! Time is global and every clock reads it (the processes' monotonic
 //! clocks and the server's); a process that is frozen or slow simply takes
@@ -22,18 +23,13 @@ use sluice_protocol::{AckTracker, Batch, BatchBuilder, NextOffset, Offset, Row};
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct World {
     pub now: Millis,
-    pub group: Group,
-    /// The register of owners' entry for the partition.
-    pub register: Owner,
-    /// A clean mark sent and not yet stored (the sink does not wait for it).
-    pub mark_in_flight: bool,
-    /// A process writing itself back into the register, not yet stored.
-    pub rewrite_in_flight: Option<u64>,
-    /// Copies of each offset in the table (a plain MergeTree: no dedup).
-    pub table: Vec<u8>,
+    /// Each partition of the topic: its group assignment, its register
+    /// entry and its rows in the table.
+    pub parts: Vec<Partition>,
+    /// A process writing itself back into a partition's register entry,
+    /// not yet stored: its id and the partition.
+    pub rewrite_in_flight: Option<(u64, usize)>,
     pub inserts: Vec<Insert>,
-    /// Copies of each offset the DLQ acknowledged (it is at-least-once).
-    pub dlq: Vec<u8>,
     /// DLQ writes not yet stored (the producer retries without end; a
     /// crashed process's may still land).
     pub letters: Vec<Letter>,
@@ -45,6 +41,20 @@ pub struct World {
     /// When the last fault happened (only tracked when the search checks
     /// liveness).
     pub last_fault: Millis,
+}
+
+/// One partition of the topic, as the world outside the processes sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Partition {
+    pub group: Group,
+    /// The register of owners' entry for the partition.
+    pub register: Owner,
+    /// A clean mark sent and not yet stored (the sink does not wait for it).
+    pub mark_in_flight: bool,
+    /// Copies of each offset in the table (a plain MergeTree: no dedup).
+    pub table: Vec<u8>,
+    /// Copies of each offset the DLQ acknowledged (it is at-least-once).
+    pub dlq: Vec<u8>,
 }
 
 /// The group coordinator's view of the partition.
@@ -90,7 +100,7 @@ pub struct Insert {
     /// The process id that sent it.
     pub from: u64,
     pub query_id: String,
-    pub rows: Vec<Offset>,
+    pub rows: Vec<Row>,
     /// Refused if it starts after this (server ms), if set.
     pub deadline_ms: Option<i64>,
     /// When it was sent: with `from` and `query_id`, which request it
@@ -106,7 +116,7 @@ pub struct Insert {
 pub struct Letter {
     /// The process id that sent it.
     pub from: u64,
-    pub offset: Offset,
+    pub row: Row,
     /// When it was queued: with `from`, which batch it belongs to.
     pub sent: Millis,
 }
@@ -116,12 +126,15 @@ pub struct Letter {
 pub struct Proc {
     /// Its id in the register; a restart takes a new one.
     pub id: u64,
-    /// The last generation it heard of.
-    pub heard: u64,
-    /// Times the partition was taken from it since the group assigned it
-    /// (`claim::taken_wait`).
-    pub taken: u32,
-    pub phase: Phase,
+    /// Per partition: the last generation it heard of.
+    pub heard: Vec<u64>,
+    /// Per partition: times it was taken from it since the group assigned
+    /// it (`claim::taken_wait`).
+    pub taken: Vec<u32>,
+    /// Per partition: what it does with it.
+    pub phase: Vec<Phase>,
+    /// The batch on its way: rows of one or more of its partitions.
+    pub job: Option<Job>,
     pub clock: ServerClock<Millis>,
 }
 
@@ -176,7 +189,6 @@ pub struct Part {
     pub builder_uncertain: bool,
     pub acks: AckTracker,
     pub committed: Option<NextOffset>,
-    pub job: Option<Job>,
     /// Writing this process back into a register that forgot it.
     pub rewrite: Rewrite,
     /// The key dedup window, on a route with key dedup.
@@ -240,17 +252,27 @@ pub enum Rewrite {
     Stored,
 }
 
-/// One batch on its way (the model keeps one per partition).
+/// One batch on its way (the model keeps one per process): rows of one or
+/// more partitions.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Job {
     /// The batch's way to the table: the sink's own machine.
     pub delivery: Delivery,
-    pub ticket: Ticket,
+    /// Per partition it still holds rows of: the partition, the
+    /// generation that cut them and their ticket in its acks.
+    pub tickets: Vec<(usize, u64, Ticket)>,
     pub wait: Wait,
     /// Its records queued for the DLQ and not yet acknowledged.
-    pub letters: Vec<Offset>,
+    pub letters: Vec<Row>,
     /// When they were queued.
     pub letters_sent: Millis,
+}
+
+impl Job {
+    /// Whether it holds rows of partition `q`.
+    pub fn holds(&self, q: usize) -> bool {
+        self.tickets.iter().any(|t| t.0 == q)
+    }
 }
 
 /// What a job waits for besides what its [`Delivery`] decides.
@@ -282,28 +304,31 @@ impl World {
     /// only in it compare equal.
     pub fn normalize(&mut self) {
         for p in &mut self.procs {
-            if let Phase::Active(part) = &mut p.phase {
-                part.leases.normalize(self.now);
-                // Never taken: when it went active decides nothing.
-                if p.taken == 0 {
-                    part.since = Millis(0);
+            for (q, phase) in p.phase.iter_mut().enumerate() {
+                if let Phase::Active(part) = phase {
+                    part.leases.normalize(self.now);
+                    // Never taken: when it went active decides nothing.
+                    if p.taken[q] == 0 {
+                        part.since = Millis(0);
+                    }
                 }
             }
         }
     }
 
     pub fn new(b: &Bounds) -> Self {
+        let n = b.partitions;
         let procs = (0..b.processes)
             .map(|i| Proc {
                 id: i as u64 + 1,
-                heard: 0,
-                taken: 0,
-                phase: Phase::Idle,
+                heard: vec![0; n],
+                taken: vec![0; n],
+                phase: vec![Phase::Idle; n],
+                job: None,
                 clock: server_clock(),
             })
             .collect();
-        World {
-            now: Millis(0),
+        let part = Partition {
             group: Group {
                 generation: 1,
                 member: Some(0),
@@ -312,10 +337,14 @@ impl World {
             },
             register: Owner::Nobody,
             mark_in_flight: false,
-            rewrite_in_flight: None,
             table: vec![0; b.records as usize],
-            inserts: Vec::new(),
             dlq: vec![0; b.records as usize],
+        };
+        World {
+            now: Millis(0),
+            parts: vec![part; n],
+            rewrite_in_flight: None,
+            inserts: Vec::new(),
             letters: Vec::new(),
             procs,
             left: Faults {
@@ -341,34 +370,34 @@ impl World {
     /// sender, if it still waits for it.
     pub fn land_letter(&mut self, i: usize, rules: &Rules) {
         let l = self.letters.remove(i);
-        self.dlq[l.offset.0 as usize] += 1;
-        if let Some(part) = self.part_of(l.from) {
-            crate::sink::on_letter(part, &l, rules);
+        self.parts[l.row.partition as usize].dlq[l.row.offset.0 as usize] += 1;
+        if let Some(proc) = self.proc_of(l.from) {
+            crate::sink::on_letter(proc, &l, rules);
         }
     }
 
-    /// The partition of the process with id `from`, if it is active.
-    pub fn part_of(&mut self, from: u64) -> Option<&mut Part> {
-        self.procs.iter_mut().find_map(|p| match &mut p.phase {
-            Phase::Active(part) if p.id == from => Some(&mut **part),
-            _ => None,
-        })
+    /// The process with id `from`, if it still runs.
+    pub fn proc_of(&mut self, from: u64) -> Option<&mut Proc> {
+        self.procs.iter_mut().find(|p| p.id == from)
     }
 
-    /// The highest offset in the table.
-    pub fn watermark(&self) -> Option<Offset> {
-        (0..self.table.len())
+    /// The highest offset of partition `q` in the table.
+    pub fn watermark(&self, q: usize) -> Option<Offset> {
+        let table = &self.parts[q].table;
+        (0..table.len())
             .rev()
-            .find(|&o| self.table[o] > 0)
+            .find(|&o| table[o] > 0)
             .map(|o| Offset(o as i64))
     }
 
-    /// The offsets of `batch` the table holds.
+    /// Copies of `row` in the table.
+    pub fn copies(&self, row: Row) -> u8 {
+        self.parts[row.partition as usize].table[row.offset.0 as usize]
+    }
+
+    /// The rows of `batch` the table holds.
     pub fn present(&self, batch: &Batch) -> Vec<Row> {
-        batch
-            .rows()
-            .filter(|r| self.table[r.offset.0 as usize] > 0)
-            .collect()
+        batch.rows().filter(|&r| self.copies(r) > 0).collect()
     }
 
     /// Queries with this id running now (`system.processes`).
@@ -384,8 +413,8 @@ impl World {
     pub fn answer(&mut self, i: usize, answer: Answer, rules: &Rules) -> Insert {
         let ins = self.inserts.remove(i);
         let now = self.now;
-        if let Some(part) = self.part_of(ins.from) {
-            crate::sink::on_answer(part, &ins, answer, now, rules);
+        if let Some(proc) = self.proc_of(ins.from) {
+            crate::sink::on_answer(proc, &ins, answer, now, rules);
         }
         ins
     }

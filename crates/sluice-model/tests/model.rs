@@ -3,8 +3,8 @@
 //! with the trace printed. `make model` runs deeper bounds.
 
 use sluice_model::{
-    trace, Bounds, ClaimConfirm, ClaimYield, DlqConfirm, Fair, KeyDrop, LateGuard, RefusedInsert,
-    RejectedKey, RewriteCheck, Rules, Settings, Sluice, Start, UnbackedRows,
+    trace, Bounds, ClaimConfirm, ClaimYield, DlqConfirm, Fair, KeyDrop, LateGuard, LostSlice,
+    RefusedInsert, RejectedKey, RewriteCheck, Rules, Settings, Sluice, Start, UnbackedRows,
 };
 use stateright::{Checker, HasDiscoveries, Model};
 use std::time::{Duration, Instant};
@@ -344,4 +344,75 @@ fn claiming_back_at_once_lets_two_members_given_one_partition_stall() {
     let t = breaks(Sluice::new(rules, b), RECOVERS);
     // A livelock: nothing is ever stored.
     assert!(!t.contains("Store("), "{t}");
+}
+
+/// Two partitions of `records` records each, cut into batches that may
+/// hold rows of both.
+fn two_partitions(records: i64, secs: u64, faults: [u8; 4]) -> Bounds {
+    Bounds {
+        partitions: 2,
+        ..bounds(records, secs, faults)
+    }
+}
+
+/// A batch of both partitions whose insert's outcome is unknown (a reset)
+/// is fenced, reconciled by `(partition, offset)` and completed with only
+/// the rows missing, in either partition; each partition commits its own.
+#[test]
+fn a_batch_across_two_partitions_keeps_exactly_once() {
+    holds(
+        "two partitions, a reset, 6 s",
+        two_partitions(1, 6, [0, 0, 0, 1]),
+    );
+}
+
+/// One process, a batch of both partitions, a rebalance that revokes one
+/// of them while the batch may be in flight, and a crash (between the two
+/// partitions' commits among other moments): each partition's commit still
+/// passes only rows in the table. (Two processes and a takeover of one
+/// partition reach more states than CI can walk: `make model` walks them
+/// as far as it can; the rule they check, that a lost partition's rows
+/// leave the batch, is shown necessary below.)
+#[test]
+fn a_partition_revoked_from_a_batch_of_two_keeps_exactly_once() {
+    let b = Bounds {
+        processes: 1,
+        ..two_partitions(1, 5, [1, 1, 0, 0])
+    };
+    holds(
+        "one process, two partitions, a rebalance and a crash, 5 s",
+        b,
+    );
+}
+
+/// A batch holding a partition that is taken from its process while its
+/// rows are in flight, and that goes on sending them under the leases of
+/// the partitions it still holds, stores them beside the new owner's copy.
+#[test]
+fn keeping_a_lost_partitions_rows_in_the_batch_stores_them_twice() {
+    let m = Sluice::new(
+        Rules {
+            lost_slice: LostSlice::KeepSending,
+            ..Rules::SAFE
+        },
+        two_partitions(1, 8, [1, 0, 0, 0]),
+    );
+    let c = m
+        .clone()
+        .checker()
+        .threads(2)
+        .target_state_count(30_000_000)
+        .finish_when(HasDiscoveries::AnyFailures)
+        .spawn_dfs()
+        .join();
+    let path = c
+        .discovery(TWICE)
+        .unwrap_or_else(|| panic!("no counterexample within {} states", c.state_count()));
+    let t = trace(&m, &path);
+    eprintln!(
+        "{:?} breaks {TWICE:?} ({} states):\n{t}",
+        m.rules,
+        c.state_count()
+    );
+    assert!(t.contains("Rebalance"), "{t}");
 }
