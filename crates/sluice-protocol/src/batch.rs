@@ -78,12 +78,14 @@ pub struct Batch {
 }
 
 impl Batch {
-    /// One batch of the partitions of `parts` (one topic, each partition
-    /// once): their rows, partition by partition, in one body.
+    /// One batch of the partitions of `parts` (one topic, each a batch of
+    /// one partition, each partition once): their rows, partition by
+    /// partition, in one body.
     ///
     /// # Panics
-    /// If the batches are of different topics or share a partition: a
-    /// caller's mistake that would send rows twice.
+    /// If the batches are of different topics, one spans several
+    /// partitions, or two share a partition: a caller's mistake that would
+    /// send rows twice or out of order.
     pub fn concat(parts: Vec<Batch>) -> Batch {
         let mut parts = parts;
         parts.sort_by_key(|b| b.ends.first().map(|e| e.0));
@@ -100,14 +102,14 @@ impl Batch {
             let base = body.len();
             body.extend_from_slice(&b.body);
             rows.extend(b.rows.iter().map(|&(r, end)| (r, base + end)));
-            for e in b.ends {
-                assert!(
-                    ends.last().is_none_or(|l| l.0 < e.0),
-                    "partition {} in two batches",
-                    e.0
-                );
-                ends.push(e);
-            }
+            assert_eq!(b.ends.len(), 1, "a batch of one partition");
+            let e = b.ends[0];
+            assert!(
+                ends.last().is_none_or(|l| l.0 != e.0),
+                "partition {} in two batches",
+                e.0
+            );
+            ends.push(e);
         }
         Batch {
             topic,

@@ -287,8 +287,12 @@ impl Delivery {
 
     /// ClickHouse rejected `rows` of the last attempt (after
     /// [`Self::answered`] with [`Answer::Rejected`]): they go to the DLQ
-    /// and are never sent again.
+    /// and are never sent again. Rows of a partition dropped
+    /// ([`Self::drop_partition`]) are not taken: the caller sends to the
+    /// DLQ only rows [`Self::holds`] says are still this batch's.
     pub fn reject(&mut self, rows: impl IntoIterator<Item = Row>) {
+        // A row of a partition dropped meanwhile is its next owner's.
+        let rows: Vec<Row> = rows.into_iter().filter(|&r| self.holds(r)).collect();
         for o in rows {
             if let Err(at) = self.rejected.binary_search(&o) {
                 self.rejected.insert(at, o);
@@ -298,6 +302,11 @@ impl Delivery {
         if let State::Reconciled(_) = self.state {
             self.state = State::Ready;
         }
+    }
+
+    /// Whether `row`'s partition is still this batch's (not dropped).
+    pub fn holds(&self, row: Row) -> bool {
+        self.batch.end_of(row.partition).is_some()
     }
 
     /// `partition` is no longer this process's to write (revoked with its
@@ -577,5 +586,17 @@ mod tests {
         };
         assert!(rows.rows().all(|r| r.partition == 1));
         assert_eq!(rows.len(), 2);
+    }
+
+    #[test]
+    fn a_rejection_of_a_dropped_partitions_row_is_not_taken() {
+        let b = Batch::concat(vec![numbered_in(0, 0..2), numbered_in(1, 0..2)]);
+        let mut d = Delivery::new(b, true, false);
+        d.sent("q0".into(), Some(10));
+        d.drop_partition(1);
+        d.answered(Answer::Rejected);
+        assert!(!d.holds(Row::new(1, 0)));
+        d.reject([Row::new(1, 0), Row::new(0, 1)]);
+        assert_eq!(d.rejected(), [Row::new(0, 1)]);
     }
 }

@@ -272,3 +272,60 @@ async fn clock_run(prefix: &str, partitions: i32) -> ClockRun {
         _server,
     }
 }
+
+/// Reconciliation asks, in one query, which rows of several partitions'
+/// spans the table holds: exactly those, ordered by partition and offset,
+/// a row stored twice listed twice, nothing of another partition or topic.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_reconciliation_reads_the_spans_of_several_partitions() {
+    use sluice::config::{ClickHouseConfig, Delivery, Format, Route};
+    use sluice_protocol::{Offset, Row};
+    let client = ch();
+    let db = unique("spans");
+    let table = create_table(&client, &db).await;
+    let mut values = Vec::new();
+    for (topic, p) in [("t", 0), ("t", 1), ("t", 2), ("other", 0)] {
+        for o in 0..6 {
+            values.push(format!("({o}, '', '{topic}', {p}, {o})"));
+        }
+    }
+    values.push("(3, '', 't', 0, 3)".into());
+    exec(
+        &client,
+        &format!(
+            "INSERT INTO {table} SETTINGS async_insert = 0 VALUES {}",
+            values.join(", ")
+        ),
+    )
+    .await;
+    let service = sluice::ch::ClickHouse::connect(
+        &ClickHouseConfig::at(clickhouse_url()),
+        Default::default(),
+        Delivery::ExactlyOnce,
+        1000,
+    )
+    .await
+    .expect("a connection");
+    let route = Route {
+        topic: "t".into(),
+        database: db.clone(),
+        table: "events".into(),
+        dedup: None,
+        required: Vec::new(),
+        format: Format::Json,
+        subject: None,
+        extra_to_dlq: false,
+    };
+    let o = Offset;
+    let present = service
+        .present_rows(&route, &[(0, o(1), o(3)), (2, o(4), o(9))])
+        .await
+        .expect("the rows present");
+    let r = Row::new;
+    assert_eq!(
+        present,
+        [r(0, 1), r(0, 2), r(0, 3), r(0, 3), r(2, 4), r(2, 5)]
+    );
+    assert!(service.present_rows(&route, &[]).await.unwrap().is_empty());
+    exec(&client, &format!("DROP DATABASE {db}")).await;
+}

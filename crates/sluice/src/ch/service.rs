@@ -390,8 +390,10 @@ impl ClickHouse {
     }
 
     /// The rows the table holds in `spans` (per partition, `first..=last`),
-    /// ascending by partition and offset (duplicates included once or more).
-    pub(crate) async fn present_rows(
+    /// ascending by partition and offset (duplicates included once or
+    /// more). Sorted here, not trusted to the server's `ORDER BY`: read
+    /// settings can make it sort by a user's column of the same name.
+    pub async fn present_rows(
         &self,
         route: &Route,
         spans: &[(i32, Offset, Offset)],
@@ -402,16 +404,13 @@ impl ClickHouse {
         let (p, o) = (q(&self.columns.partition), q(&self.columns.offset));
         let rows: Vec<(i32, i64)> = self
             .bounded(
-                self.rows_of(
-                    route,
-                    &format!("toInt32({p}) AS p, toInt64({o}) AS o"),
-                    spans,
-                    "ORDER BY p, o",
-                )
-                .fetch_all(),
+                self.rows_of(route, &format!("toInt32({p}), toInt64({o})"), spans, "")
+                    .fetch_all(),
             )
             .await?;
-        Ok(rows.into_iter().map(|(p, o)| Row::new(p, o)).collect())
+        let mut rows: Vec<Row> = rows.into_iter().map(|(p, o)| Row::new(p, o)).collect();
+        rows.sort_unstable();
+        Ok(rows)
     }
 
     /// How many distinct offsets in `first..=last` of one partition the table

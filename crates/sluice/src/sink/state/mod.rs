@@ -454,6 +454,9 @@ impl Sink {
         let Some(acks) = part.acks.as_mut() else {
             return;
         };
+        // One partition per batch, for now: the writer's lease, fates,
+        // originals and key window are the partition's (`Job::partition`).
+        debug_assert_eq!(batch.partitions().count(), 1);
         let end = batch
             .end_of(key.1)
             .expect("a partition's batch accounts for it");
