@@ -56,20 +56,39 @@ fn holds(what: &str, b: Bounds) {
     );
 }
 
-/// Checks `m` until `property` fails; returns the trace.
+/// Checks `m` breadth first until `property` fails; returns the trace.
 fn breaks(m: Sluice, property: &'static str) -> String {
-    let c = m
+    counterexample(m, property, false)
+}
+
+/// Checks `m` until `property` fails, breadth first (the shortest trace)
+/// or, where that search is too wide for CI, depth first within 30 M
+/// states; returns the trace.
+fn counterexample(m: Sluice, property: &'static str, depth_first: bool) -> String {
+    let checker = m
         .clone()
         .checker()
         .threads(2)
-        .finish_when(HasDiscoveries::AnyFailures)
-        .spawn_bfs()
-        .join();
-    let path = c
-        .discovery(property)
-        .unwrap_or_else(|| panic!("{:?}: no counterexample within the bounds", m.rules));
+        .target_state_count(30_000_000)
+        .finish_when(HasDiscoveries::AnyFailures);
+    let (path, states) = match depth_first {
+        true => {
+            let c = checker.spawn_dfs().join();
+            (c.discovery(property), c.state_count())
+        }
+        false => {
+            let c = checker.spawn_bfs().join();
+            (c.discovery(property), c.state_count())
+        }
+    };
+    let path = path.unwrap_or_else(|| {
+        panic!(
+            "{:?}: no counterexample within the bounds ({states} states)",
+            m.rules
+        )
+    });
     let t = trace(&m, &path);
-    eprintln!("{:?} breaks {property:?}:\n{t}", m.rules);
+    eprintln!("{:?} breaks {property:?} ({states} states):\n{t}", m.rules);
     t
 }
 
@@ -397,22 +416,6 @@ fn keeping_a_lost_partitions_rows_in_the_batch_stores_them_twice() {
         },
         two_partitions(1, 8, [1, 0, 0, 0]),
     );
-    let c = m
-        .clone()
-        .checker()
-        .threads(2)
-        .target_state_count(30_000_000)
-        .finish_when(HasDiscoveries::AnyFailures)
-        .spawn_dfs()
-        .join();
-    let path = c
-        .discovery(TWICE)
-        .unwrap_or_else(|| panic!("no counterexample within {} states", c.state_count()));
-    let t = trace(&m, &path);
-    eprintln!(
-        "{:?} breaks {TWICE:?} ({} states):\n{t}",
-        m.rules,
-        c.state_count()
-    );
+    let t = counterexample(m, TWICE, true);
     assert!(t.contains("Rebalance"), "{t}");
 }

@@ -164,6 +164,9 @@ impl Delivery {
 
     /// The conditional rows the next attempt leaves out.
     fn excluded(&self) -> Vec<Row> {
+        if self.conditional.is_empty() {
+            return Vec::new();
+        }
         let spans = self.batch.spans();
         let in_batch = |c: Row| spans.iter().any(|s| s.0 == c.partition && c.offset >= s.1);
         conditional_excluded(&self.conditional, in_batch, &self.rejected, |c| {
