@@ -14,7 +14,7 @@ use crate::retry::Delays;
 use sluice_protocol::acks::Ticket;
 use sluice_protocol::dedup::KeyHash;
 use sluice_protocol::resume::{Mismatch, ResumePlan};
-use sluice_protocol::Offset;
+use sluice_protocol::{Offset, Row};
 use std::time::Instant;
 
 pub(super) enum Event {
@@ -43,36 +43,48 @@ pub(super) enum Event {
 /// What became of one batch.
 #[derive(Debug)]
 pub(super) enum Outcome {
+    /// The rows of every slice not given up are stored (or in the DLQ).
     Durable {
         /// Rows inserted by this job (fewer than the batch after reconciliation).
         inserted: usize,
         /// Rows ClickHouse rejected (sent to the DLQ), with their business
         /// key on a key dedup route.
-        rejected: Vec<(Offset, Option<KeyHash>)>,
+        rejected: Vec<(Row, Option<KeyHash>)>,
         /// Conditional rows left out: a copy of their key is stored.
         excluded: usize,
         /// ClickHouse refused a field the route's cached columns hold
         /// (`super::columns`): they must be read again.
         stale_columns: bool,
     },
+    /// Every slice was given up.
     Abandoned,
     Failed(ChError),
     /// A DLQ write failed for good.
     DlqFailed(DlqError),
 }
 
+/// One batch's end, reported once its writer is done with every slice.
 pub(super) struct Completion {
     pub(super) route_idx: usize,
-    pub(super) partition: i32,
-    pub(super) ticket: Ticket,
-    pub(super) generation: u64,
     pub(super) bytes: usize,
     /// Records it wrote to the DLQ (refused by the encoder or rejected by
     /// ClickHouse), acknowledged.
     pub(super) dlq: usize,
+    pub(super) outcome: Outcome,
+    /// Per partition of the batch, what its rows answer to.
+    pub(super) slices: Vec<Settled>,
+}
+
+/// One partition's share of a finished batch.
+pub(super) struct Settled {
+    pub(super) partition: i32,
+    pub(super) ticket: Ticket,
+    pub(super) generation: u64,
+    /// Its rows are durable: the ticket may be acknowledged. False when
+    /// its partition was given up while the batch was in flight.
+    pub(super) durable: bool,
     /// The copies its conditional rows depended on.
     pub(super) copies: Vec<Offset>,
-    pub(super) outcome: Outcome,
 }
 
 /// A partition whose start position is known.

@@ -108,14 +108,6 @@ impl Lease {
         );
         true
     }
-
-    /// Waits until this generation of `key` may write. It may never: the
-    /// caller also waits for the partition to be given up.
-    pub(crate) async fn ready(&self, key: Key, generation: u64) {
-        while !self.live(key, generation) {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
 }
 
 /// Keeps the leases of `lease` fresh until `stopping`: see the module

@@ -42,7 +42,7 @@
 //! ClickHouse rejects another ([`Fates`]).
 
 use super::dlq::{self, Dlq, DlqError, Letter, Pending};
-use super::event::{Completion, Outcome};
+use super::event::{Completion, Outcome, Settled};
 use super::fates::Fates;
 use super::lease::Lease;
 use super::schemas::Originals;
@@ -55,7 +55,7 @@ use sluice_protocol::acks::Ticket;
 use sluice_protocol::attempt::{Answer, Unsettled, REFUSED_AT_START};
 use sluice_protocol::delivery::{self, Durable, Next};
 use sluice_protocol::token::{insert_token, query_id};
-use sluice_protocol::{Batch, Offset, PartitionId, Row};
+use sluice_protocol::{Batch, Offset, Row};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -77,22 +77,29 @@ pub(crate) struct WriterCtx {
     pub(crate) per_insert: Vec<AtomicUsize>,
 }
 
+/// One batch of a route: rows of one or more of its partitions.
 pub(crate) struct Job {
     pub(crate) route: Arc<Route>,
     pub(crate) route_idx: usize,
-    /// The partition the batch's rows come from.
-    pub(crate) partition: PartitionId,
     pub(crate) batch: Batch,
     /// Some rows may already be stored: reconcile before the first attempt.
     pub(crate) uncertain: bool,
+    /// The memory it holds (rows, letters, originals), counted as in flight.
+    pub(crate) bytes: usize,
+    /// Per partition of the batch, ascending.
+    pub(crate) slices: Vec<Slice>,
+}
+
+/// A partition's share of a batch and what its rows answer to: its lease
+/// (by generation), its abandon token, its DLQ writes and key dedup state.
+pub(crate) struct Slice {
+    pub(crate) partition: i32,
     pub(crate) ticket: Ticket,
     pub(crate) generation: u64,
     /// Cancelled when the partition is given up.
     pub(crate) abandon: CancellationToken,
-    /// Records this batch accounts for that go to the DLQ.
+    /// Records of it this batch accounts for that go to the DLQ.
     pub(crate) letters: Vec<Letter>,
-    /// The memory it holds (rows and letters), counted as in flight.
-    pub(crate) bytes: usize,
     /// Key dedup: `(row, copy)`, ascending, for rows written on the
     /// condition that the copy of their key at `copy` is not stored.
     pub(crate) conditional: Vec<(Offset, Offset)>,
@@ -102,45 +109,166 @@ pub(crate) struct Job {
     pub(crate) originals: Originals,
 }
 
+/// A job's slices while it runs: which are still this process's to write
+/// (not given up) and the DLQ writes each awaits.
+struct Slices<'j> {
+    job: &'j Job,
+    given_up: Vec<bool>,
+    letters: Vec<Vec<Pending>>,
+}
+
+impl<'j> Slices<'j> {
+    fn new(job: &'j Job) -> Self {
+        Self {
+            job,
+            given_up: vec![false; job.slices.len()],
+            letters: job.slices.iter().map(|_| Vec::new()).collect(),
+        }
+    }
+
+    fn live(&self) -> impl Iterator<Item = &'j Slice> + '_ {
+        let job = self.job;
+        job.slices
+            .iter()
+            .zip(&self.given_up)
+            .filter(|(_, g)| !**g)
+            .map(|(s, _)| s)
+    }
+
+    fn index(&self, partition: i32) -> Option<usize> {
+        self.job.slices.iter().position(|s| s.partition == partition)
+    }
+
+    /// The live slice of `partition`.
+    fn of(&self, partition: i32) -> Option<&'j Slice> {
+        let i = self.index(partition)?;
+        (!self.given_up[i]).then(|| &self.job.slices[i])
+    }
+
+    /// Gives up the slice of `partition`: its rows leave `way`.
+    fn give_up(&mut self, partition: i32, way: Option<&mut delivery::Delivery>) {
+        if let Some(i) = self.index(partition) {
+            if !self.given_up[i] {
+                self.given_up[i] = true;
+                self.letters[i].clear();
+                tracing::info!(topic = %self.job.route.topic, partition, "partition given up; its rows leave the batch in flight");
+            }
+        }
+        if let Some(way) = way {
+            way.drop_partition(partition);
+        }
+    }
+
+    /// Gives up every slice whose partition was given up; false once no
+    /// slice is left.
+    fn follow_abandon(&mut self, mut way: Option<&mut delivery::Delivery>) -> bool {
+        let gone: Vec<i32> = self
+            .live()
+            .filter(|s| s.abandon.is_cancelled())
+            .map(|s| s.partition)
+            .collect();
+        for p in gone {
+            self.give_up(p, way.as_deref_mut());
+        }
+        self.live().next().is_some()
+    }
+
+    /// Resolves once some live slice's partition is given up.
+    async fn any_abandoned(&self) {
+        let waits: Vec<_> = self
+            .live()
+            .map(|s| Box::pin(s.abandon.cancelled()))
+            .collect();
+        if waits.is_empty() {
+            return;
+        }
+        futures::future::select_all(waits).await;
+    }
+}
+
 /// Delivers one batch; always returns a completion.
 pub(crate) async fn deliver(mut job: Job, ctx: Arc<WriterCtx>) -> Completion {
-    let refused = std::mem::take(&mut job.letters);
-    let (mut outcome, letters) = match queue(&ctx, refused, &job.abandon).await {
-        Ok(Some(mut letters)) => (attempt_until_done(&job, &ctx, &mut letters).await, letters),
-        Ok(None) => (Outcome::Abandoned, Vec::new()),
-        Err(e) => (Outcome::DlqFailed(e), Vec::new()),
+    let refused: Vec<Vec<Letter>> = job
+        .slices
+        .iter_mut()
+        .map(|s| std::mem::take(&mut s.letters))
+        .collect();
+    let mut slices = Slices::new(&job);
+    let mut outcome = None;
+    for (i, letters) in refused.into_iter().enumerate() {
+        match queue(&ctx, letters, &job.slices[i].abandon).await {
+            Ok(Some(pending)) => slices.letters[i] = pending,
+            Ok(None) => slices.give_up(job.slices[i].partition, None),
+            Err(e) => {
+                outcome = Some(Outcome::DlqFailed(e));
+                break;
+            }
+        }
+    }
+    let mut outcome = match outcome {
+        Some(o) => o,
+        None => attempt_until_done(&job, &ctx, &mut slices).await,
     };
-    let offset = |r: Row| r.offset;
-    match (
-        &outcome,
-        job.batch.first().map(offset),
-        job.batch.last().map(offset),
-    ) {
-        (Outcome::Durable { rejected, .. }, Some(first), Some(last)) => {
-            let uncovered: Vec<Offset> = rejected.iter().map(|r| r.0).collect();
-            job.fates.finish(first, last, &uncovered);
-        }
-        (Outcome::Failed(_) | Outcome::DlqFailed(_), ..) => job.fates.fail(),
-        _ => {}
-    }
     let mut dlq = 0;
+    match &outcome {
+        Outcome::Durable { rejected, .. } => {
+            for s in slices.live() {
+                let mut rows = job.batch.rows_of(s.partition);
+                let Some(first) = rows.next() else {
+                    continue;
+                };
+                let last = rows.last().unwrap_or(first);
+                let uncovered: Vec<Offset> = rejected
+                    .iter()
+                    .filter(|r| r.0.partition == s.partition)
+                    .map(|r| r.0.offset)
+                    .collect();
+                s.fates.finish(first.offset, last.offset, &uncovered);
+            }
+        }
+        Outcome::Failed(_) | Outcome::DlqFailed(_) => {
+            for s in &job.slices {
+                s.fates.fail();
+            }
+        }
+        Outcome::Abandoned => {}
+    }
     if let (Outcome::Durable { .. }, Some(d)) = (&outcome, &ctx.dlq) {
-        let n = letters.len();
-        match dlq::confirm(letters, d.topic(), &job.abandon).await {
-            Ok(true) => dlq = n,
-            Ok(false) => outcome = Outcome::Abandoned,
-            Err(e) => outcome = Outcome::DlqFailed(e),
+        for i in 0..job.slices.len() {
+            if slices.given_up[i] {
+                continue;
+            }
+            let letters = std::mem::take(&mut slices.letters[i]);
+            let n = letters.len();
+            match dlq::confirm(letters, d.topic(), &job.slices[i].abandon).await {
+                Ok(true) => dlq += n,
+                Ok(false) => slices.give_up(job.slices[i].partition, None),
+                Err(e) => {
+                    outcome = Outcome::DlqFailed(e);
+                    break;
+                }
+            }
         }
     }
+    let durable = matches!(outcome, Outcome::Durable { .. });
+    let settled = job
+        .slices
+        .iter()
+        .zip(&slices.given_up)
+        .map(|(s, given_up)| Settled {
+            partition: s.partition,
+            ticket: s.ticket,
+            generation: s.generation,
+            durable: durable && !given_up,
+            copies: s.conditional.iter().map(|c| c.1).collect(),
+        })
+        .collect();
     Completion {
         route_idx: job.route_idx,
-        partition: job.partition.partition,
-        ticket: job.ticket,
-        generation: job.generation,
         bytes: job.bytes,
         dlq,
-        copies: job.conditional.iter().map(|c| c.1).collect(),
         outcome,
+        slices: settled,
     }
 }
 
@@ -175,64 +303,67 @@ async fn queue(
     Ok(Some(pending))
 }
 
-/// Drives the batch's [`delivery::Delivery`]: each step's I/O, until it is durable.
-async fn attempt_until_done(job: &Job, ctx: &WriterCtx, letters: &mut Vec<Pending>) -> Outcome {
+/// Drives the batch's [`delivery::Delivery`]: each step's I/O, until it is
+/// durable or every slice is given up.
+async fn attempt_until_done(job: &Job, ctx: &WriterCtx, slices: &mut Slices<'_>) -> Outcome {
     let exactly_once = ctx.delivery.is_exactly_once();
     let mut delays = Delays::new(Duration::from_millis(100));
     // ClickHouse refused a field the route's cached columns hold.
     let mut stale_columns = false;
-    let p = &job.partition;
+    let topic = &job.route.topic;
     let table = job.route.table_ref();
     let label = table.to_string();
-    let Some(uncovered) = earlier_uncovered(job).await else {
-        return Outcome::Abandoned;
-    };
-    let key = (job.route_idx, p.partition);
-    let row = |offset| Row {
-        partition: p.partition,
-        offset,
-    };
+    let uncovered = earlier_uncovered(job, slices).await;
     // Rows per insert, once the server asked for fewer (code 252).
     let hint = &ctx.per_insert[job.route_idx];
     let per_insert = match hint.load(Ordering::Relaxed) {
         0 => None,
         n => Some(n.saturating_mul(2)),
     };
-    let mut way = delivery::Delivery::new(job.batch.clone(), exactly_once, job.uncertain)
-        .with_conditional(
-            job.conditional
+    let conditional = job
+        .slices
+        .iter()
+        .flat_map(|s| {
+            let p = s.partition;
+            s.conditional
                 .iter()
-                .map(|&(r, c)| (row(r), row(c)))
-                .collect(),
-            uncovered.into_iter().map(row).collect(),
-        )
+                .map(move |&(r, c)| (Row::new(p, r.0), Row::new(p, c.0)))
+        })
+        .collect();
+    let mut way = delivery::Delivery::new(job.batch.clone(), exactly_once, job.uncertain)
+        .with_conditional(conditional, uncovered)
         .with_per_insert(per_insert);
+    for (s, given_up) in job.slices.iter().zip(slices.given_up.clone()) {
+        if given_up {
+            way.drop_partition(s.partition);
+        }
+    }
     loop {
+        if !slices.follow_abandon(Some(&mut way)) {
+            return Outcome::Abandoned;
+        }
         // Durable needs no lease and no permit: a leaving partition's last
         // batch is done even if its lease ran out meanwhile.
         if let Next::Durable(done) = way.next() {
             return durable(job, ctx, done, stale_columns);
         }
-        if exactly_once {
-            tokio::select! {
-                _ = ctx.lease.ready(key, job.generation) => {}
-                _ = job.abandon.cancelled() => return Outcome::Abandoned,
-            }
-        }
-        if job.abandon.is_cancelled() {
+        if exactly_once && !leases_ready(ctx, slices, &mut way).await {
             return Outcome::Abandoned;
         }
         let Ok(_permit) = ctx.permits.acquire().await else {
             return Outcome::Abandoned;
         };
+        if !slices.follow_abandon(Some(&mut way)) {
+            return Outcome::Abandoned;
+        }
         let (batch, attempt) = match way.next() {
             Next::Durable(done) => return durable(job, ctx, done, stale_columns),
             Next::Reconcile { fence, rows } => {
                 match reconcile(job, &rows, ctx, fence.as_ref()).await {
                     Ok(present) => way.reconciled(&present),
                     Err(e) => {
-                        tracing::warn!(partition = %p, error = %e, "reconciliation failed; will retry");
-                        delays.wait(&job.abandon).await;
+                        tracing::warn!(topic = %topic, error = %e, "reconciliation failed; will retry");
+                        wait_or_abandoned(&mut delays, slices).await;
                     }
                 }
                 continue;
@@ -246,28 +377,37 @@ async fn attempt_until_done(job: &Job, ctx: &WriterCtx, letters: &mut Vec<Pendin
             }
         };
         // Reconciliation takes time: check again right before the insert,
-        // and let the deadline end with the lease. A jump of the server's
-        // clock seen by now suspects the lease first; one seen until the
-        // deadline is computed sends this attempt back to wait for a
-        // renewal (its deadline may be on the new reading, past a lease
-        // that ran out while this host stood still).
+        // and let the deadline end with the first lease to end. A jump of
+        // the server's clock seen by now suspects the leases first; one
+        // seen until the deadline is computed sends this attempt back to
+        // wait for a renewal (its deadline may be on the new reading, past
+        // a lease that ran out while this host stood still).
         let jumps = ctx.ch.clock_jumps();
         ctx.lease.follow_clock(jumps);
-        let lease_end = ctx.lease.until(key, job.generation);
-        if exactly_once && (lease_end.is_none() || job.abandon.is_cancelled()) {
+        let lease_end = slices
+            .live()
+            .map(|s| ctx.lease.until((job.route_idx, s.partition), s.generation))
+            .try_fold(None::<Instant>, |first, end| {
+                end.map(|e| Some(first.map_or(e, |f| f.min(e))))
+            })
+            .flatten();
+        if exactly_once && (lease_end.is_none() || slices.live().any(|s| s.abandon.is_cancelled()))
+        {
             continue;
         }
         let token = ctx
             .delivery
             .sends_tokens()
-            .then(|| insert_token(&table.sql(), &p.topic, batch.rows()));
+            .then(|| insert_token(&table.sql(), topic, batch.rows()));
         let qid = match &token {
             Some(t) => query_id(t, attempt),
-            None => format!(
-                "sluice-alo-{}-{}-{attempt}",
-                p.partition,
-                batch.first().map_or(-1, |r| r.offset.0),
-            ),
+            None => {
+                let first = batch.first().unwrap_or(Row::new(-1, -1));
+                format!(
+                    "sluice-alo-{}-{}-{attempt}",
+                    first.partition, first.offset.0
+                )
+            }
         };
         let started = Instant::now();
         let deadline_ms = lease_end
@@ -289,9 +429,10 @@ async fn attempt_until_done(job: &Job, ctx: &WriterCtx, letters: &mut Vec<Pendin
         let result = ctx.ch.insert(req).await;
         let answered = answer(&result);
         way.answered(answered);
+        let parts: Vec<i32> = batch.partitions().collect();
         match (answered, result) {
             (_, Ok(())) => {
-                tracing::debug!(partition = %p, rows = batch.len(), attempt, "inserted");
+                tracing::debug!(topic = %topic, partitions = ?parts, rows = batch.len(), attempt, "inserted");
                 telemetry::batch_inserted(&label, batch.len(), started.elapsed());
                 hint.store(way.per_insert().unwrap_or(0), Ordering::Relaxed);
             }
@@ -301,7 +442,8 @@ async fn attempt_until_done(job: &Job, ctx: &WriterCtx, letters: &mut Vec<Pendin
                 }
                 telemetry::insert_retried(&label, "partitions");
                 tracing::warn!(
-                    partition = %p,
+                    topic = %topic,
+                    partitions = ?parts,
                     rows = batch.len(),
                     per_insert = way.per_insert(),
                     error = %e,
@@ -311,18 +453,20 @@ async fn attempt_until_done(job: &Job, ctx: &WriterCtx, letters: &mut Vec<Pendin
             (Answer::TooLate, Err(_)) => {
                 // It reached the server too late and stored nothing: the
                 // clocks moved apart, or the request was held on the way.
-                tracing::warn!(partition = %p, attempt, "insert reached ClickHouse after its deadline; retrying");
+                tracing::warn!(topic = %topic, partitions = ?parts, attempt, "insert reached ClickHouse after its deadline; retrying");
                 telemetry::insert_retried(&label, "deadline");
                 // Our clock may have stood still (a suspended VM): trust the
-                // lease again only after a renewal read sent from now on.
-                ctx.lease.suspect(key, job.generation);
+                // leases again only after a renewal read sent from now on.
+                for s in slices.live() {
+                    ctx.lease.suspect((job.route_idx, s.partition), s.generation);
+                }
                 match ctx.ch.server_now(true).await {
                     Ok(_) => {
                         ctx.lease.follow_clock(ctx.ch.clock_jumps());
                     }
                     Err(e) => tracing::warn!(error = %e, "cannot read the server's clock"),
                 }
-                delays.wait(&job.abandon).await;
+                wait_or_abandoned(&mut delays, slices).await;
             }
             (Answer::Rejected, Err(e)) => {
                 let Some(d) = &ctx.dlq else {
@@ -348,36 +492,44 @@ async fn attempt_until_done(job: &Job, ctx: &WriterCtx, letters: &mut Vec<Pendin
                 }
                 let encoder = &ctx.encoders[job.route_idx];
                 let named_at = refused[0].0;
-                tracing::warn!(partition = %p, offset = named_at.offset.0, rows = refused.len(), error = %e, "ClickHouse rejected rows; sending them to the DLQ");
+                tracing::warn!(topic = %topic, partition = named_at.partition, offset = named_at.offset.0, rows = refused.len(), error = %e, "ClickHouse rejected rows; sending them to the DLQ");
                 for (at, row) in refused {
-                    let offset = at.offset;
-                    let value = match job.originals.get(offset) {
+                    // A partition given up meanwhile: its rows are the next
+                    // owner's to judge.
+                    let Some(slice) = slices.of(at.partition) else {
+                        continue;
+                    };
+                    let value = match slice.originals.get(at.offset) {
                         Some(v) => v.to_vec(),
                         None => encoder.original(row).unwrap_or_else(|| row.to_vec()),
                     };
                     let letter = Letter {
-                        topic: p.topic.clone(),
-                        partition: p.partition,
-                        offset: offset.0,
+                        topic: topic.clone(),
+                        partition: at.partition,
+                        offset: at.offset.0,
                         timestamp: None,
                         key: None,
                         value: Some(value),
                         kind: e.row_kind(),
                         reason: e.to_string(),
                     };
-                    match d.send(&letter, &job.abandon).await {
-                        Ok(Some(pending)) => letters.push(pending),
-                        Ok(None) => return Outcome::Abandoned,
+                    match d.send(&letter, &slice.abandon).await {
+                        Ok(Some(pending)) => {
+                            if let Some(i) = slices.index(at.partition) {
+                                slices.letters[i].push(pending);
+                            }
+                            way.reject([at]);
+                        }
+                        Ok(None) => slices.give_up(at.partition, Some(&mut way)),
                         Err(source) => {
                             return Outcome::DlqFailed(DlqError::Queue {
-                                what: format!("record {p}@{}", offset.0),
+                                what: format!("record {topic}[{}]@{}", at.partition, at.offset.0),
                                 why: format!("was rejected by ClickHouse ({e})"),
                                 topic: d.topic().to_string(),
                                 source,
                             })
                         }
                     }
-                    way.reject([at]);
                 }
                 stale_columns |= e.unknown_field().is_some();
             }
@@ -389,16 +541,51 @@ async fn attempt_until_done(job: &Job, ctx: &WriterCtx, letters: &mut Vec<Pendin
                     _ => "insert outcome unknown; will reconcile before retrying",
                 };
                 tracing::warn!(
-                    partition = %p,
-                    first = batch.first().map_or(-1, |r| r.offset.0),
-                    last = batch.last().map_or(-1, |r| r.offset.0),
+                    topic = %topic,
+                    partitions = ?parts,
+                    rows = batch.len(),
                     attempt,
                     error = %e,
                     "{what}"
                 );
-                delays.wait(&job.abandon).await;
+                wait_or_abandoned(&mut delays, slices).await;
             }
         }
+    }
+}
+
+/// Waits until every live slice's partition may be written (a live
+/// lease), giving up slices whose partition is given up meanwhile; false
+/// once none is left.
+async fn leases_ready(
+    ctx: &WriterCtx,
+    slices: &mut Slices<'_>,
+    way: &mut delivery::Delivery,
+) -> bool {
+    let route = slices.job.route_idx;
+    loop {
+        if !slices.follow_abandon(Some(way)) {
+            return false;
+        }
+        if slices
+            .live()
+            .all(|s| ctx.lease.live((route, s.partition), s.generation))
+        {
+            return true;
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_millis(50)) => {}
+            _ = slices.any_abandoned() => {}
+        }
+    }
+}
+
+/// The next retry delay, cut short when a slice is given up (the loop
+/// then drops it).
+async fn wait_or_abandoned(delays: &mut Delays, slices: &Slices<'_>) {
+    tokio::select! {
+        _ = tokio::time::sleep(delays.next_delay()) => {}
+        _ = slices.any_abandoned() => {}
     }
 }
 
@@ -434,23 +621,34 @@ fn rejected_row<'b>(e: &ChError, batch: &'b Batch) -> Option<(Row, &'b [u8])> {
 }
 
 /// The copies in earlier batches that conditional rows of `job` depend on
-/// and that turned out not stored; `None` if that will never be known (the
-/// partition was given up, or an earlier batch failed).
-async fn earlier_uncovered(job: &Job) -> Option<Vec<Offset>> {
-    let Some(first) = job.batch.first().map(|r| r.offset) else {
-        return Some(Vec::new());
-    };
+/// and that turned out not stored. A slice whose partition is given up
+/// meanwhile, or whose earlier batch failed (that will never be known),
+/// is given up.
+async fn earlier_uncovered(job: &Job, slices: &mut Slices<'_>) -> Vec<Row> {
     let mut uncovered = Vec::new();
-    for &(_, copy) in job.conditional.iter().filter(|c| c.1 < first) {
-        let covered = tokio::select! {
-            c = job.fates.covered(copy) => c?,
-            _ = job.abandon.cancelled() => return None,
+    for s in &job.slices {
+        if slices.of(s.partition).is_none() {
+            continue;
+        }
+        let Some(first) = job.batch.rows_of(s.partition).next() else {
+            continue;
         };
-        if !covered {
-            uncovered.push(copy);
+        for &(_, copy) in s.conditional.iter().filter(|c| c.1 < first.offset) {
+            let covered = tokio::select! {
+                c = s.fates.covered(copy) => c,
+                _ = s.abandon.cancelled() => None,
+            };
+            match covered {
+                Some(true) => {}
+                Some(false) => uncovered.push(Row::new(s.partition, copy.0)),
+                None => {
+                    slices.give_up(s.partition, None);
+                    break;
+                }
+            }
         }
     }
-    Some(uncovered)
+    uncovered
 }
 
 /// The outcome of a batch whose rows are stored; a rejected row carries its
@@ -478,7 +676,7 @@ fn durable(job: &Job, ctx: &WriterCtx, done: Durable, stale_columns: bool) -> Ou
                         .ok()
                         .flatten()
                 });
-            (r.offset, key)
+            (r, key)
         })
         .collect();
     Outcome::Durable {
@@ -517,7 +715,7 @@ async fn reconcile(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sluice_protocol::{BatchBuilder, BatchLimits};
+    use sluice_protocol::{BatchBuilder, BatchLimits, PartitionId};
 
     fn batch(offsets: &[i64]) -> Batch {
         let mut b = BatchBuilder::new(

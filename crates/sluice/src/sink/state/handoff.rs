@@ -208,6 +208,12 @@ impl Sink {
         for k in &keys {
             crate::telemetry::partition_left(&self.routes[k.0].topic, k.1);
             if let Some(p) = self.parts.get_mut(k) {
+                // The route's count of what is built may stay high where a
+                // partition goes otherwise: that only cuts its batch sooner.
+                let building = &mut self.building[k.0];
+                building.rows = building.rows.saturating_sub(p.builder.rows());
+                building.bytes = building.bytes.saturating_sub(p.builder.bytes());
+                building.letters = building.letters.saturating_sub(p.letters.len());
                 p.builder.clear();
                 p.building_since = None;
                 p.builder_uncertain = false;

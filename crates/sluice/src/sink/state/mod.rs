@@ -22,7 +22,7 @@ use super::dlq::Letter;
 use super::event::{Completion, Event, Outcome};
 use super::fates::Fates;
 use super::schemas::{Decoded, Originals, Schemas, Stall};
-use super::writer::{deliver, Job, WriterCtx};
+use super::writer::{deliver, Job, Slice, WriterCtx};
 use super::SinkContext;
 use crate::config::{Config, Route};
 use crate::owners::{Key, Owners};
@@ -35,7 +35,9 @@ use record::{Fate, Record, Value};
 use sluice_formats::RowError;
 use sluice_protocol::dedup::KeyWindow;
 use sluice_protocol::resume::{Mismatch, MISMATCH_MARK};
-use sluice_protocol::{AckTracker, BatchBuilder, BatchLimits, NextOffset, Offset, PartitionId};
+use sluice_protocol::{
+    AckTracker, Batch, BatchBuilder, BatchLimits, NextOffset, Offset, PartitionId,
+};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::mpsc;
 use std::sync::Arc;
@@ -146,6 +148,17 @@ impl Part {
     }
 }
 
+/// What a route's partitions hold in the batches being built: the route
+/// cuts one batch of all of them once these reach a limit.
+#[derive(Default, Debug, Clone, Copy)]
+struct Building {
+    rows: usize,
+    bytes: usize,
+    letters: usize,
+    /// When the oldest of them took its first record.
+    since: Option<Instant>,
+}
+
 /// The sink's counts since it started, for the progress and stop lines.
 #[derive(Default, Debug, Clone, Copy)]
 pub(super) struct Stats {
@@ -172,6 +185,8 @@ pub(super) struct Sink {
     counters: Vec<TopicCounters>,
     stats: Stats,
     parts: HashMap<Key, Part>,
+    /// Per route, indexed like `routes`: what its batches being built hold.
+    building: Vec<Building>,
     /// Revoked partitions (exactly-once) whose inserts are finishing, off
     /// the consumer thread's way ([`Sink::on_revoke`]).
     leaving: HashMap<Key, Part>,
@@ -224,6 +239,7 @@ impl Sink {
         let RowChecks { schemas, columns } = checks;
         let (tx, rx) = mpsc::channel();
         Self {
+            building: vec![Building::default(); routes.len()],
             counters: routes
                 .iter()
                 .map(|r| TopicCounters::new(&r.topic))
@@ -361,6 +377,7 @@ impl Sink {
             Some(field) => Value::Refused(RowError::ExtraField(field)),
             None => value,
         };
+        let held = (part.builder.rows(), part.builder.bytes(), part.letters.len());
         let fate = part.take(
             &self.ctx.encoders[ri],
             &rec,
@@ -371,13 +388,41 @@ impl Sink {
         if part.building_since.is_none() && !part.builder.is_empty() {
             part.building_since = rec.timestamp;
         }
+        let building = &mut self.building[ri];
+        building.rows += part.builder.rows() - held.0;
+        building.bytes += part.builder.bytes() - held.1;
+        building.letters += part.letters.len() - held.2;
+        if !part.builder.is_empty() {
+            building.since.get_or_insert(now);
+        }
+        let aligned = self.cfg.sink.limits.aligned;
+        let due = if aligned {
+            part.builder.is_due(now) || part.letters.len() >= MAX_LETTERS_PER_BATCH
+        } else {
+            self.route_due(ri, now)
+        };
         if self.decoded.capacity() > 4 << 20 {
             self.decoded = Vec::new();
         }
-        let due = part.builder.is_due(now) || part.letters.len() >= MAX_LETTERS_PER_BATCH;
         if self.note(ri, &rec, fate) && due {
-            self.cut(key);
+            if aligned {
+                self.cut(ri, &[key]);
+            } else {
+                self.cut_route(ri);
+            }
         }
+    }
+
+    /// Whether route `ri`'s batch is due: its partitions' rows, bytes or
+    /// DLQ writes being built reached a limit, or its oldest is old enough.
+    fn route_due(&self, ri: usize, now: Instant) -> bool {
+        let b = &self.building[ri];
+        let limits = &self.cfg.sink.limits;
+        b.rows >= limits.max_rows
+            || b.bytes >= limits.max_bytes
+            || b.letters >= MAX_LETTERS_PER_BATCH
+            || b.since
+                .is_some_and(|t| now.saturating_duration_since(t) >= limits.max_age)
     }
 
     /// Counts what became of a record, in the stats and the metrics; the
@@ -429,61 +474,103 @@ impl Sink {
         true
     }
 
-    /// Sends every due batch (every non-empty one with `all`).
+    /// Sends every due batch (every non-empty one with `all`): per route,
+    /// or per partition where batches must end on aligned offsets
+    /// (token-only, so that a replay forms the same batches).
     pub(crate) fn cut_due(&mut self, now: Instant, all: bool) {
-        let due: Vec<Key> = self
-            .parts
-            .iter()
-            .filter(|(_, p)| !p.builder.is_empty() && (all || p.builder.is_due(now)))
-            .map(|(k, _)| *k)
-            .collect();
-        for key in due {
-            self.cut(key);
+        if self.cfg.sink.limits.aligned {
+            let due: Vec<Key> = self
+                .parts
+                .iter()
+                .filter(|(_, p)| !p.builder.is_empty() && (all || p.builder.is_due(now)))
+                .map(|(k, _)| *k)
+                .collect();
+            for key in due {
+                self.cut(key.0, &[key]);
+            }
+            return;
+        }
+        for ri in 0..self.routes.len() {
+            let pending = self.building[ri].since.is_some() || self.building[ri].letters > 0;
+            if (all && pending) || self.route_due(ri, now) {
+                self.cut_route(ri);
+            }
         }
     }
 
-    fn cut(&mut self, key: Key) {
-        let Some(part) = self.parts.get_mut(&key) else {
+    /// Cuts one batch of every partition of route `ri` with something built.
+    fn cut_route(&mut self, ri: usize) {
+        let mut keys: Vec<Key> = self
+            .parts
+            .iter()
+            .filter(|(k, p)| k.0 == ri && !p.builder.is_empty())
+            .map(|(k, _)| *k)
+            .collect();
+        keys.sort_unstable();
+        self.cut(ri, &keys);
+        self.building[ri] = Building::default();
+    }
+
+    /// Sends what `keys` (partitions of route `ri`, ascending) have built as
+    /// one insert task: one batch, a slice per partition.
+    fn cut(&mut self, ri: usize, keys: &[Key]) {
+        let mut pieces = Vec::with_capacity(keys.len());
+        let mut slices = Vec::with_capacity(keys.len());
+        let (mut uncertain, mut bytes) = (false, 0);
+        for key in keys {
+            let Some(part) = self.parts.get_mut(key) else {
+                continue;
+            };
+            if part.acks.is_none() {
+                continue;
+            }
+            let since = part.building_since.take();
+            let Some(batch) = part.builder.take() else {
+                continue;
+            };
+            uncertain |= std::mem::take(&mut part.builder_uncertain);
+            let end = batch
+                .end_of(key.1)
+                .expect("a partition's batch accounts for it");
+            let ticket = part
+                .acks
+                .as_mut()
+                .expect("checked above")
+                .register(end);
+            part.cut_since.push_back((end, since));
+            let letters = std::mem::take(&mut part.letters);
+            let originals = std::mem::take(&mut part.originals);
+            let building = &mut self.building[ri];
+            building.rows = building.rows.saturating_sub(batch.len());
+            building.bytes = building.bytes.saturating_sub(batch.bytes());
+            building.letters = building.letters.saturating_sub(letters.len());
+            bytes += batch.bytes() + std::mem::take(&mut part.letter_bytes) + originals.bytes();
+            slices.push(Slice {
+                partition: key.1,
+                ticket,
+                generation: part.generation,
+                abandon: part.abandon.clone(),
+                letters,
+                conditional: std::mem::take(&mut part.conditional),
+                fates: part.fates.clone(),
+                originals,
+            });
+            pieces.push(batch);
+        }
+        if pieces.is_empty() {
             return;
-        };
-        let since = part.building_since.take();
-        let Some(batch) = part.builder.take() else {
-            return;
-        };
-        let uncertain = std::mem::take(&mut part.builder_uncertain);
-        let Some(acks) = part.acks.as_mut() else {
-            return;
-        };
-        // One partition per batch, for now: the writer's lease, fates,
-        // originals and key window are the partition's (`Job::partition`).
-        debug_assert_eq!(batch.partitions().count(), 1);
-        let end = batch
-            .end_of(key.1)
-            .expect("a partition's batch accounts for it");
-        let ticket = acks.register(end);
-        part.cut_since.push_back((end, since));
-        let letters = std::mem::take(&mut part.letters);
-        let originals = std::mem::take(&mut part.originals);
-        let bytes = batch.bytes() + std::mem::take(&mut part.letter_bytes) + originals.bytes();
-        let conditional = std::mem::take(&mut part.conditional);
+        }
         self.in_flight_bytes += bytes;
         telemetry::in_flight_bytes(self.in_flight_bytes);
         self.in_flight += 1;
         self.stats.batches += 1;
         let job = Job {
-            route: self.routes[key.0].clone(),
-            route_idx: key.0,
-            partition: part.builder.partition().clone(),
-            batch,
+            route: self.routes[ri].clone(),
+            route_idx: ri,
+            batch: Batch::concat(pieces),
             uncertain,
-            ticket,
-            generation: part.generation,
-            abandon: part.abandon.clone(),
-            letters,
             bytes,
-            conditional,
-            fates: part.fates.clone(),
-            originals,
+            slices,
         };
         let ctx = self.ctx.clone();
         let tx = self.tx.clone();
@@ -606,33 +693,21 @@ impl Sink {
         }
     }
 
+    /// A batch's end: per slice, its partition's ticket is acknowledged
+    /// if its rows are durable (and the partition still of the generation
+    /// that cut it); a revoked partition whose last slice ended settles.
     fn on_completion(&mut self, consumer: &BaseConsumer<SinkContext>, c: Completion) {
-        self.in_flight_bytes -= c.bytes;
+        let Completion {
+            route_idx: ri,
+            bytes,
+            dlq,
+            outcome,
+            slices,
+        } = c;
+        self.in_flight_bytes -= bytes;
         telemetry::in_flight_bytes(self.in_flight_bytes);
         self.in_flight -= 1;
-        let key = (c.route_idx, c.partition);
-        let leaving = self
-            .leaving
-            .get(&key)
-            .is_some_and(|p| p.generation == c.generation);
-        let mut part = if leaving {
-            self.leaving.get_mut(&key)
-        } else {
-            self.parts
-                .get_mut(&key)
-                .filter(|p| p.generation == c.generation)
-        };
-        if let Some(p) = part.as_mut() {
-            for copy in &c.copies {
-                if let Some(n) = p.waiting.get_mut(copy) {
-                    *n -= 1;
-                    if *n == 0 {
-                        p.waiting.remove(copy);
-                    }
-                }
-            }
-        }
-        match c.outcome {
+        let rejected = match outcome {
             Outcome::Durable {
                 inserted,
                 rejected,
@@ -640,46 +715,74 @@ impl Sink {
                 stale_columns,
             } => {
                 if stale_columns {
-                    self.columns.stale(c.route_idx);
+                    self.columns.stale(ri);
                 }
                 self.stats.rows_inserted += inserted as u64;
-                self.stats.dlq += c.dlq as u64;
+                self.stats.dlq += dlq as u64;
                 self.stats.dedup_dropped += excluded as u64;
-                self.counters[c.route_idx].dedup_dropped(excluded as u64);
-                if let Some(p) = part {
-                    // A rejected copy does not stand for its key any more.
-                    if let Some(window) = p.keys.as_mut() {
-                        for (offset, key) in &rejected {
-                            if let Some(k) = key {
-                                window.forget(*k, *offset);
-                            }
-                        }
-                    }
-                    if let Some(acks) = p.acks.as_mut() {
-                        acks.ack(c.ticket);
-                        let lowest = p.waiting.keys().next().map(|o| NextOffset(o.0));
-                        let below = lowest.map_or(acks.frontier(), |w| w.min(acks.frontier()));
-                        p.fates.prune_below(below);
-                    }
-                }
+                self.counters[ri].dedup_dropped(excluded as u64);
+                rejected
             }
-            Outcome::Abandoned => {}
+            Outcome::Abandoned => Vec::new(),
             Outcome::DlqFailed(e) => {
                 self.fail(anyhow::Error::new(e).context("sluice stops rather than skip a record"));
+                Vec::new()
             }
             Outcome::Failed(e) => {
-                let route = &self.routes[c.route_idx];
+                let route = &self.routes[ri];
+                let partitions: Vec<i32> = slices.iter().map(|s| s.partition).collect();
                 self.fail(anyhow!(
-                    "inserting into {}.{} (topic {:?}, partition {}) failed and cannot succeed by retrying: {e}",
+                    "inserting into {}.{} (topic {:?}, partitions {partitions:?}) failed and cannot succeed by retrying: {e}",
                     route.database,
                     route.table,
                     route.topic,
-                    c.partition
                 ));
+                Vec::new()
             }
-        }
-        if leaving {
-            self.settle_leaving(consumer, key);
+        };
+        for slice in &slices {
+            let key = (ri, slice.partition);
+            let leaving = self
+                .leaving
+                .get(&key)
+                .is_some_and(|p| p.generation == slice.generation);
+            let part = if leaving {
+                self.leaving.get_mut(&key)
+            } else {
+                self.parts
+                    .get_mut(&key)
+                    .filter(|p| p.generation == slice.generation)
+            };
+            let Some(p) = part else {
+                continue;
+            };
+            for copy in &slice.copies {
+                if let Some(n) = p.waiting.get_mut(copy) {
+                    *n -= 1;
+                    if *n == 0 {
+                        p.waiting.remove(copy);
+                    }
+                }
+            }
+            if slice.durable {
+                // A rejected copy does not stand for its key any more.
+                if let Some(window) = p.keys.as_mut() {
+                    for (row, key) in rejected.iter().filter(|r| r.0.partition == slice.partition) {
+                        if let Some(k) = key {
+                            window.forget(*k, row.offset);
+                        }
+                    }
+                }
+                if let Some(acks) = p.acks.as_mut() {
+                    acks.ack(slice.ticket);
+                    let lowest = p.waiting.keys().next().map(|o| NextOffset(o.0));
+                    let below = lowest.map_or(acks.frontier(), |w| w.min(acks.frontier()));
+                    p.fates.prune_below(below);
+                }
+            }
+            if leaving {
+                self.settle_leaving(consumer, key);
+            }
         }
     }
 
