@@ -1,17 +1,24 @@
 //! One batch → durable in ClickHouse, or abandoned, or a permanent error.
 //!
-//! In: a [`Job`] (an encoded batch, its table, whether some of its rows may
-//! already be stored). Out: a [`Completion`] sent back to the driver.
+//! In: a [`Job`]: an encoded batch of one route's rows from one or more of
+//! its partitions, and per partition a [`Slice`] (its lease generation,
+//! abandon token, DLQ writes and key dedup state). Out: a [`Completion`]
+//! sent back to the driver, with a [`Settled`] per slice.
 //!
 //! Exactly-once: every attempt carries a deadline on the server's clock
-//! after which the server refuses to start it. An attempt whose outcome is
-//! unknown (timeout, reset, 5xx) makes the batch *uncertain*. Before the
-//! next attempt the writer makes sure the earlier one can no longer commit
-//! (kill it, wait until the server's clock is past its deadline and it is
-//! gone from the process list), asks ClickHouse which offsets of the batch
-//! it holds, and inserts only the missing rows. It never re-sends blind and never skips. No attempt starts
-//! while the process's group membership is in doubt ([`Lease`]) or after the
-//! partition was given up (`abandon`).
+//! after which the server refuses to start it: the earliest end of its
+//! slices' leases. An attempt whose outcome is unknown (timeout, reset,
+//! 5xx) makes the batch *uncertain*. Before the next attempt the writer
+//! makes sure the earlier one can no longer commit (kill it, wait until the
+//! server's clock is past its deadline and it is gone from the process
+//! list), asks ClickHouse which rows of the batch (by partition and offset)
+//! it holds, and inserts only the missing rows. It never re-sends blind and
+//! never skips. No attempt starts unless every slice's partition is held
+//! under a live lease ([`Lease`]). A partition given up while the batch is
+//! in flight (`abandon`: taken, lost, or revoked with its lease run out)
+//! leaves the batch: its rows are never sent again by this writer, an
+//! attempt out that holds them is still answered or fenced before the rest
+//! goes, and what it stored is the next owner's to find.
 //!
 //! At-least-once and token-only: the same bytes (token-only: with the same
 //! token) are re-sent until one attempt succeeds.
