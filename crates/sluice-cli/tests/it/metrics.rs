@@ -178,3 +178,43 @@ async fn lag_gauges_grow_while_clickhouse_is_down_and_clear_after() {
     }
     assert!(sink.stop(Duration::from_secs(30)), "{}", sink.log_tail());
 }
+
+/// A trickle over many partitions makes one insert per route per
+/// `max_batch_age`, not one per partition: 16 partitions, a record to each
+/// every 400 ms for 8 s, `max_batch_age` 2 s. One batch per partition would
+/// take 16 × 8 / 2 = 64 inserts; one per route takes about 4 (a few more
+/// while partitions start at different moments). Every record still lands
+/// exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trickle_over_sixteen_partitions_makes_one_insert_per_batch_age() {
+    let (topic, table, ch) = setup("trickle", 16, 0).await;
+    let addr = format!("127.0.0.1:{}", free_port());
+    let mut spec = SinkSpec::new(&topic, &table);
+    spec.max_batch_age = Duration::from_secs(2);
+    spec.metrics_listen = Some(addr.clone());
+    let mut sink = spec.start();
+    wait_for_log(&sink, "partition active", Duration::from_secs(60)).await;
+    let rounds = 20u64;
+    let t = topic.clone();
+    tokio::task::spawn_blocking(move || {
+        for r in 0..rounds {
+            produce(&t, 16, r * 16, 16);
+            std::thread::sleep(Duration::from_millis(400));
+        }
+    })
+    .await
+    .unwrap();
+    let n = rounds * 16;
+    let got = wait_for(&ch, &table, n, Duration::from_secs(60)).await;
+    assert_eq!(got.rows, n, "{}", sink.log_tail());
+    assert_eq!(got.distinct_ids, n);
+    let tbl = format!("{{table=\"{table}\"}}");
+    let (_, m) = get(&addr, "/metrics").await;
+    let inserts = value(&m, &format!("sluice_insert_duration_seconds_count{tbl}"));
+    assert!(
+        (2.0..=16.0).contains(&inserts),
+        "{inserts} inserts for {n} records over 16 partitions in ~10 s: {}",
+        sink.log_tail()
+    );
+    assert!(sink.stop(Duration::from_secs(30)), "{}", sink.log_tail());
+}
