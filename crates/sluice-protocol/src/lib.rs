@@ -11,6 +11,8 @@
 //! - [`offset`]: the two offset conventions as two types.
 //! - [`batch`]: rows of a route's partitions → a batch cut by rows, bytes or
 //!   age; each row named by its partition and offset ([`Row`]).
+//! - [`cut`]: what a route's partitions have built → whether the route's
+//!   one batch of them is due.
 //! - [`token`]: a batch's rows → deterministic dedup token and query ids.
 //! - [`acks`]: out-of-order batch completions → the in-order durable frontier.
 //! - [`attempt`]: each attempt's answer → whether the next one fences an
@@ -39,6 +41,7 @@ pub mod acks;
 pub mod attempt;
 pub mod batch;
 pub mod claim;
+pub mod cut;
 pub mod deadline;
 pub mod dedup;
 pub mod delivery;

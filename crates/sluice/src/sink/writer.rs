@@ -143,7 +143,10 @@ impl<'j> Slices<'j> {
     }
 
     fn index(&self, partition: i32) -> Option<usize> {
-        self.job.slices.iter().position(|s| s.partition == partition)
+        self.job
+            .slices
+            .iter()
+            .position(|s| s.partition == partition)
     }
 
     /// The live slice of `partition`.
@@ -465,7 +468,8 @@ async fn attempt_until_done(job: &Job, ctx: &WriterCtx, slices: &mut Slices<'_>)
                 // Our clock may have stood still (a suspended VM): trust the
                 // leases again only after a renewal read sent from now on.
                 for s in slices.live() {
-                    ctx.lease.suspect((job.route_idx, s.partition), s.generation);
+                    ctx.lease
+                        .suspect((job.route_idx, s.partition), s.generation);
                 }
                 match ctx.ch.server_now(true).await {
                     Ok(_) => {

@@ -210,10 +210,7 @@ impl Sink {
             if let Some(p) = self.parts.get_mut(k) {
                 // The route's count of what is built may stay high where a
                 // partition goes otherwise: that only cuts its batch sooner.
-                let building = &mut self.building[k.0];
-                building.rows = building.rows.saturating_sub(p.builder.rows());
-                building.bytes = building.bytes.saturating_sub(p.builder.bytes());
-                building.letters = building.letters.saturating_sub(p.letters.len());
+                self.building[k.0].shrink(p.load());
                 p.builder.clear();
                 p.building_since = None;
                 p.builder_uncertain = false;

@@ -33,6 +33,7 @@ use rdkafka::message::Message;
 use rdkafka::{Offset as KOffset, TopicPartitionList};
 use record::{Fate, Record, Value};
 use sluice_formats::RowError;
+use sluice_protocol::cut::{Load, RouteCut};
 use sluice_protocol::dedup::KeyWindow;
 use sluice_protocol::resume::{Mismatch, MISMATCH_MARK};
 use sluice_protocol::{
@@ -130,6 +131,15 @@ impl Part {
         }
     }
 
+    /// What its batch being built holds.
+    fn load(&self) -> Load {
+        Load {
+            rows: self.builder.rows(),
+            bytes: self.builder.bytes(),
+            letters: self.letters.len(),
+        }
+    }
+
     /// The Kafka timestamp (ms) of the oldest record read and not yet
     /// durable, if it has one.
     fn oldest_pending(&mut self) -> Option<i64> {
@@ -146,17 +156,6 @@ impl Part {
             .find_map(|(_, ts)| *ts)
             .or(self.building_since)
     }
-}
-
-/// What a route's partitions hold in the batches being built: the route
-/// cuts one batch of all of them once these reach a limit.
-#[derive(Default, Debug, Clone, Copy)]
-struct Building {
-    rows: usize,
-    bytes: usize,
-    letters: usize,
-    /// When the oldest of them took its first record.
-    since: Option<Instant>,
 }
 
 /// The sink's counts since it started, for the progress and stop lines.
@@ -185,8 +184,9 @@ pub(super) struct Sink {
     counters: Vec<TopicCounters>,
     stats: Stats,
     parts: HashMap<Key, Part>,
-    /// Per route, indexed like `routes`: what its batches being built hold.
-    building: Vec<Building>,
+    /// Per route, indexed like `routes`: what its partitions' batches being
+    /// built hold, and so when the route's batch is cut.
+    building: Vec<RouteCut<Instant>>,
     /// Revoked partitions (exactly-once) whose inserts are finishing, off
     /// the consumer thread's way ([`Sink::on_revoke`]).
     leaving: HashMap<Key, Part>,
@@ -239,7 +239,7 @@ impl Sink {
         let RowChecks { schemas, columns } = checks;
         let (tx, rx) = mpsc::channel();
         Self {
-            building: vec![Building::default(); routes.len()],
+            building: vec![RouteCut::default(); routes.len()],
             counters: routes
                 .iter()
                 .map(|r| TopicCounters::new(&r.topic))
@@ -377,7 +377,7 @@ impl Sink {
             Some(field) => Value::Refused(RowError::ExtraField(field)),
             None => value,
         };
-        let held = (part.builder.rows(), part.builder.bytes(), part.letters.len());
+        let held = part.load();
         let fate = part.take(
             &self.ctx.encoders[ri],
             &rec,
@@ -388,12 +388,8 @@ impl Sink {
         if part.building_since.is_none() && !part.builder.is_empty() {
             part.building_since = rec.timestamp;
         }
-        let building = &mut self.building[ri];
-        building.rows += part.builder.rows() - held.0;
-        building.bytes += part.builder.bytes() - held.1;
-        building.letters += part.letters.len() - held.2;
         if !part.builder.is_empty() {
-            building.since.get_or_insert(now);
+            self.building[ri].grow(part.load().beyond(held), now);
         }
         let aligned = self.cfg.sink.limits.aligned;
         let due = if aligned {
@@ -413,16 +409,9 @@ impl Sink {
         }
     }
 
-    /// Whether route `ri`'s batch is due: its partitions' rows, bytes or
-    /// DLQ writes being built reached a limit, or its oldest is old enough.
+    /// Whether route `ri`'s batch is due ([`RouteCut::is_due`]).
     fn route_due(&self, ri: usize, now: Instant) -> bool {
-        let b = &self.building[ri];
-        let limits = &self.cfg.sink.limits;
-        b.rows >= limits.max_rows
-            || b.bytes >= limits.max_bytes
-            || b.letters >= MAX_LETTERS_PER_BATCH
-            || b.since
-                .is_some_and(|t| now.saturating_duration_since(t) >= limits.max_age)
+        self.building[ri].is_due(&self.cfg.sink.limits, MAX_LETTERS_PER_BATCH, now)
     }
 
     /// Counts what became of a record, in the stats and the metrics; the
@@ -491,8 +480,7 @@ impl Sink {
             return;
         }
         for ri in 0..self.routes.len() {
-            let pending = self.building[ri].since.is_some() || self.building[ri].letters > 0;
-            if (all && pending) || self.route_due(ri, now) {
+            if (all && self.building[ri].pending()) || self.route_due(ri, now) {
                 self.cut_route(ri);
             }
         }
@@ -508,7 +496,7 @@ impl Sink {
             .collect();
         keys.sort_unstable();
         self.cut(ri, &keys);
-        self.building[ri] = Building::default();
+        self.building[ri].cut();
     }
 
     /// Sends what `keys` (partitions of route `ri`, ascending) have built as
@@ -532,18 +520,15 @@ impl Sink {
             let end = batch
                 .end_of(key.1)
                 .expect("a partition's batch accounts for it");
-            let ticket = part
-                .acks
-                .as_mut()
-                .expect("checked above")
-                .register(end);
+            let ticket = part.acks.as_mut().expect("checked above").register(end);
             part.cut_since.push_back((end, since));
             let letters = std::mem::take(&mut part.letters);
             let originals = std::mem::take(&mut part.originals);
-            let building = &mut self.building[ri];
-            building.rows = building.rows.saturating_sub(batch.len());
-            building.bytes = building.bytes.saturating_sub(batch.bytes());
-            building.letters = building.letters.saturating_sub(letters.len());
+            self.building[ri].shrink(Load {
+                rows: batch.len(),
+                bytes: batch.bytes(),
+                letters: letters.len(),
+            });
             bytes += batch.bytes() + std::mem::take(&mut part.letter_bytes) + originals.bytes();
             slices.push(Slice {
                 partition: key.1,
