@@ -11,14 +11,17 @@
 //! and `MAX_ROWS` the rows per batch (default: RECORDS); `REFUSALS=N` lets
 //! ClickHouse refuse N inserts for too many table partitions (the sink
 //! splits the batch); `PARTITIONS=N` (1 to 4) gives the topic N partitions
-//! of RECORDS records each, which one batch may span; `PROCESSES=N` (1 to
-//! 3, default 2) sets the sink processes. `FAIR=STALLS,SECS`
+//! of RECORDS records each, which one batch may span; `STRUCK=any` lets
+//! the faults that strike one partition strike any (default: the last);
+//! `MOVES=1` makes every rebalance move the partition to another process;
+//! `PROCESSES=N` (1 to 3, default 2) sets the sink processes.
+//! `FAIR=STALLS,SECS`
 //! checks liveness too (`Fair`: at most STALLS unfair seconds, recovery
 //! within SECS of the last fault); `START=clean` or `START=shared` starts
 //! with a clean partition assigned to both processes (`shared`: until a
 //! rebalance).
 
-use sluice_model::{trace, Bounds, Fair, Rules, Sluice, Start};
+use sluice_model::{trace, Bounds, Fair, Rules, Sluice, Start, Struck};
 use stateright::{Checker, Model};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -116,6 +119,10 @@ fn bounds(args: &[String]) -> Option<Bounds> {
             Ok(s) => s.parse().ok().filter(|&n| (1..=4).contains(&n))?,
             Err(_) => 1,
         },
+        struck: match std::env::var("STRUCK").as_deref() {
+            Ok("any") => Struck::Any,
+            _ => Struck::Last,
+        },
         processes: match std::env::var("PROCESSES") {
             Ok(s) => s.parse().ok().filter(|&n| (1..=3).contains(&n))?,
             Err(_) => 2,
@@ -128,6 +135,7 @@ fn bounds(args: &[String]) -> Option<Bounds> {
         max_rows,
         horizon: Duration::from_secs(n[0]),
         rebalances: small(2, 0)?,
+        moves: std::env::var("MOVES").is_ok_and(|v| v == "1"),
         crashes: small(3, 0)?,
         lost_commits: small(4, 0)?,
         resets: small(5, 0)?,

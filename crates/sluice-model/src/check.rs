@@ -8,14 +8,15 @@
 //! out of time, a rebalance, a crash, a lost commit, a clean mark landing.
 
 use crate::sink::{self, Step};
-use crate::world::{Claim, Partition, Phase, Rewrite, World};
-use crate::{Bounds, Rules, Settings, Start};
+use crate::world::{Claim, Partition, Phase, Rewrite, Wait, World};
+use crate::{Bounds, Rules, Settings, Start, Struck};
 use sluice_protocol::attempt::Answer;
 use sluice_protocol::deadline::{Millis, Moment};
 use sluice_protocol::lease::Owner;
 use sluice_protocol::resume::Committed;
 use sluice_protocol::Row;
 use stateright::{Model, Path, Property};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// The protocol under `rules`, within `bounds`.
@@ -80,17 +81,6 @@ pub enum Action {
     Proc(usize, Step),
 }
 
-/// The steps a process takes on partition `q`.
-const PARTITION_STEPS: [fn(usize) -> Step; 7] = [
-    Step::Hear,
-    Step::Revoke,
-    Step::Claim,
-    Step::Rewrite,
-    Step::RewriteAcked,
-    Step::Settle,
-    Step::Expire,
-];
-
 /// The steps a process takes over all its partitions: a read of the
 /// register, a commit, and its batch's.
 const PROCESS_STEPS: [Step; 6] = [
@@ -131,30 +121,102 @@ impl Model for Sluice {
     }
 
     fn actions(&self, w: &World, actions: &mut Vec<Action>) {
-        actions.push(Action::Tick);
+        if let Some(hear) = self.ample(w) {
+            actions.push(hear);
+            return;
+        }
+        // Only actions that may be enabled: the others would be refused by
+        // `step` (which clones the world first); leaving them out changes
+        // no state and no path, only the time spent.
+        let left = &w.left;
+        if w.now < Millis(self.bounds.horizon.as_millis() as u64) {
+            actions.push(Action::Tick);
+        }
         let parts = self.bounds.partitions;
-        for p in 0..w.procs.len() {
-            actions.push(Action::Crash(p));
-            actions.push(Action::Rebalance(p, parts - 1));
+        for (p, proc) in w.procs.iter().enumerate() {
+            if left.crashes > 0 {
+                actions.push(Action::Crash(p));
+            }
+            if left.rebalances > 0 {
+                for q in self.struck() {
+                    let to_member = w.parts[q].group.member == Some(p);
+                    if !(self.bounds.moves && to_member) {
+                        actions.push(Action::Rebalance(p, q));
+                    }
+                }
+            }
+            let mut any_active = false;
+            let mut cuttable = 0u8;
             for q in 0..parts {
-                actions.extend(PARTITION_STEPS.iter().map(|s| Action::Proc(p, s(q))));
+                let step = |s: Step| Action::Proc(p, s);
+                match &proc.phase[q] {
+                    Phase::Idle => actions.push(step(Step::Hear(q))),
+                    Phase::Claiming(_) => {
+                        actions.extend([step(Step::Revoke(q)), step(Step::Claim(q))])
+                    }
+                    Phase::Active(part) => {
+                        any_active = true;
+                        match part.leaving {
+                            false => {
+                                cuttable |= 1 << q;
+                                actions.push(step(Step::Revoke(q)));
+                            }
+                            true => actions.extend([step(Step::Settle(q)), step(Step::Expire(q))]),
+                        }
+                        match part.rewrite {
+                            Rewrite::Decided => actions.push(step(Step::Rewrite(q))),
+                            Rewrite::Stored => actions.push(step(Step::RewriteAcked(q))),
+                            Rewrite::No | Rewrite::Sent => {}
+                        }
+                    }
+                }
             }
-            actions.extend(PROCESS_STEPS.iter().map(|&s| Action::Proc(p, s)));
-            for rows in 1..=self.bounds.max_rows {
-                let sets = 1..(1u8 << parts);
-                actions.extend(sets.map(|parts| Action::Proc(p, Step::Cut { rows, parts })));
+            match &proc.job {
+                Some(job) => {
+                    actions.extend(PROCESS_STEPS[..2].iter().map(|&s| Action::Proc(p, s)));
+                    let fence = (0..self.bounds.servers).map(|s| Action::Proc(p, Step::Fence(s)));
+                    match job.wait {
+                        Wait::Ready => {
+                            actions.extend(fence);
+                            actions.push(Action::Proc(p, Step::Reconcile));
+                            actions.push(Action::Proc(p, Step::Send));
+                        }
+                        Wait::Fencing(_) => actions.extend(fence),
+                        Wait::Fenced => actions.push(Action::Proc(p, Step::Reconcile)),
+                        Wait::InFlight { .. } => actions.push(Action::Proc(p, Step::GiveUp)),
+                        Wait::Letters => {}
+                    }
+                }
+                None if any_active => {
+                    actions.extend(PROCESS_STEPS[..2].iter().map(|&s| Action::Proc(p, s)));
+                    for rows in 1..=self.bounds.max_rows {
+                        let sets = (1..(1u8 << parts)).filter(|set| set & !cuttable == 0);
+                        actions
+                            .extend(sets.map(|parts| Action::Proc(p, Step::Cut { rows, parts })));
+                    }
+                }
+                None => {}
             }
-            let others = 1..self.bounds.servers;
-            actions.extend(others.map(|s| Action::Proc(p, Step::Fence(s))));
         }
         for q in 0..parts {
-            actions.push(Action::LandMark(q));
+            if w.parts[q].mark_in_flight {
+                actions.push(Action::LandMark(q));
+            }
         }
-        actions.push(Action::LoseCommit(parts - 1));
-        actions.push(Action::Forget(parts - 1));
-        actions.push(Action::LandRewrite);
-        for i in 0..w.inserts.len() {
-            actions.extend((0..self.bounds.servers).map(|s| Action::Arrive(i, s)));
+        if left.lost_commits > 0 {
+            actions.extend(self.struck().map(Action::LoseCommit));
+        }
+        if left.forgets > 0 {
+            actions.extend(self.struck().map(Action::Forget));
+        }
+        if w.rewrite_in_flight.is_some() {
+            actions.push(Action::LandRewrite);
+        }
+        for (i, ins) in w.inserts.iter().enumerate() {
+            if ins.running_since.is_none() {
+                actions.extend((0..self.bounds.servers).map(|s| Action::Arrive(i, s)));
+                continue;
+            }
             actions.push(Action::Store(i));
             if self.bounds.rejected != 0 {
                 actions.push(Action::StoreBefore(i));
@@ -242,6 +304,59 @@ impl Model for Sluice {
 }
 
 impl Sluice {
+    /// The partitions a fault that strikes one partition may strike.
+    fn struck(&self) -> std::ops::Range<usize> {
+        let parts = self.bounds.partitions;
+        match self.bounds.struck {
+            Struck::Last => parts - 1..parts,
+            Struck::Any => 0..parts,
+        }
+    }
+
+    /// Partial-order reduction: a step that is independent of every other
+    /// action the search could take before it, and invisible to the
+    /// properties, may be taken first and alone (an ample set of one
+    /// action), since every interleaving that takes it later reaches the
+    /// same states, in the same order for everything the properties read.
+    ///
+    /// The one such step: a process hearing of a new assignment
+    /// (`Step::Hear`). It reads the partition's group (generation,
+    /// member, shared) and writes only the process's own `heard` and its
+    /// phase for that partition, from `Idle` to a claim about to read the
+    /// group's commits (which the claim reads again, so the commit at
+    /// hearing time is forgotten: `World::normalize`). While that phase is
+    /// `Idle`, no other step of the process touches it (each needs it
+    /// claiming or active), and no step of anyone reads whether it is
+    /// `Idle` or claiming. The only actions that write what it reads or
+    /// writes are a rebalance of that partition and a crash of that
+    /// process, so it is ample only when neither can happen any more (no
+    /// rebalance left, or the partition is not one rebalanced; no crash
+    /// left). It does not read the clock, and time passing touches neither
+    /// the group nor an idle phase. It changes no table, DLQ or commit
+    /// (invisible). It cannot lie on a cycle (it raises `heard`, which no
+    /// action lowers), so no action is postponed for ever. Not with
+    /// liveness: there time may pass only when no process can move, so
+    /// time depends on every step.
+    fn ample(&self, w: &World) -> Option<Action> {
+        if self.bounds.fair.is_some() || w.left.crashes > 0 {
+            return None;
+        }
+        for (p, proc) in w.procs.iter().enumerate() {
+            for (q, part) in w.parts.iter().enumerate() {
+                if w.left.rebalances > 0 && self.struck().any(|s| s == q) {
+                    continue;
+                }
+                // `Step::Hear`'s guard.
+                let g = &part.group;
+                let fresh = g.assigned(p) && proc.heard[q] < g.generation;
+                if fresh && matches!(proc.phase[q], Phase::Idle) {
+                    return Some(Action::Proc(p, Step::Hear(q)));
+                }
+            }
+        }
+        None
+    }
+
     /// Whether a process or a message can move in `w`: some action that is
     /// not a fault changes the world.
     fn can_move(&self, w: &World) -> bool {
@@ -400,7 +515,7 @@ impl Sluice {
                 for p in &mut w.procs {
                     match &mut p.phase[q] {
                         Phase::Active(part) if p.id == id && part.rewrite == Rewrite::Sent => {
-                            part.rewrite = Rewrite::Stored
+                            Arc::make_mut(part).rewrite = Rewrite::Stored
                         }
                         _ => {}
                     }

@@ -185,12 +185,11 @@ impl Rules {
 /// The bounds of one search.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Bounds {
-    /// Partitions of the topic; a batch may hold rows of several. The
-    /// faults that strike one partition (a rebalance, a lost commit, a
-    /// forgotten register entry) strike the last: the others stay with
-    /// their first owner unless it crashes, which keeps the search within
-    /// reach.
+    /// Partitions of the topic; a batch may hold rows of several.
     pub partitions: usize,
+    /// Which partitions the faults that strike one partition (a
+    /// rebalance, a lost commit, a forgotten register entry) strike.
+    pub struck: Struck,
     /// Records in each partition's log, produced before the start.
     pub records: i64,
     /// The records that cannot become rows and go to the DLQ (bit `o` for
@@ -213,6 +212,12 @@ pub struct Bounds {
     pub horizon: Duration,
     /// Group rebalances (each assigns one partition to any process).
     pub rebalances: u8,
+    /// Rebalances only move the partition to a process other than its
+    /// member. A bound for searches of several processes: a rebalance that
+    /// gives the partition back to its member (a new generation) leaves
+    /// every other process as it was, which a search of that one process
+    /// alone, with the same partitions, faults and horizon, already covers.
+    pub moves: bool,
     /// Crashes (a crashed process restarts at once, with a new id, and
     /// waits for the next rebalance).
     pub crashes: u8,
@@ -235,6 +240,20 @@ pub struct Bounds {
     /// Check liveness too: see [`Fair`]. `None`: safety only, and time may
     /// pass at any moment (any process may freeze, any message wait).
     pub fair: Option<Fair>,
+}
+
+/// Which partitions a fault that strikes one partition may strike.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Struck {
+    /// The last: the others stay with their first owner unless it
+    /// crashes, which keeps searches of several partitions within reach.
+    /// With inserts that store all their rows or none, the model treats
+    /// partitions alike but for the order of their rows in a batch, so a
+    /// fault on the first partition alone mirrors one on the last.
+    Last,
+    /// Any of them (faults on several partitions, or on the first while
+    /// rows of the last are in the batch after its rows).
+    Any,
 }
 
 /// Liveness under fair scheduling once faults stop. Time passes only when
@@ -271,6 +290,7 @@ impl Bounds {
     /// The bounds CI checks.
     pub const CI: Bounds = Bounds {
         partitions: 1,
+        struck: Struck::Last,
         records: 2,
         bad: 0,
         rejected: 0,
@@ -279,6 +299,7 @@ impl Bounds {
         max_rows: 2,
         horizon: Duration::from_secs(14),
         rebalances: 2,
+        moves: false,
         crashes: 1,
         lost_commits: 1,
         resets: 1,

@@ -27,6 +27,7 @@ use sluice_protocol::token::{insert_token, query_id};
 use sluice_protocol::{
     AckTracker, Batch, BatchBuilder, BatchLimits, NextOffset, Offset, PartitionId, Row,
 };
+use std::sync::Arc;
 use std::time::Duration;
 
 /// What a process does next. Steps on one partition name it (`q`).
@@ -99,6 +100,7 @@ pub fn take(m: &Sluice, w: &World, p: usize, step: Step) -> Option<World> {
             match &mut w.procs[p].phase[q] {
                 Phase::Claiming(_) => w.procs[p].phase[q] = Phase::Idle,
                 Phase::Active(part) if !part.leaving => {
+                    let part = Arc::make_mut(part);
                     part.leaving = true;
                     part.leases.leave(KEY, part.generation);
                     part.builder.clear();
@@ -239,14 +241,14 @@ pub fn take(m: &Sluice, w: &World, p: usize, step: Step) -> Option<World> {
             // the rest stay equal to batches cut at other moments.
             let letters_sent = if letters.is_empty() { Millis(0) } else { now };
             conditional.sort_unstable();
-            w.procs[p].job = Some(Job {
+            w.procs[p].job = Some(Arc::new(Job {
                 delivery: Delivery::new(Batch::concat(slices), true, uncertain)
                     .with_conditional(conditional, Vec::new()),
                 tickets,
                 wait: Wait::Ready,
                 letters,
                 letters_sent,
-            });
+            }));
         }
         Step::Renew => {
             // One read of the register shows every partition's entry
@@ -389,7 +391,7 @@ pub fn take(m: &Sluice, w: &World, p: usize, step: Step) -> Option<World> {
             if clock.ms_at(now) != Some(server) {
                 clock.observe(server, now, now, false);
             }
-            let job = w.procs[p].job.as_mut()?;
+            let job = w.procs[p].job.as_mut().map(Arc::make_mut)?;
             match step {
                 FenceStep::Done => job.wait = Wait::Fenced,
                 FenceStep::KillAgain => {
@@ -419,7 +421,7 @@ pub fn take(m: &Sluice, w: &World, p: usize, step: Step) -> Option<World> {
             }
             let present = w.present(&rows);
             let proc = &mut w.procs[p];
-            let job = proc.job.as_mut()?;
+            let job = proc.job.as_mut().map(Arc::make_mut)?;
             job.delivery.reconciled(&present);
             job.wait = Wait::Ready;
             if matches!(job.delivery.next(), Next::Durable(_)) {
@@ -430,7 +432,7 @@ pub fn take(m: &Sluice, w: &World, p: usize, step: Step) -> Option<World> {
             let server = w.server_ms(0);
             let proc = &mut w.procs[p];
             let lease_end = lease_end(proc, now, &rules)?;
-            let job = proc.job.as_mut()?;
+            let job = proc.job.as_mut().map(Arc::make_mut)?;
             if job.wait != Wait::Ready {
                 return None;
             }
@@ -458,7 +460,7 @@ pub fn take(m: &Sluice, w: &World, p: usize, step: Step) -> Option<World> {
                 // The client's own bound, on its own clock.
                 LateGuard::ClientTimeout => None,
             };
-            let job = proc.job.as_mut()?;
+            let job = proc.job.as_mut().map(Arc::make_mut)?;
             job.delivery.sent(qid.clone(), Some(deadline));
             job.wait = Wait::InFlight { sent: now };
             w.inserts.push(Insert {
@@ -526,7 +528,7 @@ fn lease_end(proc: &Proc, now: Millis, rules: &Rules) -> Option<Millis> {
 /// batch in flight ([`LostSlice::Drop`]), and the batch no longer counts
 /// toward its acks.
 fn lose(proc: &mut Proc, q: usize, rules: &Rules) {
-    let Some(job) = proc.job.as_mut() else {
+    let Some(job) = proc.job.as_mut().map(Arc::make_mut) else {
         return;
     };
     if !job.holds(q) {
@@ -544,10 +546,10 @@ fn lose(proc: &mut Proc, q: usize, rules: &Rules) {
 
 /// The job waiting for the answer to request `to`, if any.
 fn waiting_for<'a>(proc: &'a mut Proc, to: &Insert) -> Option<&'a mut Job> {
-    let job = proc.job.as_mut()?;
+    let job = proc.job.as_ref()?;
     let asked = job.delivery.in_flight().map(|(q, _)| q) == Some(to.query_id.as_str());
     match job.wait {
-        Wait::InFlight { sent } if asked && sent == to.sent => Some(job),
+        Wait::InFlight { sent } if asked && sent == to.sent => proc.job.as_mut().map(Arc::make_mut),
         _ => None,
     }
 }
@@ -567,6 +569,7 @@ pub fn on_answer(proc: &mut Proc, to: &Insert, answer: Answer, now: Millis, rule
     if answer == Answer::TooLate {
         for q in held {
             if let Phase::Active(part) = &mut proc.phase[q] {
+                let part = Arc::make_mut(part);
                 part.leases.suspect(KEY, part.generation, now);
             }
         }
@@ -626,7 +629,7 @@ pub fn on_rejected(m: &Sluice, w: &mut World, to: &Insert, row: Row) {
 /// rejected rows, and each partition's frontier moves (`sink/state`,
 /// `on_completion`).
 fn durable(proc: &mut Proc, rules: &Rules) {
-    let Some(job) = proc.job.as_mut() else {
+    let Some(job) = proc.job.as_mut().map(Arc::make_mut) else {
         return;
     };
     if !job.letters.is_empty() {
@@ -643,6 +646,7 @@ fn durable(proc: &mut Proc, rules: &Rules) {
         if part.generation != generation {
             continue;
         }
+        let part = Arc::make_mut(part);
         if let Some(keys) = part.keys.as_mut() {
             if rules.rejected_key == RejectedKey::Forget {
                 for r in job.delivery.rejected() {
@@ -659,7 +663,7 @@ fn durable(proc: &mut Proc, rules: &Rules) {
 
 /// The DLQ acknowledged letter `l`: its batch stops waiting for it.
 pub fn on_letter(proc: &mut Proc, l: &Letter, rules: &Rules) {
-    let Some(job) = proc.job.as_mut() else {
+    let Some(job) = proc.job.as_mut().map(Arc::make_mut) else {
         return;
     };
     if job.letters_sent != l.sent {
@@ -727,7 +731,7 @@ pub fn activate(
         topic: TOPIC.into(),
         partition: q as i32,
     };
-    w.procs[p].phase[q] = Phase::Active(Box::new(Part {
+    w.procs[p].phase[q] = Phase::Active(Arc::new(Part {
         generation,
         since: w.now,
         leases,
@@ -796,7 +800,7 @@ fn generation(w: &World, p: usize, q: usize) -> Option<u64> {
 
 fn active(w: &mut World, p: usize, q: usize) -> Option<&mut Part> {
     match w.procs[p].phase.get_mut(q)? {
-        Phase::Active(part) => Some(part),
+        Phase::Active(part) => Some(Arc::make_mut(part)),
         _ => None,
     }
 }

@@ -18,6 +18,7 @@ use sluice_protocol::delivery::Delivery;
 use sluice_protocol::lease::{Leases, Owner};
 use sluice_protocol::resume::Committed;
 use sluice_protocol::{AckTracker, Batch, BatchBuilder, NextOffset, Offset, Row};
+use std::sync::Arc;
 
 /// The whole state.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -134,7 +135,7 @@ pub struct Proc {
     /// Per partition: what it does with it.
     pub phase: Vec<Phase>,
     /// The batch on its way: rows of one or more of its partitions.
-    pub job: Option<Job>,
+    pub job: Option<Arc<Job>>,
     pub clock: ServerClock<Millis>,
 }
 
@@ -142,7 +143,7 @@ pub struct Proc {
 pub enum Phase {
     Idle,
     Claiming(Claim),
-    Active(Box<Part>),
+    Active(Arc<Part>),
 }
 
 /// A partition being prepared: the group's commit as last read, and the
@@ -170,6 +171,22 @@ impl Claim {
             generation,
             committed,
             claim: sluice_protocol::claim::Claim::new(vec![()], me, times, start),
+        }
+    }
+}
+
+impl Claim {
+    /// Whether the claim reads the group's commits again before it next
+    /// reads the register: it is about to, or it waits (a backoff, or a
+    /// wait after a taking or a yield, which all end in `ReadCommits`).
+    /// A fence's wait does not (its read again may activate), nor a
+    /// settle's (its read back may).
+    pub fn reads_commits_again(&self) -> bool {
+        use sluice_protocol::claim::{Do, Why};
+        match self.claim.next() {
+            Do::ReadCommits | Do::Backoff | Do::Done => true,
+            Do::Wait { why, .. } => matches!(why, Why::Taken { .. } | Why::Yield),
+            Do::Read | Do::Write => false,
         }
     }
 }
@@ -305,12 +322,28 @@ impl World {
     pub fn normalize(&mut self) {
         for p in &mut self.procs {
             for (q, phase) in p.phase.iter_mut().enumerate() {
-                if let Phase::Active(part) = phase {
-                    part.leases.normalize(self.now);
-                    // Never taken: when it went active decides nothing.
-                    if p.taken[q] == 0 {
-                        part.since = Millis(0);
+                match phase {
+                    Phase::Active(part) => {
+                        // Shared with the state before until it changes.
+                        let mut leases = part.leases.clone();
+                        leases.normalize(self.now);
+                        if leases != part.leases {
+                            Arc::make_mut(part).leases = leases;
+                        }
+                        // Never taken: when it went active decides nothing.
+                        if p.taken[q] == 0 && part.since != Millis(0) {
+                            Arc::make_mut(part).since = Millis(0);
+                        }
                     }
+                    // The group's commit as last read is read again before
+                    // the claim's next read of the register: every way to
+                    // `activate` (`Do::Read`, or `Do::Write` under
+                    // `ClaimConfirm::TrustWrite`) passes `Do::ReadCommits`
+                    // from here, so the old value decides nothing.
+                    Phase::Claiming(c) if c.reads_commits_again() => {
+                        c.committed = Committed::Nothing;
+                    }
+                    _ => {}
                 }
             }
         }
