@@ -97,6 +97,16 @@ pub struct Durable {
     pub excluded: usize,
 }
 
+/// What became of one partition's rows, taken out of a batch that goes on
+/// ([`Delivery::settle_partition`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settled {
+    /// Its rows ClickHouse rejected (ascending).
+    pub rejected: Vec<Row>,
+    /// Its conditional rows left out, their copy being covered.
+    pub excluded: usize,
+}
+
 impl Delivery {
     /// A batch some of whose rows may already be stored (`uncertain`: read
     /// again after a restart) reconciles before its first attempt.
@@ -330,6 +340,41 @@ impl Delivery {
         }
     }
 
+    /// Whether `partition`'s rows are settled while the rest of the batch
+    /// may still be on its way: none is left to send, and no attempt out,
+    /// or answered unknown and not yet fenced, can hold one (its rows would
+    /// still be left to send). False for a partition the batch does not
+    /// hold.
+    pub fn settled(&self, partition: i32) -> bool {
+        if self.batch.end_of(partition).is_none() {
+            return false;
+        }
+        let none_in = |b: &Batch| b.rows_of(partition).next().is_none();
+        match &self.state {
+            State::Durable => true,
+            State::Reconciled(rest) => none_in(rest),
+            State::Ready | State::InFlight { .. } => none_in(&self.rows_left()),
+        }
+    }
+
+    /// Takes a [`settled`](Self::settled) partition out of the batch, with
+    /// what became of its rows; `None` (and nothing changes) if it is not
+    /// settled. Its rows are stored, rejected or left out: the caller may
+    /// acknowledge them while the rest goes on, and no later attempt names
+    /// the partition.
+    pub fn settle_partition(&mut self, partition: i32) -> Option<Settled> {
+        if !self.settled(partition) {
+            return None;
+        }
+        let of = |r: &Row| r.partition == partition;
+        let settled = Settled {
+            rejected: self.rejected.iter().copied().filter(of).collect(),
+            excluded: self.excluded().iter().filter(|r| of(r)).count(),
+        };
+        self.drop_partition(partition);
+        Some(settled)
+    }
+
     /// The server takes fewer rows per insert than the last attempt held:
     /// the next shares hold half as many. False if it held one row.
     pub fn split(&mut self) -> bool {
@@ -355,6 +400,64 @@ mod tests {
             Next::Insert { rows, number } => (offsets(&rows), number),
             other => panic!("expected an insert, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn a_partition_whose_share_is_stored_settles_while_the_rest_goes_on() {
+        let two = Batch::concat(vec![numbered_in(0, 0..2), numbered_in(1, 0..3)]);
+        let mut d = Delivery::new(two, true, false).with_per_insert(Some(2));
+        assert!(!d.settled(0) && !d.settled(1) && !d.settled(7));
+        d.sent("q0".into(), Some(10));
+        assert!(!d.settled(0), "its rows are out");
+        d.answered(Answer::Stored);
+        assert!(d.settled(0) && !d.settled(1));
+        assert_eq!(d.settle_partition(1), None, "not settled: nothing changes");
+        assert_eq!(
+            d.settle_partition(0),
+            Some(Settled {
+                rejected: vec![],
+                excluded: 0
+            })
+        );
+        assert_eq!(d.settle_partition(0), None, "taken out once");
+        let Next::Insert { rows, .. } = d.next() else {
+            panic!("the rest goes on")
+        };
+        assert_eq!(rows.partitions().collect::<Vec<_>>(), [1]);
+        assert_eq!(offsets(&rows), [0, 1]);
+    }
+
+    #[test]
+    fn a_partition_in_an_unknown_attempt_settles_only_once_it_is_fenced_and_read() {
+        let two = Batch::concat(vec![numbered_in(0, 0..2), numbered_in(1, 0..2)]);
+        let mut d = Delivery::new(two, true, false);
+        d.sent("q0".into(), Some(10));
+        d.answered(Answer::Unknown);
+        assert!(
+            !d.settled(0) && !d.settled(1),
+            "the attempt may still commit"
+        );
+        assert!(matches!(d.next(), Next::Reconcile { fence: Some(_), .. }));
+        d.reconciled(&[Row::new(0, 0), Row::new(0, 1), Row::new(1, 0)]);
+        assert!(d.settled(0) && !d.settled(1));
+        assert!(d.settle_partition(0).is_some());
+        assert_eq!(insert(&d).0, [1]);
+    }
+
+    #[test]
+    fn a_settled_partition_takes_its_rejected_rows_along() {
+        let two = Batch::concat(vec![numbered_in(0, 0..2), numbered_in(1, 0..2)]);
+        let mut d = Delivery::new(two, true, false).with_per_insert(Some(2));
+        d.sent("q0".into(), Some(10));
+        d.answered(Answer::Rejected);
+        d.reject([Row::new(0, 1)]);
+        assert!(!d.settled(0), "row 0 may be stored: ask first");
+        d.reconciled(&[]);
+        d.sent("q1".into(), Some(20));
+        d.answered(Answer::Stored);
+        let done = d.settle_partition(0).expect("settled");
+        assert_eq!(done.rejected, [Row::new(0, 1)]);
+        assert!(d.rejected().is_empty(), "the batch keeps the rest's only");
     }
 
     #[test]

@@ -179,6 +179,62 @@ async fn a_backfill_over_more_partitions_than_one_insert_takes_lands_whole() {
     assert!(sink.is_running(), "{log}");
 }
 
+/// The same refusal, for one batch of a route's four partitions: the sink
+/// splits it into shares of fewer rows; a partition whose rows a stored
+/// share holds is settled at once, ahead of the rest of its batch (a
+/// revoked one would hand off without waiting for the others). Every row
+/// lands once and every partition's commit reaches its end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_split_batch_of_four_partitions_settles_each_as_its_rows_land() {
+    let topic = unique("backfill4");
+    create_topic(&topic, 4).await;
+    let ch = ch();
+    let db = unique("it");
+    exec(&ch, &format!("CREATE DATABASE {db}")).await;
+    let table = format!("{db}.days");
+    exec(
+        &ch,
+        &format!(
+            "CREATE TABLE {table} (
+                id UInt64, payload String, day Date DEFAULT toDate('2026-01-01') + id,
+                _topic String, _partition UInt32, _offset UInt64
+            ) ENGINE = MergeTree PARTITION BY day ORDER BY (_topic, _partition, _offset)
+            SETTINGS non_replicated_deduplication_window = 0"
+        ),
+    )
+    .await;
+    // 300 days, 75 to each partition, read as one batch of the route.
+    produce(&topic, 4, 0, 300);
+    let mut spec = SinkSpec::new(&topic, &table);
+    spec.max_batch_age = Duration::from_secs(3);
+    let mut sink = spec.start();
+    let got = wait_for(&ch, &table, 300, Duration::from_secs(90)).await;
+    assert_eq!(
+        got,
+        Landed {
+            rows: 300,
+            distinct_offsets: 300,
+            distinct_ids: 300
+        },
+        "{}",
+        sink.log_tail()
+    );
+    let log = std::fs::read_to_string(&sink.log).unwrap();
+    assert!(log.contains("splitting it"), "{log}");
+    assert!(
+        log.contains("durable ahead of the rest of its batch"),
+        "{log}"
+    );
+    assert!(sink.stop(Duration::from_secs(30)), "{}", sink.log_tail());
+    for p in 0..4 {
+        assert_eq!(
+            committed_in(&spec.brokers, &spec.group, &topic, p),
+            Some(75),
+            "partition {p}"
+        );
+    }
+}
+
 /// An asynchronous insert into a `Distributed` table is acknowledged before
 /// the shards hold the rows, where reconciliation cannot see them: refused
 /// at start, with the reason.

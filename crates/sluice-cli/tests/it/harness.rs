@@ -303,6 +303,11 @@ pub fn exit_of(mut sink: Sink, timeout: Duration) -> (Option<i32>, String) {
 
 /// The committed position of `group` on partition 0 of `topic`.
 pub fn committed(brokers: &str, group: &str, topic: &str) -> Option<i64> {
+    committed_in(brokers, group, topic, 0)
+}
+
+/// The committed position of `group` on `partition` of `topic`.
+pub fn committed_in(brokers: &str, group: &str, topic: &str, partition: i32) -> Option<i64> {
     use rdkafka::consumer::{BaseConsumer, Consumer};
     use rdkafka::{ClientConfig, Offset, TopicPartitionList};
     let c: BaseConsumer = ClientConfig::new()
@@ -311,9 +316,9 @@ pub fn committed(brokers: &str, group: &str, topic: &str) -> Option<i64> {
         .create()
         .ok()?;
     let mut tpl = TopicPartitionList::new();
-    tpl.add_partition(topic, 0);
+    tpl.add_partition(topic, partition);
     let got = c.committed_offsets(tpl, Duration::from_secs(10)).ok()?;
-    match got.find_partition(topic, 0)?.offset() {
+    match got.find_partition(topic, partition)?.offset() {
         Offset::Offset(o) => Some(o),
         _ => None,
     }

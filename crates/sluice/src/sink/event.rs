@@ -19,6 +19,9 @@ use std::time::Instant;
 
 pub(super) enum Event {
     Completion(Completion),
+    /// One partition's slice of a batch still on its way, settled ahead of
+    /// the rest.
+    SliceDone(SliceDone),
     Prepared(Prepared),
     /// Another owner (`by`) is in the register for this generation of the
     /// partition.
@@ -73,6 +76,20 @@ pub(super) struct Completion {
     pub(super) outcome: Outcome,
     /// Per partition of the batch, what its rows answer to.
     pub(super) slices: Vec<Settled>,
+}
+
+/// A slice whose rows are durable while the rest of its batch is still on
+/// its way (a share of a split batch stored, or found stored).
+pub(super) struct SliceDone {
+    pub(super) route_idx: usize,
+    pub(super) slice: Settled,
+    /// Its rows ClickHouse rejected (sent to the DLQ), with their business
+    /// key on a key dedup route.
+    pub(super) rejected: Vec<(Row, Option<KeyHash>)>,
+    /// Its conditional rows left out: a copy of their key is stored.
+    pub(super) excluded: usize,
+    /// Its records written to the DLQ, acknowledged.
+    pub(super) dlq: usize,
 }
 
 /// One partition's share of a finished batch.

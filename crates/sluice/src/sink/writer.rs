@@ -49,7 +49,7 @@
 //! ClickHouse rejects another ([`Fates`]).
 
 use super::dlq::{self, Dlq, DlqError, Letter, Pending};
-use super::event::{Completion, Outcome, Settled};
+use super::event::{Completion, Event, Outcome, Settled, SliceDone};
 use super::fates::Fates;
 use super::lease::Lease;
 use super::schemas::Originals;
@@ -60,10 +60,12 @@ use crate::telemetry;
 use sluice_formats::RowEncoder;
 use sluice_protocol::acks::Ticket;
 use sluice_protocol::attempt::{Answer, Unsettled, REFUSED_AT_START};
+use sluice_protocol::dedup::KeyHash;
 use sluice_protocol::delivery::{self, Durable, Next};
 use sluice_protocol::token::{insert_token, query_id};
 use sluice_protocol::{Batch, Offset, Row};
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::Sender;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::Semaphore;
@@ -121,6 +123,8 @@ pub(crate) struct Slice {
 struct Slices<'j> {
     job: &'j Job,
     given_up: Vec<bool>,
+    /// Settled ahead of the rest, their completion sent ([`settle_early`]).
+    early: Vec<bool>,
     letters: Vec<Vec<Pending>>,
 }
 
@@ -129,6 +133,7 @@ impl<'j> Slices<'j> {
         Self {
             job,
             given_up: vec![false; job.slices.len()],
+            early: vec![false; job.slices.len()],
             letters: job.slices.iter().map(|_| Vec::new()).collect(),
         }
     }
@@ -137,9 +142,9 @@ impl<'j> Slices<'j> {
         let job = self.job;
         job.slices
             .iter()
-            .zip(&self.given_up)
-            .filter(|(_, g)| !**g)
-            .map(|(s, _)| s)
+            .enumerate()
+            .filter(|(i, _)| !self.given_up[*i] && !self.early[*i])
+            .map(|(_, s)| s)
     }
 
     fn index(&self, partition: i32) -> Option<usize> {
@@ -152,7 +157,7 @@ impl<'j> Slices<'j> {
     /// The live slice of `partition`.
     fn of(&self, partition: i32) -> Option<&'j Slice> {
         let i = self.index(partition)?;
-        (!self.given_up[i]).then(|| &self.job.slices[i])
+        (!self.given_up[i] && !self.early[i]).then(|| &self.job.slices[i])
     }
 
     /// Gives up the slice of `partition`: its rows leave `way`.
@@ -197,7 +202,7 @@ impl<'j> Slices<'j> {
 }
 
 /// Delivers one batch; always returns a completion.
-pub(crate) async fn deliver(mut job: Job, ctx: Arc<WriterCtx>) -> Completion {
+pub(crate) async fn deliver(mut job: Job, ctx: Arc<WriterCtx>, tx: Sender<Event>) -> Completion {
     let refused: Vec<Vec<Letter>> = job
         .slices
         .iter_mut()
@@ -217,7 +222,7 @@ pub(crate) async fn deliver(mut job: Job, ctx: Arc<WriterCtx>) -> Completion {
     }
     let mut outcome = match outcome {
         Some(o) => o,
-        None => attempt_until_done(&job, &ctx, &mut slices).await,
+        None => attempt_until_done(&job, &ctx, &mut slices, &tx).await,
     };
     let mut dlq = 0;
     match &outcome {
@@ -237,7 +242,7 @@ pub(crate) async fn deliver(mut job: Job, ctx: Arc<WriterCtx>) -> Completion {
             }
         }
         Outcome::Failed(_) | Outcome::DlqFailed(_) => {
-            for s in &job.slices {
+            for s in slices.live() {
                 s.fates.fail();
             }
         }
@@ -245,7 +250,7 @@ pub(crate) async fn deliver(mut job: Job, ctx: Arc<WriterCtx>) -> Completion {
     }
     if let (Outcome::Durable { .. }, Some(d)) = (&outcome, &ctx.dlq) {
         for i in 0..job.slices.len() {
-            if slices.given_up[i] {
+            if slices.given_up[i] || slices.early[i] {
                 continue;
             }
             let letters = std::mem::take(&mut slices.letters[i]);
@@ -264,14 +269,9 @@ pub(crate) async fn deliver(mut job: Job, ctx: Arc<WriterCtx>) -> Completion {
     let settled = job
         .slices
         .iter()
-        .zip(&slices.given_up)
-        .map(|(s, given_up)| Settled {
-            partition: s.partition,
-            ticket: s.ticket,
-            generation: s.generation,
-            durable: durable && !given_up,
-            copies: s.conditional.iter().map(|c| c.1).collect(),
-        })
+        .enumerate()
+        .filter(|(i, _)| !slices.early[*i])
+        .map(|(i, s)| settled(s, durable && !slices.given_up[i]))
         .collect();
     Completion {
         route_idx: job.route_idx,
@@ -280,6 +280,73 @@ pub(crate) async fn deliver(mut job: Job, ctx: Arc<WriterCtx>) -> Completion {
         outcome,
         slices: settled,
     }
+}
+
+/// The end of slice `s`, its rows durable or not.
+fn settled(s: &Slice, durable: bool) -> Settled {
+    Settled {
+        partition: s.partition,
+        ticket: s.ticket,
+        generation: s.generation,
+        durable,
+        copies: s.conditional.iter().map(|c| c.1).collect(),
+    }
+}
+
+/// Ends the slices whose rows are settled while others' are still on
+/// their way (a share of a split batch stored, or found stored by a
+/// reconciliation): their DLQ writes confirmed, their fates published and
+/// their completion sent, so that a partition revoked meanwhile settles
+/// without waiting for the rest of the batch. They leave the batch: no
+/// later attempt names them. When every slice is settled the batch is
+/// durable and [`deliver`] ends them together.
+async fn settle_early(
+    job: &Job,
+    ctx: &WriterCtx,
+    slices: &mut Slices<'_>,
+    way: &mut delivery::Delivery,
+    tx: &Sender<Event>,
+) -> Result<(), Outcome> {
+    let live: Vec<i32> = slices.live().map(|s| s.partition).collect();
+    let done: Vec<i32> = live.iter().copied().filter(|&p| way.settled(p)).collect();
+    if live.len() < 2 || done.is_empty() || done.len() == live.len() {
+        return Ok(());
+    }
+    for p in done {
+        let (Some(i), Some(settled_rows)) = (slices.index(p), way.settle_partition(p)) else {
+            continue;
+        };
+        let s = &job.slices[i];
+        let letters = std::mem::take(&mut slices.letters[i]);
+        let mut dlq = 0;
+        if let (false, Some(d)) = (letters.is_empty(), &ctx.dlq) {
+            let n = letters.len();
+            match dlq::confirm(letters, d.topic(), &s.abandon).await {
+                Ok(true) => dlq = n,
+                Ok(false) => {
+                    slices.given_up[i] = true;
+                    continue;
+                }
+                Err(e) => return Err(Outcome::DlqFailed(e)),
+            }
+        }
+        let mut rows = job.batch.rows_of(p);
+        if let Some(first) = rows.next() {
+            let last = rows.last().unwrap_or(first);
+            let uncovered: Vec<Offset> = settled_rows.rejected.iter().map(|r| r.offset).collect();
+            s.fates.finish(first.offset, last.offset, &uncovered);
+        }
+        slices.early[i] = true;
+        tracing::info!(topic = %job.route.topic, partition = p, "partition's rows durable ahead of the rest of its batch");
+        let _ = tx.send(Event::SliceDone(SliceDone {
+            route_idx: job.route_idx,
+            slice: settled(s, true),
+            rejected: keyed(job, ctx, settled_rows.rejected),
+            excluded: settled_rows.excluded,
+            dlq,
+        }));
+    }
+    Ok(())
 }
 
 /// Queues the records the encoder refused for the DLQ; `None` if the
@@ -315,7 +382,12 @@ async fn queue(
 
 /// Drives the batch's [`delivery::Delivery`]: each step's I/O, until it is
 /// durable or every slice is given up.
-async fn attempt_until_done(job: &Job, ctx: &WriterCtx, slices: &mut Slices<'_>) -> Outcome {
+async fn attempt_until_done(
+    job: &Job,
+    ctx: &WriterCtx,
+    slices: &mut Slices<'_>,
+    tx: &Sender<Event>,
+) -> Outcome {
     let exactly_once = ctx.delivery.is_exactly_once();
     let mut delays = Delays::new(Duration::from_millis(100));
     // ClickHouse refused a field the route's cached columns hold.
@@ -351,6 +423,9 @@ async fn attempt_until_done(job: &Job, ctx: &WriterCtx, slices: &mut Slices<'_>)
     loop {
         if !slices.follow_abandon(Some(&mut way)) {
             return Outcome::Abandoned;
+        }
+        if let Err(failed) = settle_early(job, ctx, slices, &mut way, tx).await {
+            return failed;
         }
         // Durable needs no lease and no permit: a leaving partition's last
         // batch is done even if its lease ran out meanwhile.
@@ -670,9 +745,20 @@ fn durable(job: &Job, ctx: &WriterCtx, done: Durable, stale_columns: bool) -> Ou
         rejected,
         excluded,
     } = done;
+    Outcome::Durable {
+        inserted,
+        rejected: keyed(job, ctx, rejected),
+        excluded,
+        stale_columns,
+    }
+}
+
+/// Rejected rows of `job`, each with its business key (read back from the
+/// row) so the dedup window can forget it.
+fn keyed(job: &Job, ctx: &WriterCtx, rejected: Vec<Row>) -> Vec<(Row, Option<KeyHash>)> {
     let encoder = &ctx.encoders[job.route_idx];
     let batch = &job.batch;
-    let rejected = rejected
+    rejected
         .into_iter()
         .map(|r: Row| {
             let key = batch
@@ -689,13 +775,7 @@ fn durable(job: &Job, ctx: &WriterCtx, done: Durable, stale_columns: bool) -> Ou
                 });
             (r, key)
         })
-        .collect();
-    Outcome::Durable {
-        inserted,
-        rejected,
-        excluded,
-        stale_columns,
-    }
+        .collect()
 }
 
 /// Fences the previous attempt, then asks which rows of `batch` ClickHouse

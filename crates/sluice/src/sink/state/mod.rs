@@ -19,7 +19,7 @@ mod record;
 
 use super::columns::TableColumns;
 use super::dlq::Letter;
-use super::event::{Completion, Event, Outcome};
+use super::event::{Completion, Event, Outcome, Settled};
 use super::fates::Fates;
 use super::schemas::{Decoded, Originals, Schemas, Stall};
 use super::writer::{deliver, Job, Slice, WriterCtx};
@@ -34,10 +34,10 @@ use rdkafka::{Offset as KOffset, TopicPartitionList};
 use record::{Fate, Record, Value};
 use sluice_formats::RowError;
 use sluice_protocol::cut::{Load, RouteCut};
-use sluice_protocol::dedup::KeyWindow;
+use sluice_protocol::dedup::{KeyHash, KeyWindow};
 use sluice_protocol::resume::{Mismatch, MISMATCH_MARK};
 use sluice_protocol::{
-    AckTracker, Batch, BatchBuilder, BatchLimits, NextOffset, Offset, PartitionId,
+    AckTracker, Batch, BatchBuilder, BatchLimits, NextOffset, Offset, PartitionId, Row,
 };
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::mpsc;
@@ -560,7 +560,7 @@ impl Sink {
         let ctx = self.ctx.clone();
         let tx = self.tx.clone();
         self.handle.spawn(async move {
-            let c = deliver(job, ctx).await;
+            let c = deliver(job, ctx, tx.clone()).await;
             let _ = tx.send(Event::Completion(c));
         });
     }
@@ -578,6 +578,12 @@ impl Sink {
     pub(crate) fn on_event(&mut self, consumer: &BaseConsumer<SinkContext>, e: Event) {
         match e {
             Event::Completion(c) => self.on_completion(consumer, c),
+            Event::SliceDone(d) => {
+                self.stats.dlq += d.dlq as u64;
+                self.stats.dedup_dropped += d.excluded as u64;
+                self.counters[d.route_idx].dedup_dropped(d.excluded as u64);
+                self.on_slice(consumer, d.route_idx, &d.slice, &d.rejected);
+            }
             Event::Prepared(p) => self.activate(consumer, p),
             Event::Taken {
                 key,
@@ -726,48 +732,63 @@ impl Sink {
             }
         };
         for slice in &slices {
-            let key = (ri, slice.partition);
-            let leaving = self
-                .leaving
-                .get(&key)
-                .is_some_and(|p| p.generation == slice.generation);
-            let part = if leaving {
-                self.leaving.get_mut(&key)
-            } else {
-                self.parts
-                    .get_mut(&key)
-                    .filter(|p| p.generation == slice.generation)
-            };
-            let Some(p) = part else {
-                continue;
-            };
-            for copy in &slice.copies {
-                if let Some(n) = p.waiting.get_mut(copy) {
-                    *n -= 1;
-                    if *n == 0 {
-                        p.waiting.remove(copy);
+            self.on_slice(consumer, ri, slice, &rejected);
+        }
+    }
+
+    /// One partition's slice of a batch ended (of route `ri`; `rejected`:
+    /// the batch's rejected rows, with their keys): if its rows are durable
+    /// and the partition is still of the generation that cut it, its
+    /// ticket is acknowledged and a rejected copy's key forgotten; a revoked
+    /// partition whose last slice ended settles.
+    fn on_slice(
+        &mut self,
+        consumer: &BaseConsumer<SinkContext>,
+        ri: usize,
+        slice: &Settled,
+        rejected: &[(Row, Option<KeyHash>)],
+    ) {
+        let key = (ri, slice.partition);
+        let leaving = self
+            .leaving
+            .get(&key)
+            .is_some_and(|p| p.generation == slice.generation);
+        let part = if leaving {
+            self.leaving.get_mut(&key)
+        } else {
+            self.parts
+                .get_mut(&key)
+                .filter(|p| p.generation == slice.generation)
+        };
+        let Some(p) = part else {
+            return;
+        };
+        for copy in &slice.copies {
+            if let Some(n) = p.waiting.get_mut(copy) {
+                *n -= 1;
+                if *n == 0 {
+                    p.waiting.remove(copy);
+                }
+            }
+        }
+        if slice.durable {
+            // A rejected copy does not stand for its key any more.
+            if let Some(window) = p.keys.as_mut() {
+                for (row, key) in rejected.iter().filter(|r| r.0.partition == slice.partition) {
+                    if let Some(k) = key {
+                        window.forget(*k, row.offset);
                     }
                 }
             }
-            if slice.durable {
-                // A rejected copy does not stand for its key any more.
-                if let Some(window) = p.keys.as_mut() {
-                    for (row, key) in rejected.iter().filter(|r| r.0.partition == slice.partition) {
-                        if let Some(k) = key {
-                            window.forget(*k, row.offset);
-                        }
-                    }
-                }
-                if let Some(acks) = p.acks.as_mut() {
-                    acks.ack(slice.ticket);
-                    let lowest = p.waiting.keys().next().map(|o| NextOffset(o.0));
-                    let below = lowest.map_or(acks.frontier(), |w| w.min(acks.frontier()));
-                    p.fates.prune_below(below);
-                }
+            if let Some(acks) = p.acks.as_mut() {
+                acks.ack(slice.ticket);
+                let lowest = p.waiting.keys().next().map(|o| NextOffset(o.0));
+                let below = lowest.map_or(acks.frontier(), |w| w.min(acks.frontier()));
+                p.fates.prune_below(below);
             }
-            if leaving {
-                self.settle_leaving(consumer, key);
-            }
+        }
+        if leaving {
+            self.settle_leaving(consumer, key);
         }
     }
 
