@@ -509,6 +509,8 @@ impl Sink {
             let Some(part) = self.parts.get_mut(key) else {
                 continue;
             };
+            // A record taken gives its partition an ack tracker first.
+            debug_assert!(part.acks.is_some() || part.builder.is_empty());
             if part.acks.is_none() {
                 continue;
             }
