@@ -213,10 +213,12 @@ pub struct Bounds {
     /// Group rebalances (each assigns one partition to any process).
     pub rebalances: u8,
     /// Rebalances only move the partition to a process other than its
-    /// member. A bound for searches of several processes: a rebalance that
-    /// gives the partition back to its member (a new generation) leaves
-    /// every other process as it was, which a search of that one process
-    /// alone, with the same partitions, faults and horizon, already covers.
+    /// member. A bound for searches of several processes from
+    /// [`Start::Owned`] with one rebalance: one that gives the partition
+    /// back to process 0 (a new generation) leaves every other process
+    /// idle for good (nothing is assigned to it), so those runs are the
+    /// runs of a search of process 0 alone with the same partitions,
+    /// faults and horizon, which CI checks on its own.
     pub moves: bool,
     /// Crashes (a crashed process restarts at once, with a new id, and
     /// waits for the next rebalance).

@@ -73,6 +73,9 @@ const KEY: () = ();
 
 /// Takes `step` for process `p`; `None` if it cannot be taken now.
 pub fn take(m: &Sluice, w: &World, p: usize, step: Step) -> Option<World> {
+    if idle(m, w, p, step) {
+        return None;
+    }
     let (rules, s) = (m.rules, &m.settings);
     let mut w = w.clone();
     let now = w.now;
@@ -321,13 +324,14 @@ pub fn take(m: &Sluice, w: &World, p: usize, step: Step) -> Option<World> {
             // under its live lease (`sink/state`, `commit`).
             let mut moved = false;
             for q in 0..w.parts.len() {
-                let Some(part) = active(&mut w, p, q) else {
+                let Phase::Active(part) = &w.procs[p].phase[q] else {
                     continue;
                 };
                 let live = part.leases.live(KEY, part.generation, now);
                 let Some(frontier) = part.acks.to_commit(part.committed, live) else {
                     continue;
                 };
+                let part = active(&mut w, p, q)?;
                 part.committed = Some(frontier);
                 // Taken whatever the generation: a coordinator that fences
                 // stale commits only helps.
@@ -500,6 +504,37 @@ pub fn take(m: &Sluice, w: &World, p: usize, step: Step) -> Option<World> {
         }
     }
     Some(w)
+}
+
+/// Whether `step` is certain to change nothing, as `take` would find after
+/// cloning the world (the two most frequent cases: a commit with nothing
+/// to commit, a claim waiting that reads nothing new).
+fn idle(m: &Sluice, w: &World, p: usize, step: Step) -> bool {
+    let now = w.now;
+    match step {
+        Step::Commit => w.procs[p].phase.iter().all(|ph| match ph {
+            Phase::Active(part) => {
+                let live = part.leases.live(KEY, part.generation, now);
+                part.acks.to_commit(part.committed, live).is_none()
+            }
+            _ => true,
+        }),
+        Step::Claim(q) => {
+            let Some(Phase::Claiming(c)) = w.procs[p].phase.get(q) else {
+                return true;
+            };
+            match c.claim.next() {
+                Do::Done => true,
+                Do::Wait { until, why } => {
+                    let at_once = why == Why::Yield && m.rules.claim_yield == ClaimYield::AtOnce;
+                    let clean = w.parts[q].register == Owner::Clean;
+                    now < until && !at_once && !(why.watches() && clean)
+                }
+                _ => false,
+            }
+        }
+        _ => false,
+    }
 }
 
 /// When the leases of the partitions the process's batch holds rows of
