@@ -63,6 +63,8 @@ model:
 	PARTITIONS=2 target/release/examples/check 8 1 0 0 0 2 0
 	PARTITIONS=2 PROCESSES=1 target/release/examples/check 7 1 1 1 0 0 0
 	PARTITIONS=2 MAX_STATES=100000000 target/release/examples/check 8 1 1 0 0 0 0
+	PARTITIONS=2 PROCESSES=1 STRUCK=any REFUSALS=1 target/release/examples/check 7 1 1 0 0 0 0
+	PARTITIONS=2 MOVES=1 MAX_STATES=100000000 target/release/examples/check 6 1 1 1 0 0 0
 
 lint:
 	cargo fmt --all -- --check

@@ -428,7 +428,12 @@ pub fn take(m: &Sluice, w: &World, p: usize, step: Step) -> Option<World> {
             let job = proc.job.as_mut().map(Arc::make_mut)?;
             job.delivery.reconciled(&present);
             job.wait = Wait::Ready;
-            if matches!(job.delivery.next(), Next::Durable(_)) {
+            settle_early(proc, &rules);
+            if proc
+                .job
+                .as_ref()
+                .is_some_and(|j| matches!(j.delivery.next(), Next::Durable(_)))
+            {
                 durable(proc, &rules);
             }
         }
@@ -597,7 +602,12 @@ pub fn on_answer(proc: &mut Proc, to: &Insert, answer: Answer, now: Millis, rule
     job.delivery.answered(answer);
     job.wait = Wait::Ready;
     let held: Vec<usize> = job.tickets.iter().map(|t| t.0).collect();
-    if matches!(job.delivery.next(), Next::Durable(_)) {
+    settle_early(proc, rules);
+    if proc
+        .job
+        .as_ref()
+        .is_some_and(|j| matches!(j.delivery.next(), Next::Durable(_)))
+    {
         durable(proc, rules);
     }
     // Refused after its deadline: the clock may have stood still.
@@ -707,6 +717,58 @@ pub fn on_letter(proc: &mut Proc, l: &Letter, rules: &Rules) {
     job.letters.retain(|&r| r != l.row);
     if job.wait == Wait::Letters {
         durable(proc, rules);
+    } else {
+        settle_early(proc, rules);
+    }
+}
+
+/// A partition whose rows are settled ([`Delivery::settled`]) while
+/// another's are still on their way, and whose letters the DLQ has
+/// acknowledged, leaves the batch at once and is acknowledged
+/// (`settle_early`, `sink/writer.rs`): its window forgets its rejected
+/// rows' keys and its frontier moves, so a revoked partition may settle
+/// before the rest of its batch is done. When every partition is settled
+/// the batch is durable and [`durable`] ends them together.
+fn settle_early(proc: &mut Proc, rules: &Rules) {
+    let Some(job) = proc.job.as_mut().map(Arc::make_mut) else {
+        return;
+    };
+    let held: Vec<usize> = job.tickets.iter().map(|t| t.0).collect();
+    let done: Vec<usize> = held
+        .iter()
+        .copied()
+        .filter(|&q| job.delivery.settled(q as i32))
+        .collect();
+    if held.len() < 2 || done.is_empty() || done.len() == held.len() {
+        return;
+    }
+    for q in done {
+        if job.letters.iter().any(|r| r.partition == q as i32) {
+            continue;
+        }
+        let Some(settled) = job.delivery.settle_partition(q as i32) else {
+            continue;
+        };
+        let Some(at) = job.tickets.iter().position(|t| t.0 == q) else {
+            continue;
+        };
+        let (_, generation, ticket) = job.tickets.remove(at);
+        let Phase::Active(part) = &mut proc.phase[q] else {
+            continue;
+        };
+        if part.generation != generation {
+            continue;
+        }
+        let part = Arc::make_mut(part);
+        if let Some(keys) = part.keys.as_mut() {
+            if rules.rejected_key == RejectedKey::Forget {
+                for r in &settled.rejected {
+                    let key = keys.key(r.offset);
+                    keys.window.forget(key, r.offset);
+                }
+            }
+        }
+        part.acks.ack(ticket);
     }
 }
 

@@ -404,6 +404,26 @@ fn a_partition_revoked_from_a_batch_of_two_keeps_exactly_once() {
     );
 }
 
+/// A batch across two partitions that the server takes in shares (a
+/// refusal for too many table partitions, after storing none or some of
+/// the rows): a partition whose rows a stored share holds settles ahead of
+/// the rest (`settle_early`, `sink/writer.rs`), its frontier moves and,
+/// revoked meanwhile, it hands off while the other's rows are still on
+/// their way.
+#[test]
+fn a_partition_settled_ahead_of_its_batch_keeps_exactly_once() {
+    let b = Bounds {
+        processes: 1,
+        refusals: 1,
+        struck: Struck::Any,
+        ..two_partitions(1, 5, [1, 0, 0, 0])
+    };
+    holds(
+        "one process, two partitions, a refusal and a rebalance of either, 5 s",
+        b,
+    );
+}
+
 /// Two processes: process 0 holds both partitions, and a rebalance moves
 /// the second to process 1 while process 0's batch may hold rows of both.
 /// Process 1 claims it (fencing 5 s: within the horizon it goes active and
