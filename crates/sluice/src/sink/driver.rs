@@ -371,6 +371,18 @@ async fn start_clickhouse(
 /// How often the consumer asks for the topics' metadata (sluice: 10 s).
 const METADATA_REFRESH: &str = "topic.metadata.refresh.interval.ms";
 
+/// librdkafka settings sluice changes unless `[kafka] properties` sets
+/// them: a route read at the log end over many partitions otherwise
+/// fetches as soon as any record arrives (`fetch.min.bytes` 1), hundreds
+/// of fetches a second. Waiting for 256 KiB or 100 ms cut the sink's CPU
+/// 11× at 64 partitions and 2,000 records/s, for ~0.1 s of latency
+/// (docs/bench-parts.md); a busy route fills 256 KiB at once.
+const FETCH_DEFAULTS: [(&str, &str); 3] = [
+    (METADATA_REFRESH, "10000"),
+    ("fetch.min.bytes", "262144"),
+    ("fetch.wait.max.ms", "100"),
+];
+
 fn build_consumer(cfg: &Config, sink: Sink, me: u64) -> anyhow::Result<BaseConsumer<SinkContext>> {
     let k = &cfg.kafka;
     // librdkafka's share of the memory bound: its prefetch queue.
@@ -408,9 +420,12 @@ fn build_consumer(cfg: &Config, sink: Sink, me: u64) -> anyhow::Result<BaseConsu
     }
     // A route's topic created after the start (or whose metadata the broker
     // had not yet spread) is read once a metadata refresh shows it:
-    // librdkafka's default waits 5 minutes for that.
-    if !k.properties.contains_key(METADATA_REFRESH) {
-        cc.set(METADATA_REFRESH, "10000");
+    // librdkafka's default waits 5 minutes for that. Fetches: see
+    // `FETCH_DEFAULTS`.
+    for (key, value) in FETCH_DEFAULTS {
+        if !k.properties.contains_key(key) {
+            cc.set(key, value);
+        }
     }
     // Named after the register's owner id, so `sluice status` names the
     // same process whichever it reads.
