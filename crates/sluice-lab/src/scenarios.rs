@@ -315,16 +315,21 @@ impl Run {
         Ok(self.stack.landed(&self.table).await?.rows)
     }
 
-    /// Waits until at least `rows` rows landed.
+    /// Waits until at least `rows` rows landed. A count that takes over
+    /// 10 s is asked again: one stuck request (a lost answer on a loaded
+    /// server) would otherwise outlast the deadline and report an old count.
     async fn wait_rows(&self, sink: &mut SinkProcess, rows: u64) -> anyhow::Result<()> {
         let deadline = Instant::now() + self.params.timeout;
-        while self.rows().await? < rows {
+        loop {
+            let count = tokio::time::timeout(Duration::from_secs(10), self.rows()).await;
+            if count.ok().transpose()?.is_some_and(|n| n >= rows) {
+                return Ok(());
+            }
             if Instant::now() > deadline || !sink.is_running() {
                 bail!("no progress to {rows} rows (log: {})", sink.log.display());
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        Ok(())
     }
 
     /// Reads `want` records from the DLQ topic and counts them into `cell`:
