@@ -157,17 +157,21 @@ pub async fn run(o: &LabArgs) -> anyhow::Result<Vec<Cell>> {
                 .filter(|m| scenarios::applies(&s, m))
                 .collect();
             eprintln!("lab: {s} ({})", modes.join(", "));
+            // A task per cell: a cell that blocks its thread (a sink's
+            // stop waits for the process) holds up no other cell's clock.
             let runs = modes.iter().map(|m| {
-                let s = &s;
-                async move {
-                    let stack = Stack {
-                        brokers: o.brokers.clone(),
-                        clickhouse_url: o.clickhouse_url.clone(),
-                    };
-                    scenarios::run(&stack, s, m, params).await
-                }
+                let (s, m) = (s.clone(), *m);
+                let stack = Stack {
+                    brokers: o.brokers.clone(),
+                    clickhouse_url: o.clickhouse_url.clone(),
+                };
+                tokio::spawn(async move { scenarios::run(&stack, &s, m, params).await })
             });
-            let results = futures::future::join_all(runs).await;
+            let results: Vec<anyhow::Result<Cell>> = futures::future::join_all(runs)
+                .await
+                .into_iter()
+                .map(|r| r.unwrap_or_else(|e| Err(anyhow::anyhow!("the cell's task ended: {e}"))))
+                .collect();
             (s, modes, results)
         }
     };
