@@ -122,16 +122,30 @@ impl ClickHouse {
                 .fetch_all::<String>(),
         )
         .await?;
-        let mut insert_settings: Vec<(String, String)> = wanted
+        let insert_settings: Vec<(String, String)> = wanted
             .into_iter()
             .filter(|(n, _)| known.iter().any(|k| k == n))
             .map(|(n, v)| (n.to_string(), v))
             .collect();
+        let ch = Self::with_settings(cfg, client, columns, delivery, insert_settings);
+        ch.server_now(true).await?;
+        Ok(ch)
+    }
+
+    /// A handle that sends `insert_settings` (the ones the server knows
+    /// of sluice's), overridden by the user's own; no request is made.
+    fn with_settings(
+        cfg: &ClickHouseConfig,
+        client: clickhouse::Client,
+        columns: MetadataColumns,
+        delivery: Delivery,
+        mut insert_settings: Vec<(String, String)>,
+    ) -> Self {
         for (k, v) in &cfg.settings {
             insert_settings.retain(|(n, _)| n != k);
             insert_settings.push((k.clone(), v.clone()));
         }
-        let ch = Self {
+        Self {
             client,
             insert_timeout: cfg.insert_timeout,
             insert_settings,
@@ -150,9 +164,21 @@ impl ClickHouse {
             clock: Arc::default(),
             cluster: cfg.cluster.clone(),
             delivery,
-        };
-        ch.server_now(true).await?;
-        Ok(ch)
+        }
+    }
+
+    /// A handle that has not met its server: for tests of what the sink
+    /// decides, which never send it a request.
+    #[cfg(test)]
+    pub(crate) fn offline(cfg: &ClickHouseConfig, delivery: Delivery) -> Self {
+        let client = super::client(cfg);
+        Self::with_settings(
+            cfg,
+            client,
+            MetadataColumns::default(),
+            delivery,
+            Vec::new(),
+        )
     }
 
     /// The server's clock (Unix ms); also a new reading of it, kept if it is

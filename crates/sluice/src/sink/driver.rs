@@ -17,6 +17,7 @@
 
 use super::columns::TableColumns;
 use super::dlq::Dlq;
+use super::edge;
 use super::lease::renew;
 use super::lease::Lease;
 use super::schemas::Schemas;
@@ -32,7 +33,7 @@ use crate::registry::Registry;
 use crate::retry::while_transient;
 use crate::telemetry::Metrics;
 use anyhow::{anyhow, Context as _};
-use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
+use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::types::{RDKafkaErrorCode, RDKafkaRespErr};
 use sluice_formats::RowEncoder;
@@ -80,11 +81,15 @@ impl rdkafka::consumer::ConsumerContext for SinkContext {
     ) {
         let mut sink = self.sink.lock().unwrap_or_else(|p| p.into_inner());
         let result = match err {
-            RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => sink.on_assign(consumer, tpl),
-            RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => sink.on_revoke(consumer, tpl),
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
+                edge::assign(consumer, &mut sink, tpl)
+            }
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => {
+                edge::revoke(consumer, &mut sink, tpl)
+            }
             other => {
                 tracing::error!(error = ?other, "rebalance error; giving up the partitions");
-                sink.on_revoke(consumer, tpl)
+                edge::revoke(consumer, &mut sink, tpl)
             }
         };
         if let Err(e) = result {
@@ -434,6 +439,7 @@ fn build_consumer(cfg: &Config, sink: Sink, me: u64) -> anyhow::Result<BaseConsu
     }
     cc.create_with_context(SinkContext {
         sink: Mutex::new(sink),
+        handle: tokio::runtime::Handle::current(),
     })
     .with_context(|| format!("creating the Kafka consumer for {}", k.brokers))
 }
@@ -463,8 +469,9 @@ fn poll_loop(
     let mut ended = Ended::Stopped;
     {
         let mut s = lock(&consumer);
-        s.drain_events(&consumer);
-        s.apply_backpressure(&consumer);
+        edge::drain_events(&consumer, &mut s);
+        s.apply_backpressure();
+        edge::run(&consumer, &mut s);
     }
     loop {
         let msg = consumer.poll(Duration::from_millis(50));
@@ -473,7 +480,10 @@ fn poll_loop(
         // are looked at every millisecond, not every record.
         let mut s = lock(&consumer);
         match msg {
-            Some(Ok(m)) => s.on_record(&m, now),
+            Some(Ok(m)) => {
+                s.on_record(&edge::record_of(&m), now);
+                edge::run(&consumer, &mut s);
+            }
             Some(Err(e)) => match fatal_cause(&e, consumer.client().fatal_error()) {
                 Some(cause) => {
                     let group = &cfg.kafka.group_id;
@@ -488,8 +498,9 @@ fn poll_loop(
         }
         if now.duration_since(last_events) >= Duration::from_millis(1) {
             last_events = now;
-            s.drain_events(&consumer);
-            s.apply_backpressure(&consumer);
+            edge::drain_events(&consumer, &mut s);
+            s.apply_backpressure();
+            edge::run(&consumer, &mut s);
             if stopping.is_cancelled() {
                 break;
             }
@@ -500,14 +511,17 @@ fn poll_loop(
         if now.duration_since(last_sweep) >= Duration::from_millis(20) {
             last_sweep = now;
             s.cut_due(now, false);
+            edge::run(&consumer, &mut s);
         }
         if now.duration_since(last_commit) >= commit_interval {
             last_commit = now;
-            s.commit(&consumer, None, CommitMode::Async);
+            s.commit(None, false);
+            edge::run(&consumer, &mut s);
             s.expire_leaving();
             s.report_progress(unix_ms());
             if let Some(t) = &targets {
-                if s.caught_up(&consumer, t, &group_committed(&consumer, &cfg.routes, t)) {
+                let positions = edge::positions(&consumer, &s);
+                if s.caught_up(&positions, t, &group_committed(&consumer, &cfg.routes, t)) {
                     tracing::info!("caught up with the high watermarks seen at start: stopping");
                     ended = Ended::CaughtUp;
                     break;
@@ -521,7 +535,7 @@ fn poll_loop(
     }
     // Graceful stop: flush, drain, commit, mark the hand-off clean, then
     // leave the group.
-    let fatal = lock(&consumer).stop(&consumer, kafka_failed);
+    let fatal = edge::stop(&consumer, &mut lock(&consumer), kafka_failed);
     consumer.unsubscribe();
     drop(consumer);
     match fatal {

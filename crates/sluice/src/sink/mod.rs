@@ -1,7 +1,9 @@
 //! `sluice run`: the sink daemon.
 //!
 //! Data flow: the Kafka consumer thread (`driver`) → the sink's state
-//! (`state`: per-partition batch builders) → insert tasks (`writer`) →
+//! (`state`: per-partition batch builders; it decides, and queues what
+//! the world is to do as `action`s, which `edge` carries out with the
+//! consumer and the runtime) → insert tasks (`writer`) →
 //! `event`s back to the consumer thread → the in-order durable frontier →
 //! offset commits. Partitions change owners without overlap (the state's
 //! hand-off, with `prepare` off the consumer thread), through the
@@ -14,10 +16,12 @@
 //! with fields its table lacks; `dlq` sends records that cannot become
 //! rows to the dead-letter topic.
 
+mod action;
 mod columns;
 mod dedup;
 mod dlq;
 mod driver;
+mod edge;
 mod event;
 mod fates;
 mod lease;
@@ -32,4 +36,6 @@ pub use driver::{run, Ended, Until};
 /// callbacks. Only the consumer thread locks it.
 struct SinkContext {
     sink: std::sync::Mutex<state::Sink>,
+    /// The runtime the sink's tasks run on.
+    handle: tokio::runtime::Handle,
 }

@@ -27,62 +27,48 @@
 //! Stop ([`Sink::stop`]): flush, drain, commit, and mark the partitions
 //! clean, so the next owner need not fence.
 
-use super::{Key, Phase, Sink, SEEK_WAIT};
-use crate::owners::{Owner, Owners};
-use crate::sink::event::{Event, Prepared};
+use super::{Key, Phase, Sink};
+use crate::owners::Owner;
+use crate::sink::action::{Action, AfterSeek};
+use crate::sink::event::Prepared;
 use crate::sink::prepare::Preparation;
-use crate::sink::SinkContext;
-use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
-use rdkafka::error::KafkaResult;
-use rdkafka::{Offset as KOffset, TopicPartitionList};
 use sluice_protocol::claim;
-use sluice_protocol::AckTracker;
+use sluice_protocol::{AckTracker, Offset};
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
 impl Sink {
-    fn keys_of(&self, tpl: &TopicPartitionList) -> Vec<Key> {
-        tpl.elements()
-            .iter()
-            .filter_map(|e| Some((self.route_of(e.topic())?, e.partition())))
-            .collect()
-    }
-
-    fn name(&self, k: Key) -> String {
+    pub(super) fn name(&self, k: Key) -> String {
         format!("{}[{}]", self.routes[k.0].topic, k.1)
     }
 
-    pub(crate) fn on_assign(
-        &mut self,
-        consumer: &BaseConsumer<SinkContext>,
-        tpl: &TopicPartitionList,
-    ) -> KafkaResult<()> {
-        let keys = self.keys_of(tpl);
-        consumer.incremental_assign(tpl)?;
+    /// The group assigned `keys` to this process (and the consumer took
+    /// them).
+    pub(crate) fn on_assign(&mut self, keys: &[Key]) {
         self.assigned = true;
         if keys.is_empty() {
-            return Ok(());
+            return;
         }
         tracing::info!(partitions = ?keys.iter().map(|k| self.name(*k)).collect::<Vec<_>>(), "assigned");
         let exactly_once = self.cfg.sink.delivery.is_exactly_once();
         let dedup = keys.iter().any(|k| self.routes[k.0].dedup.is_some());
         if !exactly_once && !dedup {
-            for &(ri, p) in &keys {
+            for &(ri, p) in keys {
                 let part = self.new_part(ri, p, Phase::Active);
                 self.parts.insert((ri, p), part);
             }
             // librdkafka keeps a partition paused across an unassign and an
             // assign (a schema wait or backpressure when it was revoked);
             // backpressure pauses it again if it must.
-            return consumer.resume(tpl);
+            self.out.push_back(Action::Resume(keys.to_vec()));
+            return;
         }
-        consumer.pause(tpl)?;
-        self.prepare(&keys, Duration::ZERO, false);
-        Ok(())
+        self.out.push_back(Action::Pause(keys.to_vec()));
+        self.prepare(keys, Duration::ZERO, false);
     }
 
-    /// Starts preparing `keys` (paused by the caller) off the consumer
-    /// thread, after `wait`; if `watch`, the wait ends once the register
+    /// Starts preparing `keys` (paused before) off the consumer thread,
+    /// after `wait`; if `watch`, the wait ends once the register
     /// shows them handed off cleanly.
     fn prepare(&mut self, keys: &[Key], wait: Duration, watch: bool) {
         let mut parts: BTreeMap<usize, Vec<(Key, u64)>> = BTreeMap::new();
@@ -122,7 +108,7 @@ impl Sink {
             given_up,
             parts,
         };
-        self.handle.spawn(prep.run());
+        self.out.push_back(Action::Prepare(Box::new(prep)));
     }
 
     /// Another owner (`by`) is in the register for a partition this process
@@ -137,13 +123,7 @@ impl Sink {
     /// fence outlasted this process's inserts, and it drained its own. Not
     /// when the register said `clean` to begin with: nobody fenced this
     /// process's own inserts, which may still be running.
-    pub(super) fn on_taken(
-        &mut self,
-        consumer: &BaseConsumer<SinkContext>,
-        key: Key,
-        generation: u64,
-        by: Owner,
-    ) {
+    pub(super) fn on_taken(&mut self, key: Key, generation: u64, by: Owner) {
         if self
             .parts
             .get(&key)
@@ -165,11 +145,7 @@ impl Sink {
         {
             self.taken.remove(&key);
         }
-        let mut tpl = TopicPartitionList::new();
-        tpl.add_partition(&self.routes[key.0].topic, key.1);
-        if let Err(e) = consumer.pause(&tpl) {
-            tracing::warn!(error = %e, "pause failed");
-        }
+        self.out.push_back(Action::Pause(vec![key]));
         let n = self.taken.entry(key).or_default();
         *n += 1;
         let wait = claim::taken_wait(fence_wait, *n);
@@ -178,30 +154,24 @@ impl Sink {
 
     /// Sends `p` back to the consumer thread after its next wait
     /// ([`crate::retry`]: from 0.5 s, doubling, up to 5 s).
-    fn retry_prepared(&self, mut p: Prepared) {
-        let delay = p.delays.next_delay();
-        p.attempts += 1;
-        let tx = self.tx.clone();
-        let stopping = self.stopping.clone();
-        self.handle.spawn(async move {
-            tokio::select! {
-                _ = tokio::time::sleep(delay) => { let _ = tx.send(Event::Prepared(p)); }
-                _ = stopping.cancelled() => {}
-            }
-        });
+    pub(super) fn retry_prepared(&mut self, mut prepared: Box<Prepared>) {
+        let after = prepared.delays.next_delay();
+        prepared.attempts += 1;
+        self.out
+            .push_back(Action::RetryPrepared { after, prepared });
     }
 
-    pub(crate) fn on_revoke(
-        &mut self,
-        consumer: &BaseConsumer<SinkContext>,
-        tpl: &TopicPartitionList,
-    ) -> KafkaResult<()> {
-        let keys: Vec<Key> = self
-            .keys_of(tpl)
-            .into_iter()
+    /// The group took `keys` from this process (`lost`: it did so without
+    /// waiting for this process, which no longer owns them). Returns the
+    /// partitions whose inserts must end before the consumer lets go of
+    /// them (at least once: the next owner starts at this one's commit);
+    /// then [`Sink::let_go`].
+    pub(crate) fn on_revoke(&mut self, keys: &[Key], lost: bool) -> Vec<Key> {
+        let keys: Vec<Key> = keys
+            .iter()
+            .copied()
             .filter(|k| self.parts.contains_key(k) || self.leaving.contains_key(k))
             .collect();
-        let lost = consumer.assignment_lost();
         if !keys.is_empty() {
             tracing::info!(lost, partitions = ?keys.iter().map(|k| self.name(*k)).collect::<Vec<_>>(), "revoked");
         }
@@ -247,27 +217,31 @@ impl Sink {
                 if let Some(older) = self.leaving.insert(*k, p) {
                     older.abandon.cancel();
                 }
-                self.settle_leaving(consumer, *k);
+                self.settle_leaving(*k);
             }
         } else {
-            // The next owner starts where this one committed: let the
+            // The next owner starts where this one committed: the
             // inserts end first.
-            let timeout = self.cfg.clickhouse.insert_timeout * 3;
-            self.wait_in_flight(consumer, Some(&keys), timeout);
-            self.commit(consumer, Some(&keys), CommitMode::Sync);
-            for k in &keys {
-                if let Some(p) = self.parts.remove(k) {
-                    p.abandon.cancel();
-                }
+            return keys;
+        }
+        Vec::new()
+    }
+
+    /// At least once: revoked `keys` whose inserts ended (or ran out of
+    /// time) commit their frontier and are let go.
+    pub(crate) fn let_go(&mut self, keys: &[Key]) {
+        self.commit(Some(keys), true);
+        for k in keys {
+            if let Some(p) = self.parts.remove(k) {
+                p.abandon.cancel();
             }
         }
-        consumer.incremental_unassign(tpl)
     }
 
     /// A revoked partition whose inserts have all ended commits its
     /// frontier and, under its lease still, is marked clean: the next owner
     /// need not fence (or stops fencing). Off the consumer thread.
-    pub(super) fn settle_leaving(&mut self, consumer: &BaseConsumer<SinkContext>, key: Key) {
+    pub(super) fn settle_leaving(&mut self, key: Key) {
         let drained = self
             .leaving
             .get(&key)
@@ -281,15 +255,17 @@ impl Sink {
             .as_ref()
             .and_then(|a| a.to_commit(part.committed, live))
         {
-            let mut tpl = TopicPartitionList::new();
-            let mut e = tpl.add_partition(&self.routes[key.0].topic, key.1);
-            let _ = e.set_offset(KOffset::Offset(frontier.0));
-            if let Err(e) = consumer.commit(&tpl, CommitMode::Async) {
-                tracing::warn!(error = %e, "commit failed");
-            }
+            self.out.push_back(Action::Commit {
+                offsets: vec![(key, part.generation, frontier)],
+                sync: false,
+            });
         }
-        let clean = self.leases_ended(&[(key, part.generation)]);
-        self.handle.spawn(mark_clean(self.owners.clone(), clean));
+        let (keys, until) = self.leases_ended(&[(key, part.generation)]);
+        self.out.push_back(Action::MarkClean {
+            keys,
+            until,
+            wait: false,
+        });
     }
 
     /// Gives up revoked partitions whose lease ran out before their inserts
@@ -306,24 +282,13 @@ impl Sink {
         });
     }
 
-    /// The stop: flush what was read (a bad record never entered a batch),
-    /// wait for every insert, commit, mark the hand-off clean. A consumer
-    /// that cannot go on (`kafka_failed`: fenced, refused) owns nothing any
-    /// more: it abandons its work and inserts nothing new. Returns why the
-    /// sink stopped, if it failed.
-    pub(crate) fn stop(
-        &mut self,
-        consumer: &BaseConsumer<SinkContext>,
-        kafka_failed: bool,
-    ) -> Option<anyhow::Error> {
-        if !kafka_failed {
-            self.cut_due(Instant::now(), true);
-            let timeout = self.cfg.clickhouse.insert_timeout * 3;
-            let drained = self.wait_in_flight(consumer, None, timeout);
-            self.commit(consumer, None, CommitMode::Sync);
-            if drained {
-                self.hand_off_clean(None);
-            }
+    /// The stop, once every insert ended or ran out of time (`drained`
+    /// says which) and the frontier was committed: marks the hand-off
+    /// clean if drained, and abandons what is left. Returns why the sink
+    /// stopped, if it failed.
+    pub(crate) fn stopped(&mut self, drained: bool) -> Option<anyhow::Error> {
+        if drained {
+            self.hand_off_clean(None);
         }
         for p in self.parts.values() {
             p.abandon.cancel();
@@ -348,8 +313,12 @@ impl Sink {
             .filter(|(k, p)| keys.is_none_or(|ks| ks.contains(k)) && p.phase == Phase::Active)
             .map(|(k, p)| (*k, p.generation))
             .collect();
-        let clean = self.leases_ended(&list);
-        self.handle.block_on(mark_clean(self.owners.clone(), clean));
+        let (keys, until) = self.leases_ended(&list);
+        self.out.push_back(Action::MarkClean {
+            keys,
+            until,
+            wait: true,
+        });
     }
 
     /// Ends the leases of `list` (nothing more is written under them) and
@@ -370,37 +339,53 @@ impl Sink {
     }
 
     /// Positions a prepared partition (claimed and fenced, in exactly-once
-    /// mode) and lets its records flow; its lease starts from the read that
-    /// last showed this process in the register. A failed seek is tried
-    /// again after a backoff ([`Sink::retry_prepared`]).
-    pub(super) fn activate(&mut self, consumer: &BaseConsumer<SinkContext>, p: Prepared) {
-        let exactly_once = self.cfg.sink.delivery.is_exactly_once();
-        let topic = self.routes[p.key.0].topic.clone();
-        let name = format!("{topic}[{}]", p.key.1);
-        let Some(part) = self
-            .parts
-            .get_mut(&p.key)
-            .filter(|x| x.generation == p.generation && x.phase == Phase::Preparing)
-        else {
+    /// mode): a seek to its start, then [`Sink::activated`]. A failed seek
+    /// is tried again after a backoff ([`Sink::retry_prepared`]).
+    pub(super) fn activate(&mut self, p: Prepared) {
+        if !self.preparing(&p) {
             return;
-        };
-        let start = p.plan.start;
+        }
         // An earlier generation still finishing was fenced out by this one.
         if let Some(older) = self.leaving.remove(&p.key) {
             older.abandon.cancel();
         }
-        let seek = KOffset::Offset(start.0);
-        if let Err(e) = consumer.seek(&topic, p.key.1, seek, SEEK_WAIT) {
-            tracing::warn!(partition = %name, attempt = p.attempts, error = %e, "seek failed; retrying");
-            self.retry_prepared(p);
+        self.out.push_back(Action::Seek {
+            key: p.key,
+            offset: Offset(p.plan.start.0),
+            then: AfterSeek::Activate(Box::new(p)),
+        });
+    }
+
+    /// Whether `p` is the plan of the generation of its partition being
+    /// prepared.
+    fn preparing(&self, p: &Prepared) -> bool {
+        self.parts
+            .get(&p.key)
+            .is_some_and(|x| x.generation == p.generation && x.phase == Phase::Preparing)
+    }
+
+    /// A prepared partition was sought to its start: its records flow;
+    /// its lease starts from the read that last showed this process in
+    /// the register.
+    pub(super) fn activated(&mut self, p: Box<Prepared>) {
+        if !self.preparing(&p) {
             return;
         }
-        if exactly_once {
+        let name = self.name(p.key);
+        if self.cfg.sink.delivery.is_exactly_once() {
             self.ctx.lease.hold(p.key, p.generation, p.confirmed);
         }
+        let seeds = self.routes[p.key.0]
+            .dedup
+            .as_ref()
+            .map(|d| crate::sink::dedup::window(d, p.seeds.as_ref()));
+        let Some(part) = self.parts.get_mut(&p.key) else {
+            return;
+        };
+        let start = p.plan.start;
         part.check_through = p.plan.check_through;
-        if let Some(d) = &self.routes[p.key.0].dedup {
-            part.keys = Some(crate::sink::dedup::window(d, p.seeds.as_ref()));
+        if seeds.is_some() {
+            part.keys = seeds;
         }
         part.position = Some(start);
         part.acks = Some(AckTracker::new(start));
@@ -412,27 +397,5 @@ impl Sink {
             check_through = ?p.plan.check_through.map(|o| o.0),
             "partition active"
         );
-    }
-}
-
-/// Marks `keys` clean in the register: their inserts drained under leases
-/// that have just ended ([`Sink::leases_ended`]), the first of them at
-/// `until`, so the next owner need not fence, or stops fencing. The mark
-/// must land before `until`, while no new owner can have finished its fence;
-/// one acknowledged later is reported.
-async fn mark_clean(owners: Owners, (keys, until): (Vec<Key>, Option<Instant>)) {
-    let Some(until) = until else {
-        return;
-    };
-    match tokio::task::spawn_blocking(move || owners.write(keys, 0)).await {
-        Ok(Ok(())) if Instant::now() > until => tracing::warn!(
-            late_ms = (Instant::now() - until).as_millis() as u64,
-            "the clean mark was acknowledged after the lease ended; a new owner that finished its fence meanwhile would take it for clean"
-        ),
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => {
-            tracing::warn!(error = %e, "cannot mark the hand-off clean; the next owner fences")
-        }
-        Err(e) => tracing::warn!(error = %e, "marking the hand-off clean failed"),
     }
 }

@@ -4,10 +4,17 @@
 //!
 //! Records in ([`Sink::on_record`]: [`record`] decides what becomes of each,
 //! [`Sink`] counts it) → per-partition [`BatchBuilder`]s → due batches
-//! spawned as insert tasks ([`Sink::cut`]) → [`Event`]s back from the tasks
+//! sent as insert tasks ([`Sink::cut`]) → [`Event`]s back from the tasks
 //! ([`Sink::on_event`]) → each partition's [`AckTracker`] → the durable
 //! frontier, committed to Kafka ([`Sink::commit`]). Partitions come, go and
 //! are taken over in [`handoff`].
+//!
+//! The state does not call the Kafka consumer nor start the protocol's
+//! tasks: what it decides the world should do is queued as [`Action`]s,
+//! which the consumer thread carries out after each call
+//! ([`super::edge`]). Two readers still do their own I/O: [`Schemas`]
+//! fetches a registry schema as a task, and [`TableColumns`] reads a
+//! table's columns again, blocking, when a record has a field it lacks.
 //!
 //! Memory: builders plus in-flight batches stay under their share of
 //! `max_buffered_bytes` (the rest is librdkafka's); over it, every partition
@@ -16,22 +23,22 @@
 
 mod handoff;
 mod record;
+#[cfg(test)]
+mod tests;
 
+use super::action::{Action, AfterSeek};
 use super::columns::TableColumns;
 use super::dlq::Letter;
 use super::event::{Completion, Event, Outcome, Settled};
 use super::fates::Fates;
 use super::schemas::{Decoded, Originals, Schemas, Stall};
-use super::writer::{deliver, Job, Slice, WriterCtx};
-use super::SinkContext;
+use super::writer::{Job, Slice, WriterCtx};
 use crate::config::{Config, Route};
 use crate::owners::{Key, Owners};
 use crate::telemetry::{self, TopicCounters};
 use anyhow::anyhow;
-use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
-use rdkafka::message::Message;
-use rdkafka::{Offset as KOffset, TopicPartitionList};
-use record::{Fate, Record, Value};
+pub(super) use record::Record;
+use record::{Fate, Value};
 use sluice_formats::RowError;
 use sluice_protocol::cut::{Load, RouteCut};
 use sluice_protocol::dedup::{KeyHash, KeyWindow};
@@ -46,9 +53,9 @@ use std::time::{Duration, Instant};
 use tokio::runtime::Handle;
 use tokio_util::sync::CancellationToken;
 
-/// How long a seek may hold the consumer thread (a heartbeat interval);
-/// one that takes longer is tried again.
-const SEEK_WAIT: Duration = Duration::from_secs(1);
+/// How soon a partition whose seek back to a stalled record failed tries
+/// again.
+const STALL_RETRY: Duration = Duration::from_millis(500);
 
 /// A batch is cut once it accounts for this many DLQ writes.
 const MAX_LETTERS_PER_BATCH: usize = 10_000;
@@ -215,6 +222,8 @@ pub(super) struct Sink {
     decoded: Vec<u8>,
     /// The group has answered with an assignment (perhaps an empty one).
     assigned: bool,
+    /// What the world is to do, in order ([`Sink::next_action`]).
+    out: VecDeque<Action>,
 }
 
 /// What a route's records are read and checked with besides its encoder:
@@ -266,12 +275,52 @@ impl Sink {
             columns,
             decoded: Vec::new(),
             assigned: false,
+            out: VecDeque::new(),
         }
     }
 
     /// Where tasks report to this sink.
     pub(crate) fn events(&self) -> mpsc::Sender<Event> {
         self.tx.clone()
+    }
+
+    /// The next thing the world is to do for this sink, in the order the
+    /// sink decided them.
+    pub(crate) fn next_action(&mut self) -> Option<Action> {
+        self.out.pop_front()
+    }
+
+    /// A report of a task, if one is waiting (or within `wait`).
+    pub(crate) fn next_event(&self, wait: Duration) -> Option<Event> {
+        if wait.is_zero() {
+            return self.rx.try_recv().ok();
+        }
+        self.rx.recv_timeout(wait).ok()
+    }
+
+    /// What insert tasks share.
+    pub(crate) fn writer_ctx(&self) -> Arc<WriterCtx> {
+        self.ctx.clone()
+    }
+
+    /// The register of owners.
+    pub(crate) fn owners(&self) -> &Owners {
+        &self.owners
+    }
+
+    /// The token cancelled when the sink stops.
+    pub(crate) fn stopping(&self) -> &CancellationToken {
+        &self.stopping
+    }
+
+    /// The topic of route `ri`.
+    pub(crate) fn topic(&self, ri: usize) -> &str {
+        &self.routes[ri].topic
+    }
+
+    /// How long a stop or a revocation (at least once) waits for inserts.
+    pub(crate) fn drain_timeout(&self) -> Duration {
+        self.cfg.clickhouse.insert_timeout * 3
     }
 
     pub(crate) fn stats(&self) -> Stats {
@@ -310,7 +359,7 @@ impl Sink {
         );
     }
 
-    fn route_of(&self, topic: &str) -> Option<usize> {
+    pub(crate) fn route_of(&self, topic: &str) -> Option<usize> {
         self.routes.iter().position(|r| r.topic == topic)
     }
 
@@ -329,19 +378,18 @@ impl Sink {
     /// yet, the partition waits for it (paused by
     /// [`Sink::apply_backpressure`]) and the record is read again once the
     /// answer is in ([`Sink::resume_stalled`]).
-    pub(crate) fn on_record(&mut self, m: &impl Message, now: Instant) {
-        let Some(ri) = self.route_of(m.topic()) else {
+    pub(crate) fn on_record(&mut self, rec: &Record, now: Instant) {
+        let Some(ri) = self.route_of(rec.topic) else {
             return;
         };
-        let rec = Record::of(m);
         let key = (ri, rec.partition);
         let Some(part) = self.parts.get_mut(&key) else {
             return;
         };
         // A record this partition does not take now (paused, or read
         // again below its position) is neither decoded nor checked.
-        if let Some(fate) = part.admit(&rec) {
-            self.note(ri, &rec, fate);
+        if let Some(fate) = part.admit(rec) {
+            self.note(ri, rec, fate);
             return;
         }
         let value = if !self.schemas.is_registry(ri) {
@@ -380,7 +428,7 @@ impl Sink {
         let held = part.load();
         let fate = part.take(
             &self.ctx.encoders[ri],
-            &rec,
+            rec,
             value,
             self.ctx.dlq.is_some(),
             now,
@@ -400,7 +448,7 @@ impl Sink {
         if self.decoded.capacity() > 4 << 20 {
             self.decoded = Vec::new();
         }
-        if self.note(ri, &rec, fate) && due {
+        if self.note(ri, rec, fate) && due {
             if aligned {
                 self.cut(ri, &[key]);
             } else {
@@ -559,44 +607,38 @@ impl Sink {
             bytes,
             slices,
         };
-        let ctx = self.ctx.clone();
-        let tx = self.tx.clone();
-        self.handle.spawn(async move {
-            let c = deliver(job, ctx, tx.clone()).await;
-            let _ = tx.send(Event::Completion(c));
-        });
+        self.out.push_back(Action::Insert(Box::new(job)));
     }
 
-    /// Handles everything the tasks reported, without waiting.
-    pub(crate) fn drain_events(&mut self, consumer: &BaseConsumer<SinkContext>) {
-        while let Ok(e) = self.rx.try_recv() {
-            self.on_event(consumer, e);
-        }
+    /// Sends back to their records the partitions waiting for a schema
+    /// that is now known ([`Sink::resume_stalled`]).
+    pub(crate) fn unstall(&mut self) {
         if self.parts.values().any(|p| p.stalled.is_some()) {
-            self.resume_stalled(consumer);
+            self.resume_stalled();
         }
     }
 
-    pub(crate) fn on_event(&mut self, consumer: &BaseConsumer<SinkContext>, e: Event) {
+    /// Acts on what a task reported.
+    pub(crate) fn on_event(&mut self, e: Event) {
         match e {
-            Event::Completion(c) => self.on_completion(consumer, c),
+            Event::Completion(c) => self.on_completion(c),
             Event::SliceDone(d) => {
                 self.stats.dlq += d.dlq as u64;
                 self.stats.dedup_dropped += d.excluded as u64;
                 self.counters[d.route_idx].dedup_dropped(d.excluded as u64);
-                self.on_slice(consumer, d.route_idx, &d.slice, &d.rejected);
+                self.on_slice(d.route_idx, &d.slice, &d.rejected);
             }
-            Event::Prepared(p) => self.activate(consumer, p),
+            Event::Prepared(p) => self.activate(p),
             Event::Taken {
                 key,
                 generation,
                 by,
-            } => self.on_taken(consumer, key, generation, by),
+            } => self.on_taken(key, generation, by),
             Event::Schema { route, id, answer } => {
                 self.schemas.fetched(route, id, answer, Instant::now());
-                self.resume_stalled(consumer);
+                self.resume_stalled();
             }
-            Event::Mismatch(found) => self.on_mismatch(consumer, &found),
+            Event::Mismatch(found) => self.on_mismatch(&found),
         }
     }
 
@@ -606,12 +648,8 @@ impl Sink {
     /// [`MISMATCH_MARK`], so that no later start reads them either once
     /// their logs have grown past the old offsets. No partition of that
     /// preparation was read.
-    fn on_mismatch(
-        &mut self,
-        consumer: &BaseConsumer<SinkContext>,
-        found: &[(Key, u64, Mismatch)],
-    ) {
-        let mut tpl = TopicPartitionList::new();
+    fn on_mismatch(&mut self, found: &[(Key, u64, Mismatch)]) {
+        let mut keys = Vec::new();
         let mut named = Vec::new();
         for (key, generation, why) in found {
             let topic = &self.routes[key.0].topic;
@@ -621,31 +659,28 @@ impl Sink {
                 .get(key)
                 .is_some_and(|p| p.generation == *generation && p.phase != Phase::Active);
             if *why != Mismatch::Marked && held && self.cfg.sink.delivery.is_exactly_once() {
-                let _ = tpl.add_partition_offset(topic, key.1, KOffset::Offset(MISMATCH_MARK.0));
+                keys.push(*key);
             }
         }
-        let mut marked = "";
-        if tpl.count() > 0 {
-            // A commit can fail around a rebalance: try a few times.
-            let mut last = None;
-            for wait in [0u64, 500, 1_000, 2_000, 4_000] {
-                std::thread::sleep(Duration::from_millis(wait));
-                match consumer.commit(&tpl, CommitMode::Sync) {
-                    Ok(()) => {
-                        last = None;
-                        break;
-                    }
-                    Err(e) => last = Some(e),
-                }
-            }
-            marked = match last {
-                None => " (marked in the group's commit)",
-                Some(e) => {
-                    tracing::error!(error = %e, "cannot mark the partitions whose offsets went back");
-                    " (NOT marked: the group's commit could not be written; a later start may read on once the log has grown past the old offsets)"
-                }
-            };
+        if keys.is_empty() {
+            self.mismatch_marked(&named, None);
+        } else {
+            self.out.push_back(Action::MarkMismatch { keys, named });
         }
+    }
+
+    /// Stops the sink naming the partitions whose offsets went back;
+    /// `marked`: whether their commit now holds [`MISMATCH_MARK`], if
+    /// any was to.
+    pub(crate) fn mismatch_marked(&mut self, named: &[String], marked: Option<Result<(), String>>) {
+        let marked = match marked {
+            None => "",
+            Some(Ok(())) => " (marked in the group's commit)",
+            Some(Err(e)) => {
+                tracing::error!(error = %e, "cannot mark the partitions whose offsets went back");
+                " (NOT marked: the group's commit could not be written; a later start may read on once the log has grown past the old offsets)"
+            }
+        };
         self.fail(anyhow!(
             "{}{marked}. The topic was deleted and created again, its log was truncated, or the \
              cluster was migrated: these offsets are not this log's records, and reading on would \
@@ -658,7 +693,7 @@ impl Sink {
     /// Seeks each partition waiting for a schema that is now known back
     /// to the record that made it wait; [`Sink::apply_backpressure`] then
     /// resumes it. A failed seek is tried again half a second later.
-    fn resume_stalled(&mut self, consumer: &BaseConsumer<SinkContext>) {
+    fn resume_stalled(&mut self) {
         let now = Instant::now();
         for (key, part) in self.parts.iter_mut() {
             let Some(stall) = part.stalled.as_mut() else {
@@ -675,12 +710,38 @@ impl Sink {
                     continue;
                 }
             }
-            let topic = &self.routes[key.0].topic;
-            match consumer.seek(topic, key.1, KOffset::Offset(stall.at.0), SEEK_WAIT) {
-                Ok(()) => part.stalled = None,
+            // Not sought twice while the seek is on its way.
+            stall.retry_at = Some(now + STALL_RETRY);
+            self.out.push_back(Action::Seek {
+                key: *key,
+                offset: stall.at,
+                then: AfterSeek::Unstall,
+            });
+        }
+    }
+
+    /// A seek asked for by [`Action::Seek`] ended (`Err`: why it failed).
+    pub(crate) fn on_seek(&mut self, key: Key, then: AfterSeek, result: Result<(), String>) {
+        match then {
+            AfterSeek::Activate(p) => match result {
+                Ok(()) => self.activated(p),
                 Err(e) => {
-                    tracing::warn!(partition = %part.builder.partition(), error = %e, "seek failed; retrying");
-                    stall.retry_at = Some(now + Duration::from_millis(500));
+                    tracing::warn!(partition = %self.name(key), attempt = p.attempts, error = %e, "seek failed; retrying");
+                    self.retry_prepared(p);
+                }
+            },
+            AfterSeek::Unstall => {
+                let Some(part) = self.parts.get_mut(&key) else {
+                    return;
+                };
+                match result {
+                    Ok(()) => part.stalled = None,
+                    Err(e) => {
+                        tracing::warn!(partition = %part.builder.partition(), error = %e, "seek failed; retrying");
+                        if let Some(stall) = part.stalled.as_mut() {
+                            stall.retry_at = Some(Instant::now() + STALL_RETRY);
+                        }
+                    }
                 }
             }
         }
@@ -689,7 +750,7 @@ impl Sink {
     /// A batch's end: per slice, its partition's ticket is acknowledged
     /// if its rows are durable (and the partition still of the generation
     /// that cut it); a revoked partition whose last slice ended settles.
-    fn on_completion(&mut self, consumer: &BaseConsumer<SinkContext>, c: Completion) {
+    fn on_completion(&mut self, c: Completion) {
         let Completion {
             route_idx: ri,
             bytes,
@@ -734,7 +795,7 @@ impl Sink {
             }
         };
         for slice in &slices {
-            self.on_slice(consumer, ri, slice, &rejected);
+            self.on_slice(ri, slice, &rejected);
         }
     }
 
@@ -743,13 +804,7 @@ impl Sink {
     /// and the partition is still of the generation that cut it, its
     /// ticket is acknowledged and a rejected copy's key forgotten; a revoked
     /// partition whose last slice ended settles.
-    fn on_slice(
-        &mut self,
-        consumer: &BaseConsumer<SinkContext>,
-        ri: usize,
-        slice: &Settled,
-        rejected: &[(Row, Option<KeyHash>)],
-    ) {
+    fn on_slice(&mut self, ri: usize, slice: &Settled, rejected: &[(Row, Option<KeyHash>)]) {
         let key = (ri, slice.partition);
         let leaving = self
             .leaving
@@ -790,55 +845,28 @@ impl Sink {
             }
         }
         if leaving {
-            self.settle_leaving(consumer, key);
+            self.settle_leaving(key);
         }
     }
 
-    /// Waits for in-flight batches (of `only`, or of every partition),
-    /// handling events meanwhile. False if `timeout` passed first.
-    pub(crate) fn wait_in_flight(
-        &mut self,
-        consumer: &BaseConsumer<SinkContext>,
-        only: Option<&[Key]>,
-        timeout: Duration,
-    ) -> bool {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let busy = match only {
-                Some(keys) => keys.iter().any(|k| {
-                    self.parts
-                        .get(k)
-                        .and_then(|p| p.acks.as_ref())
-                        .is_some_and(|a| a.in_flight() > 0)
-                }),
-                None => self.in_flight > 0,
-            };
-            if !busy {
-                return true;
-            }
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return false;
-            }
-            match self.rx.recv_timeout(left.min(Duration::from_millis(200))) {
-                Ok(e) => self.on_event(consumer, e),
-                Err(mpsc::RecvTimeoutError::Timeout) => {}
-                Err(mpsc::RecvTimeoutError::Disconnected) => return false,
-            }
+    /// Whether batches (of `only`, or of any partition) are in flight.
+    pub(crate) fn busy(&self, only: Option<&[Key]>) -> bool {
+        match only {
+            Some(keys) => keys.iter().any(|k| {
+                self.parts
+                    .get(k)
+                    .and_then(|p| p.acks.as_ref())
+                    .is_some_and(|a| a.in_flight() > 0)
+            }),
+            None => self.in_flight > 0,
         }
     }
 
     /// Commits the durable frontier of `keys` (or of every partition that
     /// moved). In exactly-once mode only partitions under a live lease
     /// commit: one whose lease ran out may have a new owner.
-    pub(crate) fn commit(
-        &mut self,
-        consumer: &BaseConsumer<SinkContext>,
-        keys: Option<&[Key]>,
-        mode: CommitMode,
-    ) {
-        let mut tpl = TopicPartitionList::new();
-        let mut moved = Vec::new();
+    pub(crate) fn commit(&mut self, keys: Option<&[Key]>, sync: bool) {
+        let mut offsets = Vec::new();
         for (key, part) in &self.parts {
             if keys.is_some_and(|ks| !ks.contains(key)) || part.phase != Phase::Active {
                 continue;
@@ -848,28 +876,25 @@ impl Sink {
                 .acks
                 .as_ref()
                 .and_then(|a| a.to_commit(part.committed, may_write));
-            let Some(frontier) = to_commit else {
-                continue;
-            };
-            let mut e = tpl.add_partition(&self.routes[key.0].topic, key.1);
-            let _ = e.set_offset(KOffset::Offset(frontier.0));
-            moved.push((*key, frontier));
-        }
-        if moved.is_empty() {
-            return;
-        }
-        match consumer.commit(&tpl, mode) {
-            Ok(()) => {
-                for (key, frontier) in moved {
-                    if let Some(p) = self.parts.get_mut(&key) {
-                        p.committed = Some(frontier);
-                    }
-                }
+            if let Some(frontier) = to_commit {
+                offsets.push((*key, part.generation, frontier));
             }
-            Err(e) => tracing::warn!(
-                error = %e,
-                "offset commit failed; it is advisory, progress lives in ClickHouse"
-            ),
+        }
+        if !offsets.is_empty() {
+            self.out.push_back(Action::Commit { offsets, sync });
+        }
+    }
+
+    /// The group stored these positions (asked for by [`Action::Commit`]).
+    pub(crate) fn on_committed(&mut self, offsets: &[(Key, u64, NextOffset)]) {
+        for (key, generation, frontier) in offsets {
+            if let Some(p) = self
+                .parts
+                .get_mut(key)
+                .filter(|p| p.generation == *generation)
+            {
+                p.committed = Some(*frontier);
+            }
         }
     }
 
@@ -883,25 +908,13 @@ impl Sink {
     /// for the others, and takes over what they leave.
     pub(crate) fn caught_up(
         &self,
-        consumer: &BaseConsumer<SinkContext>,
+        positions: &HashMap<Key, i64>,
         targets: &HashMap<Key, i64>,
         committed: &HashMap<Key, i64>,
     ) -> bool {
         if !self.assigned || !self.leaving.is_empty() {
             return false;
         }
-        let positions: HashMap<Key, i64> = consumer
-            .position()
-            .map(|tpl| {
-                tpl.elements()
-                    .iter()
-                    .filter_map(|e| match e.offset() {
-                        KOffset::Offset(o) => Some(((self.route_of(e.topic())?, e.partition()), o)),
-                        _ => None,
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
         // At least once, a partition without a commit starts at its end:
         // nothing before the target is ever read.
         let starts_at_end = !self.cfg.sink.delivery.is_exactly_once()
@@ -965,7 +978,7 @@ impl Sink {
 
     /// Pauses every partition while too much is buffered; preparing
     /// partitions stay paused regardless.
-    pub(crate) fn apply_backpressure(&mut self, consumer: &BaseConsumer<SinkContext>) {
+    pub(crate) fn apply_backpressure(&mut self) {
         let building: usize = self
             .parts
             .values()
@@ -982,28 +995,20 @@ impl Sink {
             // Send what is built so the memory can drain.
             self.cut_due(Instant::now(), true);
         }
-        let mut pause = TopicPartitionList::new();
-        let mut resume = TopicPartitionList::new();
+        let (mut pause, mut resume) = (Vec::new(), Vec::new());
         for (key, part) in self.parts.iter_mut() {
             let want = self.overloaded || part.phase == Phase::Preparing || part.stalled.is_some();
             if want != part.paused {
                 let list = if want { &mut pause } else { &mut resume };
-                list.add_partition(&self.routes[key.0].topic, key.1);
+                list.push(*key);
                 part.paused = want;
             }
         }
-        for (list, pausing) in [(pause, true), (resume, false)] {
-            if list.count() == 0 {
-                continue;
-            }
-            let r = if pausing {
-                consumer.pause(&list)
-            } else {
-                consumer.resume(&list)
-            };
-            if let Err(e) = r {
-                tracing::warn!(error = %e, pausing, "pause/resume failed");
-            }
+        if !pause.is_empty() {
+            self.out.push_back(Action::Pause(pause));
+        }
+        if !resume.is_empty() {
+            self.out.push_back(Action::Resume(resume));
         }
     }
 }

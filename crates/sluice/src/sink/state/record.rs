@@ -12,34 +12,21 @@
 //! ([`super::Sink::note`]).
 
 use super::{Letter, Part, Phase};
-use rdkafka::message::Message;
 use sluice_formats::{RowEncoder, RowError};
 use sluice_protocol::dedup::Verdict;
 use sluice_protocol::{AckTracker, NextOffset, Offset};
 use std::fmt;
 use std::time::Instant;
 
-/// A record as read from Kafka, borrowed from the client's message.
-pub(super) struct Record<'a> {
+/// A record as read from Kafka, borrowed from the client's message
+/// ([`crate::sink::edge::record_of`]).
+pub(crate) struct Record<'a> {
     pub(crate) topic: &'a str,
     pub(crate) partition: i32,
     pub(crate) offset: Offset,
     pub(crate) timestamp: Option<i64>,
     pub(crate) key: Option<&'a [u8]>,
     pub(crate) payload: Option<&'a [u8]>,
-}
-
-impl<'a> Record<'a> {
-    pub(crate) fn of(m: &'a impl Message) -> Self {
-        Self {
-            topic: m.topic(),
-            partition: m.partition(),
-            offset: Offset(m.offset()),
-            timestamp: m.timestamp().to_millis(),
-            key: m.key(),
-            payload: m.payload(),
-        }
-    }
 }
 
 impl fmt::Display for Record<'_> {
