@@ -71,7 +71,12 @@ async fn bench_of(delivery: &str, max_batch_rows: usize) -> Bench {
         per_insert: encoders.iter().map(|_| Default::default()).collect(),
         encoders,
     });
-    let owners = Owners::new(&cfg.kafka, routes.clone()).expect("a client without a broker");
+    // One client for every bench: it never reaches a broker, and making
+    // one costs more than a run of the property test below.
+    static OWNERS: std::sync::OnceLock<Owners> = std::sync::OnceLock::new();
+    let owners = OWNERS
+        .get_or_init(|| Owners::new(&cfg.kafka, routes.clone()).expect("a client without a broker"))
+        .clone();
     let checks = RowChecks {
         schemas: Schemas::new(None, &routes, 1 << 20, 1 << 26),
         columns: TableColumns::read(ch, &routes)
@@ -480,6 +485,10 @@ mod runs {
         Assign(i32),
         /// A preparation of the partition ends.
         Prepared(i32),
+        /// Taken by another owner and prepared again at once; then a
+        /// record, and a cut: the new generation has a batch in flight
+        /// beside the old one's.
+        Churn(i32),
     }
 
     fn op() -> impl Strategy<Value = Op> {
@@ -493,7 +502,8 @@ mod runs {
             1 => p.clone().prop_map(Op::Lose),
             2 => p.clone().prop_map(Op::Take),
             1 => p.clone().prop_map(Op::Assign),
-            3 => p.prop_map(Op::Prepared),
+            3 => p.clone().prop_map(Op::Prepared),
+            2 => p.prop_map(Op::Churn),
         ]
     }
 
@@ -680,6 +690,12 @@ mod runs {
                     b.sink.on_assign(&[(0, p)]);
                 }
             }
+            Op::Churn(p) => {
+                for op in [Op::Take(p), Op::Prepared(p), Op::Record(p), Op::Cut] {
+                    apply(b, w, &op)?;
+                }
+                return Ok(());
+            }
             Op::Prepared(p) => {
                 if let Some(g) = w.preparing.remove(&p) {
                     // The next owner reads on from the group's commit.
@@ -716,7 +732,8 @@ mod runs {
 
     /// Runs `ops` against one sink, then ends every preparation and insert.
     fn run(ops: &[Op]) -> Result<(), TestCaseError> {
-        let rt = tokio::runtime::Runtime::new().expect("a runtime");
+        static RT: std::sync::OnceLock<tokio::runtime::Runtime> = std::sync::OnceLock::new();
+        let rt = RT.get_or_init(|| tokio::runtime::Runtime::new().expect("a runtime"));
         let _in = rt.enter();
         let mut b = rt.block_on(bench_of("exactly-once", 3));
         let mut w = World::default();
@@ -754,7 +771,7 @@ mod runs {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig::with_cases(64))]
+        #![proptest_config(ProptestConfig::with_cases(256))]
 
         /// Whatever happens, the sink sends a partition's rows only while
         /// it holds it, never twice in one generation; commits only what
