@@ -64,7 +64,9 @@ model:
 	PARTITIONS=2 PROCESSES=1 target/release/examples/check 7 1 1 1 0 0 0
 	PARTITIONS=2 MAX_STATES=100000000 target/release/examples/check 8 1 1 0 0 0 0
 	PARTITIONS=2 PROCESSES=1 STRUCK=any REFUSALS=1 target/release/examples/check 7 1 1 0 0 0 0
+	PARTITIONS=2 MOVES=1 target/release/examples/check 5 1 1 1 0 0 0
 	PARTITIONS=2 MOVES=1 MAX_STATES=100000000 target/release/examples/check 6 1 1 1 0 0 0
+	PARTITIONS=2 PROCESSES=1 STRUCK=any target/release/examples/check 4 1 1 0 0 0 1
 
 lint:
 	cargo fmt --all -- --check

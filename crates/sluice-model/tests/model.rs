@@ -424,6 +424,62 @@ fn a_partition_settled_ahead_of_its_batch_keeps_exactly_once() {
     );
 }
 
+/// One process, a batch of both partitions, a rebalance and a lost commit,
+/// each of either partition (`Struck::Any`, so on different partitions
+/// too): the process hands a revoked partition off (cleanly, or by letting
+/// its lease run out) while the other's rows may be in flight, and claims
+/// it again with the commit read before or after it was lost. A claim
+/// with no commit in hand plans from what the table holds. At 4 s the
+/// claim after a clean hand-off (a 3 s settle) goes active and inserts;
+/// a fenced one (5 s) does not. `UnbackedRows::ResetPolicy` (start at the
+/// reset position when nothing is committed) breaks it on the first
+/// partition, which `Struck::Last` never strikes: a batch of both is
+/// stored at 1 s, the revoked first partition settles (commit, clean
+/// mark), its commit is lost, and the claim back, with nothing committed,
+/// inserts its offset 0 again at 4 s (2.7 M states, measured 2026-12-07).
+#[test]
+fn a_lost_commit_of_either_of_two_partitions_keeps_exactly_once() {
+    let b = Bounds {
+        processes: 1,
+        struck: Struck::Any,
+        ..two_partitions(1, 4, [1, 0, 1, 0])
+    };
+    holds(
+        "one process, two partitions, a rebalance and a lost commit of either, 4 s",
+        b,
+    );
+}
+
+/// One process, a batch of both partitions, a rebalance and a forgotten
+/// register entry, each of either partition (`Struck::Any`): a renewal
+/// that finds one partition's entry forgotten writes the process back
+/// and reads nothing until that write is acknowledged, so the other
+/// partition's lease may run out with its rows in the batch; an
+/// acknowledgement after the lease gives the partition up (its rows leave
+/// the batch); a forgotten clean mark makes the claim back fence instead
+/// of settle. At 3 s the claim after a clean hand-off (a 3 s settle from
+/// 0 s) goes active and inserts; at 4 s the search is 11.5 M states
+/// (2.8 M unique, 35 s alone; `make model` runs it).
+/// `ClaimConfirm::TrustWrite` (active on the claim's write) breaks it:
+/// the revoked first partition's insert, sent at 1 s with a deadline at
+/// its lease's end, is still on its way when the lease runs out at 2 s;
+/// the claim back goes active at once and inserts offset 0, then the old
+/// insert arrives within its deadline and stores it too (2.4 M states,
+/// measured 2026-12-07).
+#[test]
+fn a_forgotten_entry_of_either_of_two_partitions_keeps_exactly_once() {
+    let b = Bounds {
+        processes: 1,
+        struck: Struck::Any,
+        forgets: 1,
+        ..two_partitions(1, 3, [1, 0, 0, 0])
+    };
+    holds(
+        "one process, two partitions, a rebalance and a forgotten entry of either, 3 s",
+        b,
+    );
+}
+
 /// Two processes: process 0 holds both partitions, and a rebalance moves
 /// the second to process 1 while process 0's batch may hold rows of both.
 /// Process 1 claims it (fencing 5 s: within the horizon it goes active and
