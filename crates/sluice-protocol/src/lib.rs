@@ -15,6 +15,8 @@
 //!   one batch of them is due.
 //! - [`token`]: a batch's rows → deterministic dedup token and query ids.
 //! - [`acks`]: out-of-order batch completions → the in-order durable frontier.
+//! - [`partition`]: one partition as the sink holds it: records taken,
+//!   batches cut, slices ended → what it builds, sends and commits.
 //! - [`attempt`]: each attempt's answer → whether the next one fences an
 //!   earlier one and asks ClickHouse which rows it holds first, and which
 //!   rows it sends.
@@ -47,6 +49,7 @@ pub mod dedup;
 pub mod delivery;
 pub mod lease;
 pub mod offset;
+pub mod partition;
 pub mod resume;
 pub mod timing;
 pub mod token;

@@ -27,13 +27,14 @@
 //! Stop ([`Sink::stop`]): flush, drain, commit, and mark the partitions
 //! clean, so the next owner need not fence.
 
-use super::{Key, Phase, Sink};
+use super::{Key, Sink};
 use crate::owners::Owner;
 use crate::sink::action::{Action, AfterSeek};
 use crate::sink::event::Prepared;
 use crate::sink::prepare::Preparation;
 use sluice_protocol::claim;
-use sluice_protocol::{AckTracker, Offset};
+use sluice_protocol::partition::Phase;
+use sluice_protocol::Offset;
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
@@ -88,8 +89,8 @@ impl Sink {
             parts
                 .entry(ri)
                 .or_default()
-                .push(((ri, p), part.generation));
-            given_up.insert(((ri, p), part.generation), part.abandon.clone());
+                .push(((ri, p), part.generation()));
+            given_up.insert(((ri, p), part.generation()), part.abandon.clone());
             self.parts.insert((ri, p), part);
         }
         let prep = Preparation {
@@ -127,7 +128,7 @@ impl Sink {
         if self
             .parts
             .get(&key)
-            .is_none_or(|p| p.generation != generation)
+            .is_none_or(|p| p.generation() != generation)
         {
             return;
         }
@@ -181,9 +182,8 @@ impl Sink {
                 // The route's count of what is built may stay high where a
                 // partition goes otherwise: that only cuts its batch sooner.
                 self.building[k.0].shrink(p.load());
-                p.builder.clear();
+                p.core.clear_building();
                 p.building_since = None;
-                p.builder_uncertain = false;
                 // Their records are read again by the next owner.
                 p.letters.clear();
                 p.letter_bytes = 0;
@@ -209,11 +209,11 @@ impl Sink {
                 let Some(p) = self.parts.remove(k) else {
                     continue;
                 };
-                if p.phase != Phase::Active {
+                if p.phase() != Phase::Active {
                     p.abandon.cancel();
                     continue;
                 }
-                self.ctx.lease.leave(*k, p.generation);
+                self.ctx.lease.leave(*k, p.generation());
                 if let Some(older) = self.leaving.insert(*k, p) {
                     older.abandon.cancel();
                 }
@@ -245,22 +245,19 @@ impl Sink {
         let drained = self
             .leaving
             .get(&key)
-            .is_some_and(|p| p.acks.as_ref().is_none_or(|a| a.in_flight() == 0));
+            .is_some_and(|p| p.core.in_flight() == 0);
         let Some(part) = drained.then(|| self.leaving.remove(&key)).flatten() else {
             return;
         };
-        let live = self.ctx.lease.live(key, part.generation);
-        if let Some(frontier) = part
-            .acks
-            .as_ref()
-            .and_then(|a| a.to_commit(part.committed, live))
-        {
+        let generation = part.generation();
+        let live = self.ctx.lease.live(key, generation);
+        if let Some(frontier) = part.core.to_commit(live) {
             self.out.push_back(Action::Commit {
-                offsets: vec![(key, part.generation, frontier)],
+                offsets: vec![(key, generation, frontier)],
                 sync: false,
             });
         }
-        let (keys, until) = self.leases_ended(&[(key, part.generation)]);
+        let (keys, until) = self.leases_ended(&[(key, generation)]);
         self.out.push_back(Action::MarkClean {
             keys,
             until,
@@ -273,10 +270,10 @@ impl Sink {
     pub(crate) fn expire_leaving(&mut self) {
         let lease = &self.ctx.lease;
         self.leaving.retain(|k, p| {
-            let live = lease.live(*k, p.generation);
+            let live = lease.live(*k, p.generation());
             if !live {
                 p.abandon.cancel();
-                lease.give_up(*k, p.generation);
+                lease.give_up(*k, p.generation());
             }
             live
         });
@@ -310,8 +307,8 @@ impl Sink {
             .parts
             .iter()
             .chain(&self.leaving)
-            .filter(|(k, p)| keys.is_none_or(|ks| ks.contains(k)) && p.phase == Phase::Active)
-            .map(|(k, p)| (*k, p.generation))
+            .filter(|(k, p)| keys.is_none_or(|ks| ks.contains(k)) && p.phase() == Phase::Active)
+            .map(|(k, p)| (*k, p.generation()))
             .collect();
         let (keys, until) = self.leases_ended(&list);
         self.out.push_back(Action::MarkClean {
@@ -361,7 +358,7 @@ impl Sink {
     fn preparing(&self, p: &Prepared) -> bool {
         self.parts
             .get(&p.key)
-            .is_some_and(|x| x.generation == p.generation && x.phase == Phase::Preparing)
+            .is_some_and(|x| x.generation() == p.generation && x.phase() == Phase::Preparing)
     }
 
     /// A prepared partition was sought to its start: its records flow;
@@ -375,7 +372,7 @@ impl Sink {
         if self.cfg.sink.delivery.is_exactly_once() {
             self.ctx.lease.hold(p.key, p.generation, p.confirmed);
         }
-        let seeds = self.routes[p.key.0]
+        let keys = self.routes[p.key.0]
             .dedup
             .as_ref()
             .map(|d| crate::sink::dedup::window(d, p.seeds.as_ref()));
@@ -383,13 +380,7 @@ impl Sink {
             return;
         };
         let start = p.plan.start;
-        part.check_through = p.plan.check_through;
-        if seeds.is_some() {
-            part.keys = seeds;
-        }
-        part.position = Some(start);
-        part.acks = Some(AckTracker::new(start));
-        part.phase = Phase::Active;
+        part.core.activate(start, p.plan.check_through, keys);
         part.active_since = Some(Instant::now());
         tracing::info!(
             partition = %name,

@@ -41,12 +41,11 @@ pub(super) use record::Record;
 use record::{Fate, Value};
 use sluice_formats::RowError;
 use sluice_protocol::cut::{Load, RouteCut};
-use sluice_protocol::dedup::{KeyHash, KeyWindow};
+use sluice_protocol::dedup::KeyHash;
+use sluice_protocol::partition::{Partition, Phase};
 use sluice_protocol::resume::{Mismatch, MISMATCH_MARK};
-use sluice_protocol::{
-    AckTracker, Batch, BatchBuilder, BatchLimits, NextOffset, Offset, PartitionId, Row,
-};
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use sluice_protocol::{Batch, BatchLimits, NextOffset, PartitionId, Row};
+use std::collections::{HashMap, VecDeque};
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -60,42 +59,17 @@ const STALL_RETRY: Duration = Duration::from_millis(500);
 /// A batch is cut once it accounts for this many DLQ writes.
 const MAX_LETTERS_PER_BATCH: usize = 10_000;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Phase {
-    /// Assigned and paused; the start position is being worked out.
-    Preparing,
-    /// Positioned; its records are being batched and inserted.
-    Active,
-}
-
+/// A partition this process holds: its protocol state ([`Partition`]),
+/// and what only the binary keeps beside it.
 struct Part {
-    phase: Phase,
-    builder: BatchBuilder,
-    /// The batch being built holds rows that may already be stored.
-    builder_uncertain: bool,
-    acks: Option<AckTracker>,
-    committed: Option<NextOffset>,
-    check_through: Option<Offset>,
-    generation: u64,
+    core: Partition<Instant>,
     abandon: CancellationToken,
     /// Paused by backpressure (preparing partitions are always paused).
     paused: bool,
-    /// Business keys written within the route's dedup window, if it has one.
-    keys: Option<KeyWindow>,
-    /// The offset after the last record taken: a record below it was
-    /// delivered twice by the client and is ignored.
-    position: Option<NextOffset>,
     /// DLQ writes for records of the batch being built.
     letters: Vec<Letter>,
     /// The memory `letters` hold.
     letter_bytes: usize,
-    /// Key dedup: rows of the batch being built written on condition,
-    /// `(row, copy)` ([`sluice_protocol::dedup::Verdict::WriteUnless`]).
-    conditional: Vec<(Offset, Offset)>,
-    /// The copies that conditional rows, in flight or being batched, wait
-    /// on (with their counts): [`Fates`] keeps what is at or above the
-    /// lowest.
-    waiting: BTreeMap<Offset, usize>,
     /// What became of this activation's rows, for conditional rows.
     fates: Arc<Fates>,
     /// When it went active.
@@ -114,21 +88,11 @@ struct Part {
 impl Part {
     fn new(id: PartitionId, limits: BatchLimits, generation: u64, phase: Phase) -> Self {
         Self {
-            phase,
-            builder: BatchBuilder::new(id, limits),
-            builder_uncertain: false,
-            acks: None,
-            committed: None,
-            check_through: None,
-            generation,
+            core: Partition::new(id, limits, generation, phase),
             abandon: CancellationToken::new(),
             paused: phase == Phase::Preparing,
-            keys: None,
-            position: None,
             letters: Vec::new(),
             letter_bytes: 0,
-            conditional: Vec::new(),
-            waiting: BTreeMap::new(),
             fates: Arc::default(),
             active_since: None,
             stalled: None,
@@ -138,19 +102,32 @@ impl Part {
         }
     }
 
+    fn generation(&self) -> u64 {
+        self.core.generation()
+    }
+
+    fn phase(&self) -> Phase {
+        self.core.phase()
+    }
+
     /// What its batch being built holds.
     fn load(&self) -> Load {
         Load {
-            rows: self.builder.rows(),
-            bytes: self.builder.bytes(),
+            rows: self.core.builder().rows(),
+            bytes: self.core.builder().bytes(),
             letters: self.letters.len(),
         }
+    }
+
+    /// Whether it has something built to send.
+    fn building(&self) -> bool {
+        !self.core.builder().is_empty()
     }
 
     /// The Kafka timestamp (ms) of the oldest record read and not yet
     /// durable, if it has one.
     fn oldest_pending(&mut self) -> Option<i64> {
-        let frontier = self.acks.as_ref()?.frontier();
+        let frontier = self.core.frontier()?;
         while self
             .cut_since
             .front()
@@ -353,7 +330,7 @@ impl Sink {
             partitions = self
                 .parts
                 .values()
-                .filter(|p| p.phase == Phase::Active)
+                .filter(|p| p.phase() == Phase::Active)
                 .count(),
             "progress"
         );
@@ -416,7 +393,7 @@ impl Sink {
         // it still has to take. Refusing it here could send a stored row
         // to the DLQ, after a column was dropped.
         let row = match &value {
-            _ if part.check_through.is_some_and(|c| rec.offset <= c) => None,
+            _ if part.core.may_be_stored(rec.offset) => None,
             Value::Json => rec.payload,
             Value::Decoded(row) => Some(*row),
             Value::Refused(_) => None,
@@ -433,15 +410,15 @@ impl Sink {
             self.ctx.dlq.is_some(),
             now,
         );
-        if part.building_since.is_none() && !part.builder.is_empty() {
+        if part.building_since.is_none() && part.building() {
             part.building_since = rec.timestamp;
         }
-        if !part.builder.is_empty() {
+        if part.building() {
             self.building[ri].grow(part.load().beyond(held), now);
         }
         let aligned = self.cfg.sink.limits.aligned;
         let due = if aligned {
-            part.builder.is_due(now) || part.letters.len() >= MAX_LETTERS_PER_BATCH
+            part.core.builder().is_due(now) || part.letters.len() >= MAX_LETTERS_PER_BATCH
         } else {
             self.route_due(ri, now)
         };
@@ -519,7 +496,7 @@ impl Sink {
             let due: Vec<Key> = self
                 .parts
                 .iter()
-                .filter(|(_, p)| !p.builder.is_empty() && (all || p.builder.is_due(now)))
+                .filter(|(_, p)| p.building() && (all || p.core.builder().is_due(now)))
                 .map(|(k, _)| *k)
                 .collect();
             for key in due {
@@ -539,7 +516,7 @@ impl Sink {
         let mut keys: Vec<Key> = self
             .parts
             .iter()
-            .filter(|(k, p)| k.0 == ri && !p.builder.is_empty())
+            .filter(|(k, p)| k.0 == ri && p.building())
             .map(|(k, _)| *k)
             .collect();
         keys.sort_unstable();
@@ -557,21 +534,15 @@ impl Sink {
             let Some(part) = self.parts.get_mut(key) else {
                 continue;
             };
-            // A record taken gives its partition an ack tracker first.
-            debug_assert!(part.acks.is_some() || part.builder.is_empty());
-            if part.acks.is_none() {
-                continue;
-            }
             let since = part.building_since.take();
-            let Some(batch) = part.builder.take() else {
+            let Some(cut) = part.core.cut() else {
+                // A record taken gives its partition acks first.
+                debug_assert!(!part.building(), "built without acks");
                 continue;
             };
-            uncertain |= std::mem::take(&mut part.builder_uncertain);
-            let end = batch
-                .end_of(key.1)
-                .expect("a partition's batch accounts for it");
-            let ticket = part.acks.as_mut().expect("checked above").register(end);
-            part.cut_since.push_back((end, since));
+            let batch = cut.batch;
+            uncertain |= cut.uncertain;
+            part.cut_since.push_back((cut.end, since));
             let letters = std::mem::take(&mut part.letters);
             let originals = std::mem::take(&mut part.originals);
             self.building[ri].shrink(Load {
@@ -582,11 +553,11 @@ impl Sink {
             bytes += batch.bytes() + std::mem::take(&mut part.letter_bytes) + originals.bytes();
             slices.push(Slice {
                 partition: key.1,
-                ticket,
-                generation: part.generation,
+                ticket: cut.ticket,
+                generation: part.generation(),
                 abandon: part.abandon.clone(),
                 letters,
-                conditional: std::mem::take(&mut part.conditional),
+                conditional: cut.conditional,
                 fates: part.fates.clone(),
                 originals,
             });
@@ -657,7 +628,7 @@ impl Sink {
             let held = self
                 .parts
                 .get(key)
-                .is_some_and(|p| p.generation == *generation && p.phase != Phase::Active);
+                .is_some_and(|p| p.generation() == *generation && p.phase() != Phase::Active);
             if *why != Mismatch::Marked && held && self.cfg.sink.delivery.is_exactly_once() {
                 keys.push(*key);
             }
@@ -737,7 +708,7 @@ impl Sink {
                 match result {
                     Ok(()) => part.stalled = None,
                     Err(e) => {
-                        tracing::warn!(partition = %part.builder.partition(), error = %e, "seek failed; retrying");
+                        tracing::warn!(partition = %part.core.builder().partition(), error = %e, "seek failed; retrying");
                         if let Some(stall) = part.stalled.as_mut() {
                             stall.retry_at = Some(Instant::now() + STALL_RETRY);
                         }
@@ -809,40 +780,27 @@ impl Sink {
         let leaving = self
             .leaving
             .get(&key)
-            .is_some_and(|p| p.generation == slice.generation);
+            .is_some_and(|p| p.generation() == slice.generation);
         let part = if leaving {
             self.leaving.get_mut(&key)
         } else {
             self.parts
                 .get_mut(&key)
-                .filter(|p| p.generation == slice.generation)
+                .filter(|p| p.generation() == slice.generation)
         };
         let Some(p) = part else {
             return;
         };
-        for copy in &slice.copies {
-            if let Some(n) = p.waiting.get_mut(copy) {
-                *n -= 1;
-                if *n == 0 {
-                    p.waiting.remove(copy);
-                }
-            }
-        }
-        if slice.durable {
-            // A rejected copy does not stand for its key any more.
-            if let Some(window) = p.keys.as_mut() {
-                for (row, key) in rejected.iter().filter(|r| r.0.partition == slice.partition) {
-                    if let Some(k) = key {
-                        window.forget(*k, row.offset);
-                    }
-                }
-            }
-            if let Some(acks) = p.acks.as_mut() {
-                acks.ack(slice.ticket);
-                let lowest = p.waiting.keys().next().map(|o| NextOffset(o.0));
-                let below = lowest.map_or(acks.frontier(), |w| w.min(acks.frontier()));
-                p.fates.prune_below(below);
-            }
+        // A rejected copy does not stand for its key any more.
+        let rejected = rejected
+            .iter()
+            .filter(|r| r.0.partition == slice.partition)
+            .filter_map(|(row, key)| Some(((*key)?, row.offset)));
+        if let Some(below) = p
+            .core
+            .settle(slice.ticket, &slice.copies, slice.durable, rejected)
+        {
+            p.fates.prune_below(below);
         }
         if leaving {
             self.settle_leaving(key);
@@ -852,12 +810,9 @@ impl Sink {
     /// Whether batches (of `only`, or of any partition) are in flight.
     pub(crate) fn busy(&self, only: Option<&[Key]>) -> bool {
         match only {
-            Some(keys) => keys.iter().any(|k| {
-                self.parts
-                    .get(k)
-                    .and_then(|p| p.acks.as_ref())
-                    .is_some_and(|a| a.in_flight() > 0)
-            }),
+            Some(keys) => keys
+                .iter()
+                .any(|k| self.parts.get(k).is_some_and(|p| p.core.in_flight() > 0)),
             None => self.in_flight > 0,
         }
     }
@@ -868,16 +823,12 @@ impl Sink {
     pub(crate) fn commit(&mut self, keys: Option<&[Key]>, sync: bool) {
         let mut offsets = Vec::new();
         for (key, part) in &self.parts {
-            if keys.is_some_and(|ks| !ks.contains(key)) || part.phase != Phase::Active {
+            if keys.is_some_and(|ks| !ks.contains(key)) || part.phase() != Phase::Active {
                 continue;
             }
-            let may_write = self.may_write(*key, part.generation);
-            let to_commit = part
-                .acks
-                .as_ref()
-                .and_then(|a| a.to_commit(part.committed, may_write));
-            if let Some(frontier) = to_commit {
-                offsets.push((*key, part.generation, frontier));
+            let may_write = self.may_write(*key, part.generation());
+            if let Some(frontier) = part.core.to_commit(may_write) {
+                offsets.push((*key, part.generation(), frontier));
             }
         }
         if !offsets.is_empty() {
@@ -891,9 +842,9 @@ impl Sink {
             if let Some(p) = self
                 .parts
                 .get_mut(key)
-                .filter(|p| p.generation == *generation)
+                .filter(|p| p.generation() == *generation)
             {
-                p.committed = Some(*frontier);
+                p.core.committed(*frontier);
             }
         }
     }
@@ -924,13 +875,13 @@ impl Sink {
             let Some(part) = self.parts.get(key) else {
                 return target == 0 || commit.is_some_and(|c| c >= target && c != MISMATCH_MARK.0);
             };
-            let idle = part.phase == Phase::Active
-                && part.builder.is_empty()
+            let idle = part.phase() == Phase::Active
+                && !part.building()
                 && part.letters.is_empty()
                 && part.stalled.is_none()
-                && part.acks.as_ref().is_none_or(|a| a.in_flight() == 0);
+                && part.core.in_flight() == 0;
             let read = [
-                part.acks.as_ref().map(|a| a.frontier().0),
+                part.core.frontier().map(|f| f.0),
                 positions.get(key).copied(),
                 commit,
             ]
@@ -938,7 +889,7 @@ impl Sink {
             .flatten()
             .max()
             .unwrap_or(0);
-            let never_read = part.acks.is_none() && commit.is_none() && starts_at_end;
+            let never_read = part.core.frontier().is_none() && commit.is_none() && starts_at_end;
             idle && (read >= target || never_read)
         })
     }
@@ -946,8 +897,8 @@ impl Sink {
     /// Where a partition this process holds, active, is durable up to.
     pub(crate) fn durable_through(&self, topic: &str, partition: i32) -> Option<i64> {
         let part = self.parts.get(&(self.route_of(topic)?, partition))?;
-        (part.phase == Phase::Active)
-            .then(|| part.acks.as_ref().map(|a| a.frontier().0))
+        (part.phase() == Phase::Active)
+            .then(|| part.core.frontier().map(|f| f.0))
             .flatten()
     }
 
@@ -955,7 +906,7 @@ impl Sink {
     /// pending record has waited, for `/metrics`; `now_ms` is the Unix time.
     pub(crate) fn report_progress(&mut self, now_ms: i64) {
         for ((ri, p), part) in &mut self.parts {
-            if part.phase != Phase::Active {
+            if part.phase() != Phase::Active {
                 continue;
             }
             let waited = part
@@ -964,7 +915,7 @@ impl Sink {
             telemetry::partition_progress(
                 &self.routes[*ri].topic,
                 *p,
-                part.committed.map(|c| c.0),
+                part.core.last_committed().map(|c| c.0),
                 std::time::Duration::from_millis(waited),
             );
         }
@@ -982,7 +933,7 @@ impl Sink {
         let building: usize = self
             .parts
             .values()
-            .map(|p| p.builder.bytes() + p.letter_bytes + p.originals.bytes())
+            .map(|p| p.core.builder().bytes() + p.letter_bytes + p.originals.bytes())
             .sum();
         let buffered = self.in_flight_bytes + building;
         let max = self.cfg.sink.batch_buffer_bytes();
@@ -997,7 +948,8 @@ impl Sink {
         }
         let (mut pause, mut resume) = (Vec::new(), Vec::new());
         for (key, part) in self.parts.iter_mut() {
-            let want = self.overloaded || part.phase == Phase::Preparing || part.stalled.is_some();
+            let want =
+                self.overloaded || part.phase() == Phase::Preparing || part.stalled.is_some();
             if want != part.paused {
                 let list = if want { &mut pause } else { &mut resume };
                 list.push(*key);

@@ -11,10 +11,10 @@
 //! stops the sink, without one). Out: its [`Fate`], which the sink counts
 //! ([`super::Sink::note`]).
 
-use super::{Letter, Part, Phase};
+use super::{Letter, Part};
 use sluice_formats::{RowEncoder, RowError};
-use sluice_protocol::dedup::Verdict;
-use sluice_protocol::{AckTracker, NextOffset, Offset};
+use sluice_protocol::partition::{Admit, Keyed};
+use sluice_protocol::{NextOffset, Offset};
 use std::fmt;
 use std::time::Instant;
 
@@ -70,15 +70,11 @@ impl Part {
     /// delivered twice) if not. A partition waiting for a schema ignores
     /// what was fetched before its pause took hold: it is read again.
     pub(crate) fn admit(&self, rec: &Record) -> Option<Fate> {
-        if self.phase != Phase::Active || self.stalled.is_some() {
-            return Some(Fate::Ignored);
+        match self.core.admit(rec.offset, self.stalled.is_some()) {
+            Admit::Take => None,
+            Admit::Ignore => Some(Fate::Ignored),
+            Admit::Redelivered { expected } => Some(Fate::Redelivered { expected }),
         }
-        if self.position.is_some_and(|p| p.covers(rec.offset)) {
-            return Some(Fate::Redelivered {
-                expected: self.position,
-            });
-        }
-        None
     }
 
     /// Takes `rec`, whose value its route reads as `value`, into the batch
@@ -96,12 +92,7 @@ impl Part {
             return fate;
         }
         let offset = rec.offset;
-        self.position = Some(offset.next());
-        self.acks
-            .get_or_insert_with(|| AckTracker::new(NextOffset(offset.0)));
-        if self.check_through.is_some_and(|c| offset <= c) {
-            self.builder_uncertain = true;
-        }
+        self.core.read(offset);
         let partition = rec.partition;
         let (payload, original) = match value {
             Value::Json => (Ok(rec.payload), None),
@@ -126,7 +117,7 @@ impl Part {
                 queued: false,
             },
             Err(error) => {
-                self.builder.skip(offset, now);
+                self.core.skip(offset, now);
                 let letter = Letter {
                     topic: rec.topic.to_string(),
                     partition,
@@ -158,39 +149,24 @@ impl Part {
         keyless: &mut bool,
     ) -> Result<bool, RowError> {
         let (offset, partition) = (rec.offset, rec.partition);
-        match self.keys.as_mut() {
-            None => self
-                .builder
+        if !self.core.keyed() {
+            return self
+                .core
                 .push(offset, now, |buf| {
                     encoder.encode(payload, partition, offset.0, buf)
                 })
-                .map(|_| true),
-            Some(window) => {
-                // Below the frontier every row is settled: stored, or
-                // rejected and forgotten by the window.
-                let settled = self
-                    .acks
-                    .as_ref()
-                    .map_or(NextOffset(offset.0), |a| a.frontier());
-                let conditional = &mut self.conditional;
-                let waiting = &mut self.waiting;
-                self.builder.push_or_skip(offset, now, |buf| {
-                    let Some(key) = encoder.encode_keyed(payload, partition, offset.0, buf)? else {
-                        *keyless = true;
-                        return Ok(true);
-                    };
-                    Ok(match window.decide(key, rec.timestamp, offset, settled) {
-                        Verdict::Write => true,
-                        Verdict::Drop => false,
-                        Verdict::WriteUnless { copy } => {
-                            conditional.push((offset, copy));
-                            *waiting.entry(copy).or_default() += 1;
-                            true
-                        }
-                    })
-                })
-            }
+                .map(|_| true);
         }
+        let keyed = self.core.push_keyed(offset, rec.timestamp, now, |buf| {
+            encoder.encode_keyed(payload, partition, offset.0, buf)
+        })?;
+        Ok(match keyed {
+            Keyed::Row { keyless: k } => {
+                *keyless = k;
+                true
+            }
+            Keyed::Dropped => false,
+        })
     }
 }
 
@@ -199,6 +175,7 @@ mod tests {
     use super::*;
     use sluice_formats::MetadataColumns;
     use sluice_protocol::dedup::KeyWindow;
+    use sluice_protocol::partition::Phase;
     use sluice_protocol::{BatchLimits, PartitionId};
     use std::time::Duration;
 
@@ -242,7 +219,7 @@ mod tests {
             Instant::now(),
         );
         assert!(matches!(fate, Fate::Ignored));
-        assert!(p.position.is_none() && p.builder.is_empty());
+        assert!(p.core.frontier().is_none() && !p.building());
     }
 
     #[test]
@@ -268,7 +245,7 @@ mod tests {
             p.take(&e, &rec(9, br#"{"a":1}"#), Value::Json, false, now),
             Fate::Row { .. }
         ));
-        let batch = p.builder.take().expect("a batch");
+        let batch = p.core.cut().expect("a batch").batch;
         let offsets: Vec<Offset> = batch.rows().map(|r| r.offset).collect();
         assert_eq!(offsets, [Offset(5), Offset(9)]);
     }
@@ -296,9 +273,10 @@ mod tests {
         assert!(p.letter_bytes > 0);
         // The batch accounts for the skipped offset: its end passes it.
         let batch = p
-            .builder
-            .take()
-            .expect("the skipped offset is accounted for");
+            .core
+            .cut()
+            .expect("the skipped offset is accounted for")
+            .batch;
         assert_eq!(batch.end_of(0), Some(NextOffset(4)));
         assert!(batch.is_empty());
     }
@@ -306,15 +284,16 @@ mod tests {
     #[test]
     fn a_second_copy_of_a_key_in_flight_is_written_on_condition() {
         let (now, e) = (Instant::now(), encoder().with_key(vec!["id".into()]));
-        let mut p = part(Phase::Active);
-        p.keys = Some(KeyWindow::new(Duration::from_secs(60), 100));
+        let mut p = part(Phase::Preparing);
+        let window = KeyWindow::new(Duration::from_secs(60), 100);
+        p.core.activate(NextOffset(1), None, Some(window));
         let first = p.take(&e, &rec(1, br#"{"id":7}"#), Value::Json, false, now);
         let second = p.take(&e, &rec(2, br#"{"id":7}"#), Value::Json, false, now);
         let keyless = p.take(&e, &rec(3, br#"{"other":1}"#), Value::Json, false, now);
         assert!(matches!(first, Fate::Row { keyless: false }));
         assert!(matches!(second, Fate::Row { keyless: false }));
         assert!(matches!(keyless, Fate::Row { keyless: true }));
-        assert_eq!(p.conditional, [(Offset(2), Offset(1))]);
-        assert_eq!(p.waiting.get(&Offset(1)), Some(&1));
+        let cut = p.core.cut().expect("a batch");
+        assert_eq!(cut.conditional, [(Offset(2), Offset(1))]);
     }
 }
