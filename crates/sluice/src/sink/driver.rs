@@ -439,7 +439,6 @@ fn build_consumer(cfg: &Config, sink: Sink, me: u64) -> anyhow::Result<BaseConsu
     }
     cc.create_with_context(SinkContext {
         sink: Mutex::new(sink),
-        handle: tokio::runtime::Handle::current(),
     })
     .with_context(|| format!("creating the Kafka consumer for {}", k.brokers))
 }

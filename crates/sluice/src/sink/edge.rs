@@ -145,7 +145,7 @@ pub(super) fn positions(c: &Consumer_, s: &Sink) -> HashMap<Key, i64> {
 /// Carries out what the state queued, in order; what it must learn goes
 /// back to it, and what that queues is carried out too.
 pub(super) fn run(c: &Consumer_, s: &mut Sink) {
-    let handle = &c.context().handle;
+    let handle = s.handle().clone();
     while let Some(action) = s.next_action() {
         match action {
             Action::Pause(keys) => {

@@ -36,6 +36,4 @@ pub use driver::{run, Ended, Until};
 /// callbacks. Only the consumer thread locks it.
 struct SinkContext {
     sink: std::sync::Mutex<state::Sink>,
-    /// The runtime the sink's tasks run on.
-    handle: tokio::runtime::Handle,
 }

@@ -275,6 +275,11 @@ impl Sink {
         self.rx.recv_timeout(wait).ok()
     }
 
+    /// The runtime the sink's tasks run on.
+    pub(crate) fn handle(&self) -> &Handle {
+        &self.handle
+    }
+
     /// What insert tasks share.
     pub(crate) fn writer_ctx(&self) -> Arc<WriterCtx> {
         self.ctx.clone()
