@@ -405,7 +405,7 @@ impl Sluice {
                     .iter()
                     .position(|i| i.running_since.is_some_and(|s| w.now.since(s) >= t))
                 {
-                    w.answer(i, Answer::Unknown, &self.rules);
+                    w.answer(i, Answer::Unknown);
                 }
             }
             Action::Rebalance(p, q) => {
@@ -453,7 +453,7 @@ impl Sluice {
                     return None;
                 }
                 if ins.deadline_ms.is_some_and(|d| server > d) {
-                    w.answer(i, Answer::TooLate, &self.rules);
+                    w.answer(i, Answer::TooLate);
                 } else {
                     ins.running_since = Some(w.now);
                 }
@@ -478,7 +478,7 @@ impl Sluice {
                 }
                 match bad {
                     None => {
-                        w.answer(i, Answer::Stored, &self.rules);
+                        w.answer(i, Answer::Stored);
                     }
                     Some(at) => {
                         let ins = w.inserts.remove(i);
@@ -532,7 +532,7 @@ impl Sluice {
                 if i >= w.letters.len() {
                     return None;
                 }
-                w.land_letter(i, &self.rules);
+                w.land_letter(i);
             }
             Action::Proc(..) => unreachable!(),
         }

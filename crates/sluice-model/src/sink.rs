@@ -8,25 +8,29 @@
 //! of the writer's loop (`sink/writer.rs`: which rows an attempt holds, a
 //! row ClickHouse rejected), a batch's completion (the window forgets a
 //! rejected copy), a commit or a hand-off (`sink/state/handoff.rs`). The
-//! decisions are `sluice-protocol`'s; the unsafe [`Rules`] replace one of them
-//! each.
+//! decisions are `sluice-protocol`'s; each partition a process writes is
+//! the sink's own `partition::Partition` (records admitted, read and
+//! pushed, batches cut, slices settled, commits), and a batch's way the
+//! sink's own `Delivery`. The unsafe [`Rules`] replace one decision each
+//! (the key window's through [`crate::world::Keys`]). Still the model's
+//! own: the order of those calls across partitions (issue 31's machine).
 
 use crate::world::{Claim, Insert, Job, Keys, Letter, Part, Phase, Proc, Rewrite, Wait, World};
 use crate::{
-    ClaimConfirm, ClaimYield, DlqConfirm, KeyDrop, LateGuard, LostSlice, RefusedInsert,
-    RejectedKey, RewriteCheck, Rules, Settings, Sluice, UnbackedRows,
+    ClaimConfirm, ClaimYield, DlqConfirm, LateGuard, LostSlice, RefusedInsert, RewriteCheck, Rules,
+    Settings, Sluice, UnbackedRows,
 };
+use sluice_protocol::acks::Ticket;
 use sluice_protocol::attempt::Answer;
 use sluice_protocol::claim::{counts_afresh, taken_wait, Do, Start, Why};
 use sluice_protocol::deadline::{attempt_deadline, Fence, FenceStep, Millis, Moment};
-use sluice_protocol::dedup::{KeyHash, KeyWindow, Seen, Verdict};
+use sluice_protocol::dedup::{KeyHash, KeyWindow};
 use sluice_protocol::delivery::{Delivery, Next};
 use sluice_protocol::lease::{on_register, Leases, Owner, Renewal};
+use sluice_protocol::partition::{Admit, Partition, Phase as Held};
 use sluice_protocol::resume::{resume_plan, Committed, LogBounds, ResetPolicy};
 use sluice_protocol::token::{insert_token, query_id};
-use sluice_protocol::{
-    AckTracker, Batch, BatchBuilder, BatchLimits, NextOffset, Offset, PartitionId, Row,
-};
+use sluice_protocol::{Batch, BatchLimits, NextOffset, Offset, PartitionId, Row};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -105,8 +109,8 @@ pub fn take(m: &Sluice, w: &World, p: usize, step: Step) -> Option<World> {
                 Phase::Active(part) if !part.leaving => {
                     let part = Arc::make_mut(part);
                     part.leaving = true;
-                    part.leases.leave(KEY, part.generation);
-                    part.builder.clear();
+                    part.leases.leave(KEY, part.generation());
+                    part.core.clear_building();
                 }
                 _ => return None,
             }
@@ -174,63 +178,49 @@ pub fn take(m: &Sluice, w: &World, p: usize, step: Step) -> Option<World> {
                     continue;
                 }
                 let part = active(&mut w, p, q)?;
-                if part.leaving || rows as i64 > records - part.next.0 {
+                let next = part.core.position()?;
+                if part.leaving || rows as i64 > records - next.0 {
                     return None;
                 }
                 let row_of = |o: Offset| Row::new(q as i32, o.0);
-                for _ in 0..rows {
-                    let o = Offset(part.next.0);
+                for o in (next.0..next.0 + rows as i64).map(Offset) {
+                    // The sink's intake (`sink/state/record.rs`): admit,
+                    // read, then a row, a letter or a drop for its key.
+                    if part.core.admit(o, false) != Admit::Take {
+                        return None;
+                    }
+                    part.core.read(o);
                     let row =
                         |buf: &mut Vec<u8>| buf.extend_from_slice(format!("{o}\n").as_bytes());
                     if m.bounds.bad & (1 << o.0) != 0 {
                         // It cannot become a row: the batch accounts for it,
                         // and it goes to the DLQ.
-                        part.builder.skip(o, now);
+                        part.core.skip(o, now);
                         letters.push(row_of(o));
-                    } else if let Some(keys) = part.keys.as_mut() {
-                        // Below the frontier every row is settled.
-                        let settled = part.acks.frontier();
-                        let key = keys.key(o);
-                        let verdict = match rules.key_drop {
-                            KeyDrop::SettledCopy => keys.window.decide(key, None, o, settled),
-                            KeyDrop::AnyCopy => match keys.window.check(key, None, o) {
-                                Seen::New => Verdict::Write,
-                                Seen::Duplicate { .. } => Verdict::Drop,
-                            },
-                        };
-                        part.builder
-                            .push_or_skip(o, now, |buf| {
+                    } else if part.core.keyed() {
+                        let key = KeyHash::from(m.bounds.keys[o.0 as usize]);
+                        part.core
+                            .push_keyed(o, None, now, |buf| {
                                 row(buf);
-                                Ok::<_, ()>(match verdict {
-                                    Verdict::Write => true,
-                                    Verdict::Drop => false,
-                                    Verdict::WriteUnless { copy } => {
-                                        conditional.push((row_of(o), row_of(copy)));
-                                        true
-                                    }
-                                })
+                                Ok::<_, ()>(Some(key))
                             })
                             .ok()?;
                     } else {
-                        part.builder
+                        part.core
                             .push(o, now, |buf| {
                                 row(buf);
                                 Ok::<_, ()>(())
                             })
                             .ok()?;
                     }
-                    if part.check_through.is_some_and(|c| o <= c) {
-                        part.builder_uncertain = true;
-                    }
-                    part.next = o.next();
                 }
                 // Full, or cut short by its age (`max_age` is one step):
                 // the search picks when.
-                let batch = part.builder.take()?;
-                let ticket = part.acks.register(batch.end_of(q as i32)?);
-                tickets.push((q, part.generation, ticket));
-                uncertain |= std::mem::take(&mut part.builder_uncertain);
-                slices.push(batch);
+                let cut = part.core.cut()?;
+                tickets.push((q, part.generation(), cut.ticket));
+                uncertain |= cut.uncertain;
+                conditional.extend(cut.conditional.iter().map(|&(r, c)| (row_of(r), row_of(c))));
+                slices.push(cut.batch);
             }
             w.letters.extend(letters.iter().map(|&row| Letter {
                 from: id,
@@ -273,7 +263,7 @@ pub fn take(m: &Sluice, w: &World, p: usize, step: Step) -> Option<World> {
                 let Some(part) = active(&mut w, p, q) else {
                     continue;
                 };
-                let g = part.generation;
+                let g = part.generation();
                 let live = part.leases.live(KEY, g, now);
                 match on_register(Some(register), id, live, part.leaving) {
                     Renewal::Renew => part.leases.renew(KEY, g, now),
@@ -300,7 +290,7 @@ pub fn take(m: &Sluice, w: &World, p: usize, step: Step) -> Option<World> {
             if part.rewrite != Rewrite::Decided || busy {
                 return None;
             }
-            let live = part.leases.live(KEY, part.generation, now);
+            let live = part.leases.live(KEY, part.generation(), now);
             part.rewrite = if live { Rewrite::Sent } else { Rewrite::No };
             if live {
                 w.rewrite_in_flight = Some((id, q));
@@ -312,7 +302,7 @@ pub fn take(m: &Sluice, w: &World, p: usize, step: Step) -> Option<World> {
                 return None;
             }
             part.rewrite = Rewrite::No;
-            let g = part.generation;
+            let g = part.generation();
             // Acknowledged after the lease ended: it may have landed over
             // a new owner's claim. Claim again.
             if !part.leases.live(KEY, g, now) && m.rules.rewrite == RewriteCheck::AckWithinLease {
@@ -327,12 +317,11 @@ pub fn take(m: &Sluice, w: &World, p: usize, step: Step) -> Option<World> {
                 let Phase::Active(part) = &w.procs[p].phase[q] else {
                     continue;
                 };
-                let live = part.leases.live(KEY, part.generation, now);
-                let Some(frontier) = part.acks.to_commit(part.committed, live) else {
+                let live = part.leases.live(KEY, part.generation(), now);
+                let Some(frontier) = part.core.to_commit(live) else {
                     continue;
                 };
-                let part = active(&mut w, p, q)?;
-                part.committed = Some(frontier);
+                active(&mut w, p, q)?.core.committed(frontier);
                 // Taken whatever the generation: a coordinator that fences
                 // stale commits only helps.
                 w.parts[q].group.committed = Some(frontier);
@@ -348,8 +337,8 @@ pub fn take(m: &Sluice, w: &World, p: usize, step: Step) -> Option<World> {
             if !part.leaving || in_flight {
                 return None;
             }
-            let live = part.leases.live(KEY, part.generation, now);
-            if let Some(frontier) = part.acks.to_commit(part.committed, live) {
+            let live = part.leases.live(KEY, part.generation(), now);
+            if let Some(frontier) = part.core.to_commit(live) {
                 w.parts[q].group.committed = Some(frontier);
             }
             if live {
@@ -359,7 +348,7 @@ pub fn take(m: &Sluice, w: &World, p: usize, step: Step) -> Option<World> {
         }
         Step::Expire(q) => {
             let part = active(&mut w, p, q)?;
-            if !part.leaving || part.leases.live(KEY, part.generation, now) {
+            if !part.leaving || part.leases.live(KEY, part.generation(), now) {
                 return None;
             }
             w.procs[p].phase[q] = Phase::Idle;
@@ -400,7 +389,7 @@ pub fn take(m: &Sluice, w: &World, p: usize, step: Step) -> Option<World> {
                 FenceStep::Done => job.wait = Wait::Fenced,
                 FenceStep::KillAgain => {
                     job.wait = Wait::Fencing(fence);
-                    kill(&mut w, &previous.query_id, &rules);
+                    kill(&mut w, &previous.query_id);
                 }
                 FenceStep::WaitUntil(_) => {
                     job.wait = Wait::Fencing(fence);
@@ -428,13 +417,13 @@ pub fn take(m: &Sluice, w: &World, p: usize, step: Step) -> Option<World> {
             let job = proc.job.as_mut().map(Arc::make_mut)?;
             job.delivery.reconciled(&present);
             job.wait = Wait::Ready;
-            settle_early(proc, &rules);
+            settle_early(proc);
             if proc
                 .job
                 .as_ref()
                 .is_some_and(|j| matches!(j.delivery.next(), Next::Durable(_)))
             {
-                durable(proc, &rules);
+                durable(proc);
             }
         }
         Step::Send => {
@@ -450,7 +439,7 @@ pub fn take(m: &Sluice, w: &World, p: usize, step: Step) -> Option<World> {
                 // Every record went to the DLQ or was dropped for its key:
                 // nothing to insert.
                 Next::Durable(_) => {
-                    durable(proc, &rules);
+                    durable(proc);
                     return Some(w);
                 }
                 Next::Reconcile { .. } | Next::Waiting => return None,
@@ -502,7 +491,7 @@ pub fn take(m: &Sluice, w: &World, p: usize, step: Step) -> Option<World> {
                 sent: *sent,
                 running_since: None,
             };
-            on_answer(proc, &lost, Answer::Unknown, now, &rules);
+            on_answer(proc, &lost, Answer::Unknown, now);
             if !timed_out {
                 w.left.resets -= 1;
             }
@@ -519,8 +508,8 @@ fn idle(m: &Sluice, w: &World, p: usize, step: Step) -> bool {
     match step {
         Step::Commit => w.procs[p].phase.iter().all(|ph| match ph {
             Phase::Active(part) => {
-                let live = part.leases.live(KEY, part.generation, now);
-                part.acks.to_commit(part.committed, live).is_none()
+                let live = part.leases.live(KEY, part.generation(), now);
+                part.core.to_commit(live).is_none()
             }
             _ => true,
         }),
@@ -551,7 +540,7 @@ fn lease_end(proc: &Proc, now: Millis, rules: &Rules) -> Option<Millis> {
     let mut end: Option<Millis> = None;
     for &(q, _, _) in &job.tickets {
         let until = match &proc.phase[q] {
-            Phase::Active(part) => part.leases.until(KEY, part.generation, now),
+            Phase::Active(part) => part.leases.until(KEY, part.generation(), now),
             _ => None,
         };
         match until {
@@ -595,27 +584,27 @@ fn waiting_for<'a>(proc: &'a mut Proc, to: &Insert) -> Option<&'a mut Job> {
 }
 
 /// The answer to request `to` reaches the writer, if it still waits for it.
-pub fn on_answer(proc: &mut Proc, to: &Insert, answer: Answer, now: Millis, rules: &Rules) {
+pub fn on_answer(proc: &mut Proc, to: &Insert, answer: Answer, now: Millis) {
     let Some(job) = waiting_for(proc, to) else {
         return;
     };
     job.delivery.answered(answer);
     job.wait = Wait::Ready;
     let held: Vec<usize> = job.tickets.iter().map(|t| t.0).collect();
-    settle_early(proc, rules);
+    settle_early(proc);
     if proc
         .job
         .as_ref()
         .is_some_and(|j| matches!(j.delivery.next(), Next::Durable(_)))
     {
-        durable(proc, rules);
+        durable(proc);
     }
     // Refused after its deadline: the clock may have stood still.
     if answer == Answer::TooLate {
         for q in held {
             if let Phase::Active(part) = &mut proc.phase[q] {
                 let part = Arc::make_mut(part);
-                part.leases.suspect(KEY, part.generation, now);
+                part.leases.suspect(KEY, part.generation(), now);
             }
         }
     }
@@ -673,7 +662,7 @@ pub fn on_rejected(m: &Sluice, w: &mut World, to: &Insert, row: Row) {
 /// consumer thread: each partition's window forgets the keys of its
 /// rejected rows, and each partition's frontier moves (`sink/state`,
 /// `on_completion`).
-fn durable(proc: &mut Proc, rules: &Rules) {
+fn durable(proc: &mut Proc) {
     let Some(job) = proc.job.as_mut().map(Arc::make_mut) else {
         return;
     };
@@ -685,29 +674,20 @@ fn durable(proc: &mut Proc, rules: &Rules) {
         return;
     };
     for &(q, generation, ticket) in &job.tickets {
-        let Phase::Active(part) = &mut proc.phase[q] else {
-            continue;
-        };
-        if part.generation != generation {
-            continue;
-        }
-        let part = Arc::make_mut(part);
-        if let Some(keys) = part.keys.as_mut() {
-            if rules.rejected_key == RejectedKey::Forget {
-                for r in job.delivery.rejected() {
-                    if r.partition == q as i32 {
-                        let key = keys.key(r.offset);
-                        keys.window.forget(key, r.offset);
-                    }
-                }
-            }
-        }
-        part.acks.ack(ticket);
+        let copies = copies_of(&job.delivery, q);
+        settle(
+            &mut proc.phase,
+            q,
+            generation,
+            ticket,
+            &copies,
+            job.delivery.rejected(),
+        );
     }
 }
 
 /// The DLQ acknowledged letter `l`: its batch stops waiting for it.
-pub fn on_letter(proc: &mut Proc, l: &Letter, rules: &Rules) {
+pub fn on_letter(proc: &mut Proc, l: &Letter) {
     let Some(job) = proc.job.as_mut().map(Arc::make_mut) else {
         return;
     };
@@ -716,9 +696,9 @@ pub fn on_letter(proc: &mut Proc, l: &Letter, rules: &Rules) {
     }
     job.letters.retain(|&r| r != l.row);
     if job.wait == Wait::Letters {
-        durable(proc, rules);
+        durable(proc);
     } else {
-        settle_early(proc, rules);
+        settle_early(proc);
     }
 }
 
@@ -729,7 +709,7 @@ pub fn on_letter(proc: &mut Proc, l: &Letter, rules: &Rules) {
 /// rows' keys and its frontier moves, so a revoked partition may settle
 /// before the rest of its batch is done. When every partition is settled
 /// the batch is durable and [`durable`] ends them together.
-fn settle_early(proc: &mut Proc, rules: &Rules) {
+fn settle_early(proc: &mut Proc) {
     let Some(job) = proc.job.as_mut().map(Arc::make_mut) else {
         return;
     };
@@ -746,6 +726,7 @@ fn settle_early(proc: &mut Proc, rules: &Rules) {
         if job.letters.iter().any(|r| r.partition == q as i32) {
             continue;
         }
+        let copies = copies_of(&job.delivery, q);
         let Some(settled) = job.delivery.settle_partition(q as i32) else {
             continue;
         };
@@ -753,23 +734,52 @@ fn settle_early(proc: &mut Proc, rules: &Rules) {
             continue;
         };
         let (_, generation, ticket) = job.tickets.remove(at);
-        let Phase::Active(part) = &mut proc.phase[q] else {
-            continue;
-        };
-        if part.generation != generation {
-            continue;
-        }
-        let part = Arc::make_mut(part);
-        if let Some(keys) = part.keys.as_mut() {
-            if rules.rejected_key == RejectedKey::Forget {
-                for r in &settled.rejected {
-                    let key = keys.key(r.offset);
-                    keys.window.forget(key, r.offset);
-                }
-            }
-        }
-        part.acks.ack(ticket);
+        settle(
+            &mut proc.phase,
+            q,
+            generation,
+            ticket,
+            &copies,
+            &settled.rejected,
+        );
     }
+}
+
+/// The copies in earlier batches that partition `q`'s conditional rows in
+/// `delivery` wait on.
+fn copies_of(delivery: &Delivery, q: usize) -> Vec<Offset> {
+    let conditional = delivery.conditional().iter();
+    let of_q = conditional.filter(|(row, _)| row.partition == q as i32);
+    of_q.map(|(_, copy)| copy.offset).collect()
+}
+
+/// Partition `q`'s rows of `ticket`, cut by `generation`, are durable: if
+/// it still holds the partition, its window forgets the keys of the rows
+/// ClickHouse `rejected` and its frontier moves ([`Partition::settle`], as
+/// the sink's `on_slice`).
+///
+/// [`Partition::settle`]: sluice_protocol::partition::Partition::settle
+fn settle(
+    phase: &mut [Phase],
+    q: usize,
+    generation: u64,
+    ticket: Ticket,
+    copies: &[Offset],
+    rejected: &[Row],
+) {
+    let Phase::Active(part) = &mut phase[q] else {
+        return;
+    };
+    if part.generation() != generation {
+        return;
+    }
+    let part = Arc::make_mut(part);
+    let of_q = rejected.iter().filter(|r| r.partition == q as i32);
+    let keys: Vec<(KeyHash, Offset)> = match part.core.keys() {
+        Some(keys) => of_q.map(|r| (keys.key(r.offset), r.offset)).collect(),
+        None => Vec::new(),
+    };
+    part.core.settle(ticket, copies, true, keys);
 }
 
 /// The process claimed partition `q` at `read_at` (the send time of the
@@ -814,7 +824,12 @@ pub fn activate(
             }
             None => KeyWindow::new(Keys::WINDOW, Keys::MAX_KEYS),
         };
-        Keys { window, of }
+        Keys {
+            window,
+            of,
+            drop: m.rules.key_drop,
+            rejected: m.rules.rejected_key,
+        }
     });
     let mut leases = Leases::new(m.settings.lease);
     leases.hold(KEY, generation, read_at);
@@ -828,19 +843,15 @@ pub fn activate(
         topic: TOPIC.into(),
         partition: q as i32,
     };
+    // Assigned, then positioned (`sink/state/handoff.rs`).
+    let mut core = Partition::new(id, limits, generation, Held::Preparing);
+    core.activate(plan.start, plan.check_through, keys);
     w.procs[p].phase[q] = Phase::Active(Arc::new(Part {
-        generation,
+        core,
         since: w.now,
         leases,
         leaving: false,
-        next: plan.start,
-        check_through: plan.check_through,
-        builder: BatchBuilder::new(id, limits),
-        builder_uncertain: false,
-        acks: AckTracker::new(plan.start),
-        committed: None,
         rewrite: Rewrite::No,
-        keys,
     }));
 }
 
@@ -877,13 +888,13 @@ fn taken(
 
 /// `KILL QUERY WHERE query_id = …`: every running query with that id ends
 /// without storing anything.
-fn kill(w: &mut World, qid: &str, rules: &Rules) {
+fn kill(w: &mut World, qid: &str) {
     while let Some(i) = w
         .inserts
         .iter()
         .position(|i| i.running_since.is_some() && i.query_id == qid)
     {
-        w.answer(i, Answer::Unknown, rules);
+        w.answer(i, Answer::Unknown);
     }
 }
 
@@ -891,7 +902,7 @@ fn generation(w: &World, p: usize, q: usize) -> Option<u64> {
     match &w.procs[p].phase[q] {
         Phase::Idle => None,
         Phase::Claiming(c) => Some(c.generation),
-        Phase::Active(part) => Some(part.generation),
+        Phase::Active(part) => Some(part.generation()),
     }
 }
 

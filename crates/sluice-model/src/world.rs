@@ -8,16 +8,17 @@
 //! arriving or committing, a rebalance, a crash, a lost commit) is here;
 //! what a process does is in [`crate::sink`].
 
-use crate::{Bounds, Rules, Settings};
+use crate::{Bounds, KeyDrop, RejectedKey, Settings};
 use sluice_protocol::acks::Ticket;
 use sluice_protocol::attempt::Answer;
 use sluice_protocol::claim::{ClaimTimes, Start};
 use sluice_protocol::deadline::{Fence, Millis, ServerClock};
-use sluice_protocol::dedup::{KeyHash, KeyWindow};
+use sluice_protocol::dedup::{KeyHash, KeyWindow, Seen, Verdict, Window};
 use sluice_protocol::delivery::Delivery;
 use sluice_protocol::lease::{Leases, Owner};
+use sluice_protocol::partition;
 use sluice_protocol::resume::Committed;
-use sluice_protocol::{AckTracker, Batch, BatchBuilder, NextOffset, Offset, Row};
+use sluice_protocol::{Batch, NextOffset, Offset, Row};
 use std::sync::Arc;
 
 /// The whole state.
@@ -194,25 +195,26 @@ impl Claim {
 /// A partition this process writes.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Part {
-    pub generation: u64,
+    /// The partition as the sink holds it: generation, position, the batch
+    /// being built, acks and commit, `check_through`, the key window (the
+    /// sink's own [`partition::Partition`]).
+    pub core: partition::Partition<Millis, Keys>,
     /// When it went active.
     pub since: Millis,
     pub leases: Leases<(), Millis>,
     /// Revoked; its insert finishes, then it hands off.
     pub leaving: bool,
-    pub next: NextOffset,
-    pub check_through: Option<Offset>,
-    pub builder: BatchBuilder<Millis>,
-    pub builder_uncertain: bool,
-    pub acks: AckTracker,
-    pub committed: Option<NextOffset>,
     /// Writing this process back into a register that forgot it.
     pub rewrite: Rewrite,
-    /// The key dedup window, on a route with key dedup.
-    pub keys: Option<Keys>,
 }
 
-/// A partition's key dedup window, and the key of each record.
+impl Part {
+    pub fn generation(&self) -> u64 {
+        self.core.generation()
+    }
+}
+
+/// A partition's key dedup window, under the model's [`crate::Rules`].
 ///
 /// Two windows compare equal when the same copy stands for each key: the
 /// records carry no timestamps (the stream time stays where it started) and
@@ -223,6 +225,8 @@ pub struct Keys {
     pub window: KeyWindow,
     /// The key of each record (`Bounds::keys`).
     pub of: &'static [u8],
+    pub drop: KeyDrop,
+    pub rejected: RejectedKey,
 }
 
 impl Keys {
@@ -239,6 +243,30 @@ impl Keys {
         self.of
             .iter()
             .map(|&k| self.window.copy_of(KeyHash::from(k)))
+    }
+}
+
+impl Window for Keys {
+    fn decide(
+        &mut self,
+        key: KeyHash,
+        ts_ms: Option<i64>,
+        offset: Offset,
+        settled: NextOffset,
+    ) -> Verdict {
+        match self.drop {
+            KeyDrop::SettledCopy => self.window.decide(key, ts_ms, offset, settled),
+            KeyDrop::AnyCopy => match self.window.check(key, ts_ms, offset) {
+                Seen::New => Verdict::Write,
+                Seen::Duplicate { .. } => Verdict::Drop,
+            },
+        }
+    }
+
+    fn forget(&mut self, key: KeyHash, offset: Offset) {
+        if self.rejected == RejectedKey::Forget {
+            self.window.forget(key, offset);
+        }
     }
 }
 
@@ -401,11 +429,11 @@ impl World {
 
     /// Stores letter `i` in the DLQ and hands the acknowledgement to its
     /// sender, if it still waits for it.
-    pub fn land_letter(&mut self, i: usize, rules: &Rules) {
+    pub fn land_letter(&mut self, i: usize) {
         let l = self.letters.remove(i);
         self.parts[l.row.partition as usize].dlq[l.row.offset.0 as usize] += 1;
         if let Some(proc) = self.proc_of(l.from) {
-            crate::sink::on_letter(proc, &l, rules);
+            crate::sink::on_letter(proc, &l);
         }
     }
 
@@ -443,11 +471,11 @@ impl World {
 
     /// Hands the answer to insert `i` to its sender, if it still waits for
     /// it, and removes the insert.
-    pub fn answer(&mut self, i: usize, answer: Answer, rules: &Rules) -> Insert {
+    pub fn answer(&mut self, i: usize, answer: Answer) -> Insert {
         let ins = self.inserts.remove(i);
         let now = self.now;
         if let Some(proc) = self.proc_of(ins.from) {
-            crate::sink::on_answer(proc, &ins, answer, now, rules);
+            crate::sink::on_answer(proc, &ins, answer, now);
         }
         ins
     }

@@ -325,6 +325,40 @@ impl KeyWindow {
     }
 }
 
+/// What a partition asks of its key window ([`crate::partition::Partition`]):
+/// decide each keyed record, forget a copy ClickHouse rejected. The sink's
+/// is [`KeyWindow`]; the model's wraps one to compare windows by the copy
+/// standing for each key, and its unsafe rules replace one decision.
+pub trait Window {
+    /// [`KeyWindow::decide`].
+    fn decide(
+        &mut self,
+        key: KeyHash,
+        ts_ms: Option<i64>,
+        offset: Offset,
+        settled: NextOffset,
+    ) -> Verdict;
+
+    /// [`KeyWindow::forget`].
+    fn forget(&mut self, key: KeyHash, offset: Offset);
+}
+
+impl Window for KeyWindow {
+    fn decide(
+        &mut self,
+        key: KeyHash,
+        ts_ms: Option<i64>,
+        offset: Offset,
+        settled: NextOffset,
+    ) -> Verdict {
+        KeyWindow::decide(self, key, ts_ms, offset, settled)
+    }
+
+    fn forget(&mut self, key: KeyHash, offset: Offset) {
+        KeyWindow::forget(self, key, offset)
+    }
+}
+
 /// What to do with a keyed record, given what the window saw and the
 /// position below which every row of the partition is settled (stored, or
 /// known rejected and forgotten).

@@ -15,7 +15,7 @@
 use crate::acks::{AckTracker, Ticket};
 use crate::batch::{Batch, BatchBuilder, BatchLimits, PartitionId};
 use crate::deadline::Moment;
-use crate::dedup::{KeyHash, KeyWindow, Verdict};
+use crate::dedup::{KeyHash, KeyWindow, Verdict, Window};
 use crate::offset::{NextOffset, Offset};
 use std::collections::BTreeMap;
 
@@ -63,8 +63,10 @@ pub struct Cut {
     pub conditional: Vec<(Offset, Offset)>,
 }
 
-#[derive(Debug, Clone)]
-pub struct Partition<T> {
+/// `W`: the route's key window, if it has one (the sink's [`KeyWindow`];
+/// the model's compares by the copy standing for each key).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Partition<T, W = KeyWindow> {
     phase: Phase,
     generation: u64,
     builder: BatchBuilder<T>,
@@ -77,7 +79,7 @@ pub struct Partition<T> {
     /// The offset after the last record taken.
     position: Option<NextOffset>,
     /// Business keys written within the route's dedup window, if it has one.
-    keys: Option<KeyWindow>,
+    keys: Option<W>,
     /// Rows of the batch being built written on condition, `(row, copy)`
     /// ([`Verdict::WriteUnless`]).
     conditional: Vec<(Offset, Offset)>,
@@ -86,7 +88,7 @@ pub struct Partition<T> {
     waiting: BTreeMap<Offset, usize>,
 }
 
-impl<T: Moment> Partition<T> {
+impl<T: Moment, W: Window> Partition<T, W> {
     pub fn new(id: PartitionId, limits: BatchLimits, generation: u64, phase: Phase) -> Self {
         Self {
             phase,
@@ -118,12 +120,7 @@ impl<T: Moment> Partition<T> {
 
     /// Reads from `start` on; records at or below `check_through` may be
     /// stored; `keys`: the route's key window, rebuilt for this owner.
-    pub fn activate(
-        &mut self,
-        start: NextOffset,
-        check_through: Option<Offset>,
-        keys: Option<KeyWindow>,
-    ) {
+    pub fn activate(&mut self, start: NextOffset, check_through: Option<Offset>, keys: Option<W>) {
         self.phase = Phase::Active;
         self.check_through = check_through;
         if keys.is_some() {
@@ -157,6 +154,12 @@ impl<T: Moment> Partition<T> {
         }
     }
 
+    /// The offset after the last record taken (from the start once
+    /// active).
+    pub fn position(&self) -> Option<NextOffset> {
+        self.position
+    }
+
     /// Whether the record at `offset` may already be stored (an earlier
     /// owner's insert): only ClickHouse judges it.
     pub fn may_be_stored(&self, offset: Offset) -> bool {
@@ -166,6 +169,11 @@ impl<T: Moment> Partition<T> {
     /// Whether the route of this partition decides rows by business key.
     pub fn keyed(&self) -> bool {
         self.keys.is_some()
+    }
+
+    /// The key window, on a route with key dedup.
+    pub fn keys(&self) -> Option<&W> {
+        self.keys.as_ref()
     }
 
     /// Appends the row `encode` writes for the record at `offset`.
