@@ -13,6 +13,7 @@ use crate::{Bounds, Rules, Settings, Start, Struck};
 use sluice_protocol::attempt::Answer;
 use sluice_protocol::deadline::{Millis, Moment};
 use sluice_protocol::lease::Owner;
+use sluice_protocol::partition::Phase as Held;
 use sluice_protocol::resume::Committed;
 use sluice_protocol::Row;
 use stateright::{Model, Path, Property};
@@ -156,7 +157,7 @@ impl Model for Sluice {
                     }
                     Phase::Active(part) => {
                         any_active = true;
-                        match part.leaving {
+                        match part.core.phase() == Held::Leaving {
                             false => {
                                 cuttable |= 1 << q;
                                 actions.push(step(Step::Revoke(q)));

@@ -106,11 +106,10 @@ pub fn take(m: &Sluice, w: &World, p: usize, step: Step) -> Option<World> {
             w.procs[p].taken[q] = 0;
             match &mut w.procs[p].phase[q] {
                 Phase::Claiming(_) => w.procs[p].phase[q] = Phase::Idle,
-                Phase::Active(part) if !part.leaving => {
+                Phase::Active(part) if part.core.phase() == Held::Active => {
                     let part = Arc::make_mut(part);
-                    part.leaving = true;
+                    part.core.leave();
                     part.leases.leave(KEY, part.generation());
-                    part.core.clear_building();
                 }
                 _ => return None,
             }
@@ -179,7 +178,7 @@ pub fn take(m: &Sluice, w: &World, p: usize, step: Step) -> Option<World> {
                 }
                 let part = active(&mut w, p, q)?;
                 let next = part.core.position()?;
-                if part.leaving || rows as i64 > records - next.0 {
+                if rows as i64 > records - next.0 {
                     return None;
                 }
                 let row_of = |o: Offset| Row::new(q as i32, o.0);
@@ -265,7 +264,8 @@ pub fn take(m: &Sluice, w: &World, p: usize, step: Step) -> Option<World> {
                 };
                 let g = part.generation();
                 let live = part.leases.live(KEY, g, now);
-                match on_register(Some(register), id, live, part.leaving) {
+                let leaving = part.core.phase() == Held::Leaving;
+                match on_register(Some(register), id, live, leaving) {
                     Renewal::Renew => part.leases.renew(KEY, g, now),
                     Renewal::Rewrite => part.rewrite = Rewrite::Decided,
                     Renewal::Taken(by) => {
@@ -332,23 +332,21 @@ pub fn take(m: &Sluice, w: &World, p: usize, step: Step) -> Option<World> {
             }
         }
         Step::Settle(q) => {
-            let in_flight = w.procs[p].job.as_ref().is_some_and(|j| j.holds(q));
             let part = active(&mut w, p, q)?;
-            if !part.leaving || in_flight {
-                return None;
-            }
             let live = part.leases.live(KEY, part.generation(), now);
-            if let Some(frontier) = part.core.to_commit(live) {
+            let hand_off = part.core.hand_off(live)?;
+            if let Some(frontier) = hand_off.commit {
                 w.parts[q].group.committed = Some(frontier);
             }
-            if live {
+            if hand_off.clean {
                 w.parts[q].mark_in_flight = true;
             }
             w.procs[p].phase[q] = Phase::Idle;
         }
         Step::Expire(q) => {
             let part = active(&mut w, p, q)?;
-            if !part.leaving || part.leases.live(KEY, part.generation(), now) {
+            let leaving = part.core.phase() == Held::Leaving;
+            if !leaving || part.leases.live(KEY, part.generation(), now) {
                 return None;
             }
             w.procs[p].phase[q] = Phase::Idle;
@@ -850,7 +848,6 @@ pub fn activate(
         core,
         since: w.now,
         leases,
-        leaving: false,
         rewrite: Rewrite::No,
     }));
 }

@@ -202,8 +202,6 @@ pub struct Part {
     /// When it went active.
     pub since: Millis,
     pub leases: Leases<(), Millis>,
-    /// Revoked; its insert finishes, then it hands off.
-    pub leaving: bool,
     /// Writing this process back into a register that forgot it.
     pub rewrite: Rewrite,
 }

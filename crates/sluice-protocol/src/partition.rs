@@ -6,7 +6,9 @@
 //! with its [`Ticket`], and the position to commit. A partition lives for
 //! one generation of this process's ownership: [`Phase::Preparing`] (read
 //! nothing; its start is being worked out) until [`Partition::activate`],
-//! then [`Phase::Active`] until it is given up.
+//! then [`Phase::Active`] until it is given up, or [`Phase::Leaving`] once
+//! revoked ([`Partition::leave`]) until its batches in flight have ended
+//! and it hands off ([`Partition::hand_off`]).
 //!
 //! The sink (`sink/state`) keeps one per partition it holds, beside what
 //! only the binary has (DLQ letters, registry originals, the abandon token,
@@ -25,6 +27,9 @@ pub enum Phase {
     Preparing,
     /// Positioned; its records are being batched and inserted.
     Active,
+    /// Revoked: reads nothing more; its batches in flight end under its
+    /// lease, then it hands off.
+    Leaving,
 }
 
 /// Whether a record read is for the batch being built.
@@ -48,6 +53,17 @@ pub enum Keyed {
     Row { keyless: bool },
     /// Its key was written within the window: no row.
     Dropped,
+}
+
+/// A revoked partition whose batches in flight have all ended: what it
+/// does before its next owner takes over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HandOff {
+    /// Commit this position first (its durable frontier moved).
+    pub commit: Option<NextOffset>,
+    /// Mark the register clean, so the next owner need not fence: only
+    /// under a live lease (otherwise a new owner may be writing already).
+    pub clean: bool,
 }
 
 /// The batch being built, cut.
@@ -259,6 +275,33 @@ impl<T: Moment, W: Window> Partition<T, W> {
         self.uncertain = false;
     }
 
+    /// The partition is revoked: it reads nothing more and drops what it
+    /// built (its next owner reads those records again); its batches in
+    /// flight go on, and once they have ended it hands off
+    /// ([`Partition::hand_off`]). One that was not active yet has nothing
+    /// to hand off and stays as it is (the caller lets it go).
+    pub fn leave(&mut self) {
+        self.clear_building();
+        if self.phase == Phase::Active {
+            self.phase = Phase::Leaving;
+        }
+    }
+
+    /// Whether a leaving partition hands off now: once none of its
+    /// batches is in flight, it commits its frontier and marks the
+    /// register clean, both only while `live` (its lease: a new owner may
+    /// be writing otherwise). `None` while it must wait, or if it is not
+    /// leaving.
+    pub fn hand_off(&self, live: bool) -> Option<HandOff> {
+        if self.phase != Phase::Leaving || self.in_flight() > 0 {
+            return None;
+        }
+        Some(HandOff {
+            commit: self.to_commit(live),
+            clean: live,
+        })
+    }
+
     /// The slice of a batch holding this partition's rows up to `ticket`
     /// ended; `copies`: the copies its conditional rows waited on;
     /// `durable`: its rows are stored (or in the DLQ), and `rejected`: the
@@ -440,6 +483,35 @@ mod tests {
             Some(NextOffset(5))
         );
         assert_eq!(keyed(&mut p, 5, Some(key)), Keyed::Row { keyless: false });
+    }
+
+    #[test]
+    fn a_revoked_partition_hands_off_once_its_batches_have_ended() {
+        let mut p = part(Phase::Preparing);
+        p.leave();
+        assert_eq!(p.phase(), Phase::Preparing, "nothing to hand off");
+        assert_eq!(p.hand_off(true), None);
+        p.activate(NextOffset(0), None, None);
+        row(&mut p, 0);
+        let first = p.cut().expect("a batch");
+        row(&mut p, 1);
+        assert_eq!(p.hand_off(true), None, "not leaving");
+        p.leave();
+        assert_eq!(p.phase(), Phase::Leaving);
+        assert!(p.cut().is_none(), "what was built is the next owner's");
+        assert_eq!(p.admit(Offset(2), false), Admit::Ignore);
+        assert_eq!(p.hand_off(true), None, "a batch is in flight");
+        p.settle(first.ticket, &[], true, []);
+        let expected = HandOff {
+            commit: Some(NextOffset(1)),
+            clean: true,
+        };
+        assert_eq!(p.hand_off(true), Some(expected));
+        let expired = HandOff {
+            commit: None,
+            clean: false,
+        };
+        assert_eq!(p.hand_off(false), Some(expired), "a lease run out");
     }
 
     #[test]

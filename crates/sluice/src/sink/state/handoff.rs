@@ -206,10 +206,11 @@ impl Sink {
             // bounds them, and the next owner fences until they are marked
             // clean.
             for k in &keys {
-                let Some(p) = self.parts.remove(k) else {
+                let Some(mut p) = self.parts.remove(k) else {
                     continue;
                 };
-                if p.phase() != Phase::Active {
+                p.core.leave();
+                if p.phase() != Phase::Leaving {
                     p.abandon.cancel();
                     continue;
                 }
@@ -242,27 +243,29 @@ impl Sink {
     /// frontier and, under its lease still, is marked clean: the next owner
     /// need not fence (or stops fencing). Off the consumer thread.
     pub(super) fn settle_leaving(&mut self, key: Key) {
-        let drained = self
-            .leaving
-            .get(&key)
-            .is_some_and(|p| p.core.in_flight() == 0);
-        let Some(part) = drained.then(|| self.leaving.remove(&key)).flatten() else {
+        let Some(part) = self.leaving.get(&key) else {
             return;
         };
         let generation = part.generation();
         let live = self.ctx.lease.live(key, generation);
-        if let Some(frontier) = part.core.to_commit(live) {
+        let Some(hand_off) = part.core.hand_off(live) else {
+            return;
+        };
+        self.leaving.remove(&key);
+        if let Some(frontier) = hand_off.commit {
             self.out.push_back(Action::Commit {
                 offsets: vec![(key, generation, frontier)],
                 sync: false,
             });
         }
         let (keys, until) = self.leases_ended(&[(key, generation)]);
-        self.out.push_back(Action::MarkClean {
-            keys,
-            until,
-            wait: false,
-        });
+        if hand_off.clean {
+            self.out.push_back(Action::MarkClean {
+                keys,
+                until,
+                wait: false,
+            });
+        }
     }
 
     /// Gives up revoked partitions whose lease ran out before their inserts
