@@ -1,12 +1,13 @@
 //! What the sink's state asks of the world, as data.
 //!
 //! The state ([`super::state::Sink`]) decides; it never calls the Kafka
-//! consumer, and starts no task of the protocol's (inserts, preparations,
-//! clean marks). Each decision that needs the world queues
-//! an [`Action`]; the consumer thread ([`super::edge`]) carries the queue
-//! out, in order, right after the call that filled it, and reports back
-//! what the state must learn (a seek that failed, a commit that was
-//! stored).
+//! consumer, ClickHouse or the registry, and starts no task (inserts,
+//! preparations, clean marks, schema fetches, column reads). Each decision
+//! that needs the world queues an [`Action`]; the consumer thread
+//! ([`super::edge`]) carries the queue out, in order, right after the call
+//! that filled it, and reports back what the state must learn (a seek that
+//! failed, a commit that was stored; a task's answer comes back as an
+//! [`super::event::Event`]).
 
 use super::event::Prepared;
 use super::prepare::Preparation;
@@ -56,12 +57,19 @@ pub(super) enum Action {
         until: Option<Instant>,
         wait: bool,
     },
+    /// Fetch the decoder of schema `id` of registry route `route`, as a
+    /// task; the answer comes back as an [`super::event::Event::Schema`].
+    FetchSchema { route: usize, id: u32 },
+    /// Read the columns of route `route`'s table again, as a task; the
+    /// answer comes back as an [`super::event::Event::Columns`].
+    RereadColumns { route: usize },
 }
 
 /// What a seek was for.
 pub(super) enum AfterSeek {
     /// Activating a prepared partition.
     Activate(Box<Prepared>),
-    /// Reading again the record that waited for its schema.
+    /// Reading again the record that waited for its schema or its
+    /// table's columns.
     Unstall,
 }

@@ -6,10 +6,13 @@
 //! no column for, if any; the record then goes to the DLQ as an
 //! `extra-field`. The columns are read when the sink starts, and read again
 //! before a record is refused, at most once per [`REREAD_AFTER`] per route
-//! (a column added that long before the record is read is seen), within
-//! [`READ_WITHIN`] so that a server that does not answer holds the consumer
-//! thread only that long; after a failed read the columns last read decide
-//! for [`AFTER_FAILURE`].
+//! (a column added that long before the record is read is seen). The
+//! state does not read them itself: the answer [`Fields::Reread`] makes it
+//! hold the record's partition back (paused, sought back to the record
+//! once the columns are in) and queue a `RereadColumns` action, which the
+//! edge runs off the consumer thread as [`reread`], within [`READ_WITHIN`];
+//! the answer comes back to [`TableColumns::answered`]. After a failed read
+//! the columns last read decide for [`AFTER_FAILURE`].
 //!
 //! This check is early, not final: the route's inserts do not skip unknown
 //! fields ([`crate::config::Format::insert_settings`]), so a field the
@@ -25,19 +28,28 @@ use crate::config::Route;
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::runtime::Handle;
 
 /// How old the columns may be before a record is refused on their word.
 pub(crate) const REREAD_AFTER: Duration = Duration::from_secs(1);
-/// How long a read of the columns may hold the consumer thread.
+/// How long a read of the columns may hold a record's partition back.
 pub(crate) const READ_WITHIN: Duration = Duration::from_secs(2);
 /// How long the columns last read decide after a read failed.
 pub(crate) const AFTER_FAILURE: Duration = Duration::from_secs(10);
 
+/// What the columns say of a record's fields.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Fields {
+    /// The table has a column for each (or the route ignores extra fields).
+    Fit,
+    /// The table has no column for this one.
+    Extra(String),
+    /// The columns must be read again before the record is judged.
+    Reread,
+}
+
 /// The known columns of each route's table (`None`: the route ignores
 /// extra fields).
 pub(super) struct TableColumns {
-    ch: ClickHouse,
     routes: Vec<Option<Known>>,
 }
 
@@ -49,27 +61,43 @@ struct Known {
     /// ClickHouse refused a field these columns hold: read them again at
     /// the next record, extra-looking or not.
     stale: bool,
+    /// A read is under way (asked for by [`TableColumns::want`]).
+    reading: bool,
 }
 
 impl TableColumns {
     /// Reads the columns of the tables of the routes that need them.
     pub(crate) async fn read(
-        ch: ClickHouse,
+        ch: &ClickHouse,
         routes: &[Arc<Route>],
     ) -> Result<Self, crate::ch::ChError> {
-        let mut known = Vec::with_capacity(routes.len());
+        let mut names = Vec::with_capacity(routes.len());
         for route in routes {
-            known.push(match route.extra_to_dlq {
+            names.push(match route.extra_to_dlq {
                 false => None,
-                true => Some(Known {
-                    route: route.clone(),
-                    names: ch.insertable_columns(route).await?.into_iter().collect(),
-                    reread_at: Instant::now() + REREAD_AFTER,
-                    stale: false,
-                }),
+                true => Some(ch.insertable_columns(route).await?),
             });
         }
-        Ok(Self { ch, routes: known })
+        Ok(Self::new(routes, names))
+    }
+
+    /// The columns `names` of each route's table, just read (`None`: the
+    /// route ignores extra fields).
+    pub(crate) fn new(routes: &[Arc<Route>], names: Vec<Option<Vec<String>>>) -> Self {
+        let routes = routes
+            .iter()
+            .zip(names)
+            .map(|(route, names)| {
+                Some(Known {
+                    route: route.clone(),
+                    names: names?.into_iter().collect(),
+                    reread_at: Instant::now() + REREAD_AFTER,
+                    stale: false,
+                    reading: false,
+                })
+            })
+            .collect();
+        Self { routes }
     }
 
     /// Marks route `ri`'s columns out of date: ClickHouse refused a field
@@ -80,50 +108,82 @@ impl TableColumns {
         }
     }
 
-    /// The first top-level field of `row` that route `ri`'s table has no
-    /// column for, once the columns are fresh (see the module's header).
-    pub(crate) fn extra_field(&mut self, ri: usize, row: &[u8], handle: &Handle) -> Option<String> {
-        let ch = &self.ch;
-        let known = self.routes.get_mut(ri)?.as_mut()?;
-        let now = Instant::now();
-        if known.stale && now >= known.reread_at {
-            known.read(ch, handle, now);
+    /// What route `ri`'s columns say of `row`'s top-level fields at `now`
+    /// (see the module's header). `may_reread`: false when the columns
+    /// were read again for this very record already: they decide.
+    pub(crate) fn extra_field(
+        &self,
+        ri: usize,
+        row: &[u8],
+        now: Instant,
+        may_reread: bool,
+    ) -> Fields {
+        let Some(Some(known)) = self.routes.get(ri) else {
+            return Fields::Fit;
+        };
+        let due = may_reread && now >= known.reread_at;
+        if known.stale && due {
+            return Fields::Reread;
         }
-        let extra = sluice_formats::row::extra_field(row, &known.names)?;
-        if now < known.reread_at {
-            return Some(extra);
+        match sluice_formats::row::extra_field(row, &known.names) {
+            None => Fields::Fit,
+            Some(_) if due => Fields::Reread,
+            Some(extra) => Fields::Extra(extra),
         }
-        known.read(ch, handle, now);
-        sluice_formats::row::extra_field(row, &known.names)
     }
-}
 
-impl Known {
-    /// Reads the columns again, within [`READ_WITHIN`]; on failure the ones
-    /// last read stay, for [`AFTER_FAILURE`].
-    fn read(&mut self, ch: &ClickHouse, handle: &Handle, now: Instant) {
-        // The timer is made inside the runtime: the consumer thread is not.
-        let route = &self.route;
-        let read = handle.block_on(async {
-            tokio::time::timeout(READ_WITHIN, ch.insertable_columns(route)).await
-        });
-        let failed = match read {
-            Ok(Ok(names)) if !names.is_empty() => {
-                self.names = names.into_iter().collect();
-                self.stale = false;
+    /// Marks route `ri`'s columns as being read again: true if the read is
+    /// to start (a `RereadColumns` action), false if one is under way.
+    pub(crate) fn want(&mut self, ri: usize) -> bool {
+        let Some(Some(known)) = self.routes.get_mut(ri) else {
+            return false;
+        };
+        !std::mem::replace(&mut known.reading, true)
+    }
+
+    /// Whether a read of route `ri`'s columns is under way.
+    pub(crate) fn reading(&self, ri: usize) -> bool {
+        matches!(self.routes.get(ri), Some(Some(k)) if k.reading)
+    }
+
+    /// Takes the answer of a [`reread`] of route `ri`'s columns, at `now`;
+    /// on failure the ones last read stay, for [`AFTER_FAILURE`].
+    pub(crate) fn answered(
+        &mut self,
+        ri: usize,
+        answer: Result<Vec<String>, String>,
+        now: Instant,
+    ) {
+        let Some(Some(known)) = self.routes.get_mut(ri) else {
+            return;
+        };
+        known.reading = false;
+        let failed = match answer {
+            Ok(names) if !names.is_empty() => {
+                known.names = names.into_iter().collect();
+                known.stale = false;
                 None
             }
-            Ok(Ok(_)) => Some("the table has no columns now".to_string()),
-            Ok(Err(e)) => Some(e.to_string()),
-            Err(_) => Some(format!("no answer within {READ_WITHIN:?}")),
+            Ok(_) => Some("the table has no columns now".to_string()),
+            Err(e) => Some(e),
         };
-        self.reread_at = match failed {
+        known.reread_at = match failed {
             None => now + REREAD_AFTER,
             Some(e) => {
-                let table = self.route.table_ref();
+                let table = known.route.table_ref();
                 tracing::warn!(%table, error = %e, "cannot read the table's columns again; the ones last read decide for {AFTER_FAILURE:?}");
                 now + AFTER_FAILURE
             }
         };
+    }
+}
+
+/// The task behind a `RereadColumns` action: `route`'s columns, read again
+/// within [`READ_WITHIN`], or why they could not be.
+pub(super) async fn reread(ch: &ClickHouse, route: &Route) -> Result<Vec<String>, String> {
+    match tokio::time::timeout(READ_WITHIN, ch.insertable_columns(route)).await {
+        Ok(Ok(names)) => Ok(names),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err(format!("no answer within {READ_WITHIN:?}")),
     }
 }

@@ -183,7 +183,6 @@ pub async fn run(
         _ => None,
     };
     let schemas = Schemas::new(
-        registry,
         &routes,
         cfg.sink.max_record_bytes,
         cfg.sink.batch_buffer_bytes(),
@@ -193,7 +192,7 @@ pub async fn run(
         Duration::from_millis(500),
         &stopping,
         ChError::is_retriable,
-        || TableColumns::read(ctx.ch.clone(), &routes),
+        || TableColumns::read(&ctx.ch, &routes),
     )
     .await;
     let Some(columns) = columns else {
@@ -223,7 +222,11 @@ pub async fn run(
         owners.clone(),
         me,
         stopping.clone(),
-        RowChecks { schemas, columns },
+        RowChecks {
+            schemas,
+            columns,
+            registry,
+        },
     );
     if cfg.sink.delivery.is_exactly_once() {
         tracing::info!(

@@ -5,12 +5,17 @@
 //! revocation, the tasks' reports) and carries the actions out with the
 //! consumer and the runtime ([`run`]), in order, right after the call that
 //! queued them. What the state must learn of an action (a failed seek, a
-//! stored commit) goes straight back to it. The waits that belong to the
-//! consumer thread (a revocation at least once, the stop) are here too:
-//! they hand the tasks' reports to the state while they wait.
+//! stored commit) goes straight back to it; what a task finds (an insert's
+//! end, a schema, a table's columns) comes back as an [`Event`]. Nothing
+//! here waits on ClickHouse or the registry: those reads run as tasks. The
+//! waits that belong to the consumer thread (a revocation at least once,
+//! the stop) are here too: they hand the tasks' reports to the state while
+//! they wait.
 
 use super::action::Action;
+use super::columns;
 use super::event::Event;
+use super::schemas;
 use super::state::{Record, Sink};
 use super::writer::deliver;
 use super::SinkContext;
@@ -226,6 +231,21 @@ pub(super) fn run(c: &Consumer_, s: &mut Sink) {
                 } else {
                     handle.spawn(marking);
                 }
+            }
+            Action::FetchSchema { route, id } => {
+                let registry = s.registry().cloned();
+                let format = s.route(route).format.name();
+                let (tx, stopping) = (s.events(), s.stopping().clone());
+                handle.spawn(schemas::fetch_task(
+                    registry, route, id, format, tx, stopping,
+                ));
+            }
+            Action::RereadColumns { route } => {
+                let (ctx, table, tx) = (s.writer_ctx(), s.route(route).clone(), s.events());
+                handle.spawn(async move {
+                    let answer = columns::reread(&ctx.ch, &table).await;
+                    let _ = tx.send(Event::Columns { route, answer });
+                });
             }
         }
     }

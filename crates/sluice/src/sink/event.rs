@@ -1,9 +1,9 @@
 //! What tasks report back to the consumer thread, over one channel: an
 //! insert task's [`Completion`], a partition's [`Prepared`] start, a
 //! partition [`Event::Taken`] by another owner (found by the lease's
-//! renewal), and the registry's answer for a schema id
-//! ([`Event::Schema`]). The consumer thread's [`super::state::Sink`] acts
-//! on each.
+//! renewal), the registry's answer for a schema id ([`Event::Schema`]),
+//! and a table's columns read again ([`Event::Columns`]). The consumer
+//! thread's [`super::state::Sink`] acts on each.
 
 use super::dedup::Seeds;
 use super::dlq::DlqError;
@@ -40,6 +40,12 @@ pub(super) enum Event {
         route: usize,
         id: u32,
         answer: Result<Decoder, String>,
+    },
+    /// The columns of a route's table, read again, or why they could not
+    /// be ([`super::columns`]).
+    Columns {
+        route: usize,
+        answer: Result<Vec<String>, String>,
     },
 }
 

@@ -6,9 +6,11 @@
 //! schema its id names (`sluice_formats::avro`, `sluice_formats::protobuf`), or
 //! why it cannot be one, or "schema id N is not known here yet".
 //!
-//! An id not known yet is fetched off the consumer thread ([`fetch`]) while
-//! the record's partition waits: it is paused and, once the answer is in,
-//! sought back to that record ([`super::state`]). Nothing is skipped and
+//! An id not known yet is asked for ([`Schemas::want`]: the state queues a
+//! `FetchSchema` action, which the edge runs off the consumer thread as
+//! [`fetch_task`]) while the record's partition waits: it is paused and,
+//! once the answer is in ([`Schemas::fetched`]), sought back to that
+//! record ([`super::state`]). Nothing is skipped and
 //! the records of other partitions go on. A registry that does not answer,
 //! refuses the credentials or answers strangely is asked again with
 //! backoff, for as long as it takes. A 404 for the id is believed once it
@@ -18,7 +20,7 @@
 //! DLQ's `unknown-schema`) for [`REFUSED_FOR`], then it is asked again.
 
 use super::event::Event;
-use crate::config::{Format, Route};
+use crate::config::Route;
 use crate::registry::{Decoder, Registry, RegistryError};
 use crate::retry::Delays;
 use sluice_formats::wire::frame;
@@ -27,7 +29,6 @@ use sluice_protocol::Offset;
 use std::collections::HashMap;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
-use tokio::runtime::Handle;
 use tokio_util::sync::CancellationToken;
 
 /// How long the registry must keep answering 404 for an id before its
@@ -59,13 +60,11 @@ enum Known {
 
 /// The known ids of one route.
 struct RouteSchemas {
-    format: Format,
     ids: HashMap<u32, Known>,
 }
 
 /// The schemas of every route, indexed like the routes (`None`: a JSON route).
 pub(super) struct Schemas {
-    registry: Option<Registry>,
     routes: Vec<Option<RouteSchemas>>,
     /// The largest record value decoded (`sink.max_record_bytes`).
     max_bytes: usize,
@@ -76,23 +75,16 @@ pub(super) struct Schemas {
 impl Schemas {
     /// `max_bytes`: `sink.max_record_bytes`; `buffer`: the batches' share
     /// of `max_buffered_bytes`.
-    pub(crate) fn new(
-        registry: Option<Registry>,
-        routes: &[std::sync::Arc<Route>],
-        max_bytes: usize,
-        buffer: usize,
-    ) -> Self {
+    pub(crate) fn new(routes: &[std::sync::Arc<Route>], max_bytes: usize, buffer: usize) -> Self {
         let routes = routes
             .iter()
             .map(|r| {
                 r.format.is_registry().then(|| RouteSchemas {
-                    format: r.format,
                     ids: HashMap::new(),
                 })
             })
             .collect();
         Self {
-            registry,
             routes,
             max_bytes,
             max_row_bytes: max_bytes
@@ -174,54 +166,21 @@ impl Schemas {
         }
     }
 
-    /// Starts fetching `id` for route `ri`, unless that is under way; the
-    /// answer comes back as an [`Event::Schema`].
-    pub(crate) fn fetch(
-        &mut self,
-        ri: usize,
-        id: u32,
-        handle: &Handle,
-        tx: &mpsc::Sender<Event>,
-        stopping: &CancellationToken,
-    ) {
+    /// Marks `id` of route `ri` as being fetched: true if the fetch is to
+    /// start (an `Action::FetchSchema`), false if one is under way already
+    /// or the route reads no registry.
+    pub(crate) fn want(&mut self, ri: usize, id: u32) -> bool {
         let Some(route) = self.routes.get_mut(ri).and_then(Option::as_mut) else {
-            return;
+            return false;
         };
         if matches!(route.ids.get(&id), Some(Known::Fetching)) {
-            return;
+            return false;
         }
         route.ids.insert(id, Known::Fetching);
-        let (tx, stopping, format) = (tx.clone(), stopping.clone(), route.format.name());
-        let Some(registry) = self.registry.clone() else {
-            let answer = Err("no [schema_registry] is configured".into());
-            let _ = tx.send(Event::Schema {
-                route: ri,
-                id,
-                answer,
-            });
-            return;
-        };
-        handle.spawn(async move {
-            // A panic while building the decoder (in a parser) refuses
-            // the id rather than leaving it fetched for ever.
-            let fetching =
-                tokio::spawn(async move { fetch(&registry, id, format, &stopping).await });
-            let answer = match fetching.await {
-                Ok(Some(answer)) => answer,
-                Ok(None) => return,
-                Err(e) => Err(format!(
-                    "building the decoder of schema id {id} failed: {e}"
-                )),
-            };
-            let _ = tx.send(Event::Schema {
-                route: ri,
-                id,
-                answer,
-            });
-        });
+        true
     }
 
-    /// Takes the answer of a [`fetch`].
+    /// Takes the answer of a [`fetch_task`].
     pub(crate) fn fetched(
         &mut self,
         ri: usize,
@@ -248,6 +207,40 @@ impl Schemas {
         };
         route.ids.insert(id, known);
     }
+}
+
+/// The task behind an `Action::FetchSchema`: the decoder of schema `id`
+/// (of `format`) for route `ri`, or why its records cannot be read,
+/// reported as an [`Event::Schema`]; nothing if the sink stopped first.
+pub(super) async fn fetch_task(
+    registry: Option<Registry>,
+    ri: usize,
+    id: u32,
+    format: &'static str,
+    tx: mpsc::Sender<Event>,
+    stopping: CancellationToken,
+) {
+    let answer = match registry {
+        None => Err("no [schema_registry] is configured".into()),
+        Some(registry) => {
+            // A panic while building the decoder (in a parser) refuses
+            // the id rather than leaving it fetched for ever.
+            let fetching =
+                tokio::spawn(async move { fetch(&registry, id, format, &stopping).await });
+            match fetching.await {
+                Ok(Some(answer)) => answer,
+                Ok(None) => return,
+                Err(e) => Err(format!(
+                    "building the decoder of schema id {id} failed: {e}"
+                )),
+            }
+        }
+    };
+    let _ = tx.send(Event::Schema {
+        route: ri,
+        id,
+        answer,
+    });
 }
 
 /// Asks the registry for the decoder of `id` until it gives one or says
@@ -284,15 +277,6 @@ async fn fetch(
             return None;
         }
     }
-}
-
-/// Where a partition waits for the schema of the record at `at`.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Stall {
-    pub(crate) at: Offset,
-    pub(crate) id: u32,
-    /// When to try seeking back again, after a seek failed.
-    pub(crate) retry_at: Option<Instant>,
 }
 
 /// The original values of a batch's rows on a registry route, by offset:

@@ -9,12 +9,17 @@
 //! frontier, committed to Kafka ([`Sink::commit`]). Partitions come, go and
 //! are taken over in [`handoff`].
 //!
-//! The state does not call the Kafka consumer nor start the protocol's
-//! tasks: what it decides the world should do is queued as [`Action`]s,
-//! which the consumer thread carries out after each call
-//! ([`super::edge`]). Two readers still do their own I/O: [`Schemas`]
-//! fetches a registry schema as a task, and [`TableColumns`] reads a
-//! table's columns again, blocking, when a record has a field it lacks.
+//! The state does no I/O at all: it calls neither the Kafka consumer nor
+//! ClickHouse nor the registry, and starts no task. What it decides the
+//! world should do is queued as [`Action`]s, which the consumer thread
+//! carries out after each call ([`super::edge`]); the answers come back as
+//! calls ([`Sink::on_seek`], [`Sink::on_committed`]) or [`Event`]s
+//! ([`Sink::on_event`]). A record that needs an answer first (the schema
+//! its id names, [`Schemas`]; its table's columns read again,
+//! [`TableColumns`]) holds its partition back ([`Stall`]): the state asks
+//! for the answer ([`Action::FetchSchema`], [`Action::RereadColumns`]),
+//! the partition is paused, and once the answer is in it is sought back to
+//! that record, which is read again.
 //!
 //! Memory: builders plus in-flight batches stay under their share of
 //! `max_buffered_bytes` (the rest is librdkafka's); over it, every partition
@@ -27,14 +32,15 @@ mod record;
 mod tests;
 
 use super::action::{Action, AfterSeek};
-use super::columns::TableColumns;
+use super::columns::{Fields, TableColumns};
 use super::dlq::Letter;
 use super::event::{Completion, Event, Outcome, Settled};
 use super::fates::Fates;
-use super::schemas::{Decoded, Originals, Schemas, Stall};
+use super::schemas::{Decoded, Originals, Schemas};
 use super::writer::{Job, Slice, WriterCtx};
 use crate::config::{Config, Route};
 use crate::owners::{Key, Owners};
+use crate::registry::Registry;
 use crate::telemetry::{self, TopicCounters};
 use anyhow::anyhow;
 pub(super) use record::Record;
@@ -44,7 +50,7 @@ use sluice_protocol::cut::{Load, RouteCut};
 use sluice_protocol::dedup::KeyHash;
 use sluice_protocol::partition::{Partition, Phase};
 use sluice_protocol::resume::{Mismatch, MISMATCH_MARK};
-use sluice_protocol::{Batch, BatchLimits, NextOffset, PartitionId, Row};
+use sluice_protocol::{Batch, BatchLimits, NextOffset, Offset, PartitionId, Row};
 use std::collections::{HashMap, VecDeque};
 use std::sync::mpsc;
 use std::sync::Arc;
@@ -58,6 +64,25 @@ const STALL_RETRY: Duration = Duration::from_millis(500);
 
 /// A batch is cut once it accounts for this many DLQ writes.
 const MAX_LETTERS_PER_BATCH: usize = 10_000;
+
+/// Where a partition waits (paused) for what the record at `at` needs
+/// before it can be judged; it is read again once that is known.
+#[derive(Debug, Clone, Copy)]
+struct Stall {
+    at: Offset,
+    wait: Wait,
+    /// When to try seeking back again, after a seek failed.
+    retry_at: Option<Instant>,
+}
+
+/// What a stalled partition waits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Wait {
+    /// The decoder of this schema id ([`Action::FetchSchema`]).
+    Schema(u32),
+    /// Its route's table's columns, read again ([`Action::RereadColumns`]).
+    Columns,
+}
 
 /// A partition this process holds: its protocol state ([`Partition`]),
 /// and what only the binary keeps beside it.
@@ -74,8 +99,12 @@ struct Part {
     fates: Arc<Fates>,
     /// When it went active.
     active_since: Option<Instant>,
-    /// Waiting (paused) for the schema of a record ([`Sink::on_record`]).
+    /// Waiting (paused) for the schema of a record, or its table's
+    /// columns ([`Sink::on_record`]).
     stalled: Option<Stall>,
+    /// The record the table's columns were just read again for: they judge
+    /// it as they are ([`Sink::on_record`]).
+    reread_for: Option<Offset>,
     /// The values of the batch being built, on a registry route.
     originals: Originals,
     /// The Kafka timestamp (ms) of the first record of the batch being built.
@@ -96,6 +125,7 @@ impl Part {
             fates: Arc::default(),
             active_since: None,
             stalled: None,
+            reread_for: None,
             originals: Originals::default(),
             building_since: None,
             cut_since: VecDeque::new(),
@@ -175,6 +205,7 @@ pub(super) struct Sink {
     /// the consumer thread's way ([`Sink::on_revoke`]).
     leaving: HashMap<Key, Part>,
     ctx: Arc<WriterCtx>,
+    /// The runtime the edge runs the sink's tasks on; the state starts none.
     handle: Handle,
     tx: mpsc::Sender<Event>,
     rx: mpsc::Receiver<Event>,
@@ -195,6 +226,8 @@ pub(super) struct Sink {
     schemas: Schemas,
     /// The tables' columns, on routes that refuse fields their table lacks.
     columns: TableColumns,
+    /// The registry's client, for the edge's fetches ([`Action::FetchSchema`]).
+    registry: Option<Registry>,
     /// A registry route's decoded row, before the encoder takes it.
     decoded: Vec<u8>,
     /// The group has answered with an assignment (perhaps an empty one).
@@ -204,10 +237,12 @@ pub(super) struct Sink {
 }
 
 /// What a route's records are read and checked with besides its encoder:
-/// the registry's schemas, and the tables' columns.
+/// the registry's schemas, the tables' columns, and the registry's client
+/// the edge fetches schemas with.
 pub(super) struct RowChecks {
     pub(crate) schemas: Schemas,
     pub(crate) columns: TableColumns,
+    pub(crate) registry: Option<Registry>,
 }
 
 impl Sink {
@@ -222,7 +257,11 @@ impl Sink {
         stopping: CancellationToken,
         checks: RowChecks,
     ) -> Self {
-        let RowChecks { schemas, columns } = checks;
+        let RowChecks {
+            schemas,
+            columns,
+            registry,
+        } = checks;
         let (tx, rx) = mpsc::channel();
         Self {
             building: vec![RouteCut::default(); routes.len()],
@@ -250,6 +289,7 @@ impl Sink {
             taken: HashMap::new(),
             schemas,
             columns,
+            registry,
             decoded: Vec::new(),
             assigned: false,
             out: VecDeque::new(),
@@ -298,6 +338,16 @@ impl Sink {
     /// The topic of route `ri`.
     pub(crate) fn topic(&self, ri: usize) -> &str {
         &self.routes[ri].topic
+    }
+
+    /// Route `ri`.
+    pub(crate) fn route(&self, ri: usize) -> &Arc<Route> {
+        &self.routes[ri]
+    }
+
+    /// The registry's client, if a route reads the registry's wire format.
+    pub(crate) fn registry(&self) -> Option<&Registry> {
+        self.registry.as_ref()
     }
 
     /// How long a stop or a revocation (at least once) waits for inserts.
@@ -357,9 +407,11 @@ impl Sink {
     /// Takes one record into its partition's batch ([`record`]), counts
     /// what became of it, and cuts the batch when it is due. On a registry
     /// route the record is decoded first; if its schema id is not known
-    /// yet, the partition waits for it (paused by
+    /// yet, the partition waits for it ([`Action::FetchSchema`]; paused by
     /// [`Sink::apply_backpressure`]) and the record is read again once the
-    /// answer is in ([`Sink::resume_stalled`]).
+    /// answer is in ([`Sink::resume_stalled`]). A record whose fields its
+    /// table's columns must be read again to judge waits the same way
+    /// ([`Action::RereadColumns`]).
     pub(crate) fn on_record(&mut self, rec: &Record, now: Instant) {
         let Some(ri) = self.route_of(rec.topic) else {
             return;
@@ -383,12 +435,13 @@ impl Sink {
                 Decoded::Missing(id) => {
                     part.stalled = Some(Stall {
                         at: rec.offset,
-                        id,
+                        wait: Wait::Schema(id),
                         retry_at: None,
                     });
                     tracing::info!(record = %rec, schema_id = id, "fetching the schema; the partition waits");
-                    let (handle, tx) = (&self.handle, &self.tx);
-                    self.schemas.fetch(ri, id, handle, tx, &self.stopping);
+                    if self.schemas.want(ri, id) {
+                        self.out.push_back(Action::FetchSchema { route: ri, id });
+                    }
                     return;
                 }
             }
@@ -403,9 +456,25 @@ impl Sink {
             Value::Decoded(row) => Some(*row),
             Value::Refused(_) => None,
         };
-        let value = match row.and_then(|row| self.columns.extra_field(ri, row, &self.handle)) {
-            Some(field) => Value::Refused(RowError::ExtraField(field)),
-            None => value,
+        let may_reread = part.reread_for.take() != Some(rec.offset);
+        let fields = row.map_or(Fields::Fit, |row| {
+            self.columns.extra_field(ri, row, now, may_reread)
+        });
+        let value = match fields {
+            Fields::Fit => value,
+            Fields::Extra(field) => Value::Refused(RowError::ExtraField(field)),
+            Fields::Reread => {
+                part.stalled = Some(Stall {
+                    at: rec.offset,
+                    wait: Wait::Columns,
+                    retry_at: None,
+                });
+                tracing::debug!(record = %rec, "reading the table's columns again; the partition waits");
+                if self.columns.want(ri) {
+                    self.out.push_back(Action::RereadColumns { route: ri });
+                }
+                return;
+            }
         };
         let held = part.load();
         let fate = part.take(
@@ -587,7 +656,7 @@ impl Sink {
     }
 
     /// Sends back to their records the partitions waiting for a schema
-    /// that is now known ([`Sink::resume_stalled`]).
+    /// or columns that are now known ([`Sink::resume_stalled`]).
     pub(crate) fn unstall(&mut self) {
         if self.parts.values().any(|p| p.stalled.is_some()) {
             self.resume_stalled();
@@ -612,6 +681,10 @@ impl Sink {
             } => self.on_taken(key, generation, by),
             Event::Schema { route, id, answer } => {
                 self.schemas.fetched(route, id, answer, Instant::now());
+                self.resume_stalled();
+            }
+            Event::Columns { route, answer } => {
+                self.columns.answered(route, answer, Instant::now());
                 self.resume_stalled();
             }
             Event::Mismatch(found) => self.on_mismatch(&found),
@@ -666,25 +739,31 @@ impl Sink {
         ));
     }
 
-    /// Seeks each partition waiting for a schema that is now known back
-    /// to the record that made it wait; [`Sink::apply_backpressure`] then
-    /// resumes it. A failed seek is tried again half a second later.
+    /// Seeks each partition waiting for a schema or columns that are now
+    /// known back to the record that made it wait;
+    /// [`Sink::apply_backpressure`] then resumes it. A failed seek is tried
+    /// again half a second later.
     fn resume_stalled(&mut self) {
         let now = Instant::now();
         for (key, part) in self.parts.iter_mut() {
             let Some(stall) = part.stalled.as_mut() else {
                 continue;
             };
-            match self.schemas.settled(key.0, stall.id, now) {
-                Some(true) if stall.retry_at.is_none_or(|t| t <= now) => {}
-                Some(_) => continue,
-                // A refusal ran out while it waited: ask again.
-                None => {
-                    let (handle, tx) = (&self.handle, &self.tx);
-                    self.schemas
-                        .fetch(key.0, stall.id, handle, tx, &self.stopping);
-                    continue;
-                }
+            let answered = match stall.wait {
+                Wait::Columns => !self.columns.reading(key.0),
+                Wait::Schema(id) => match self.schemas.settled(key.0, id, now) {
+                    Some(answered) => answered,
+                    // A refusal ran out while it waited: ask again.
+                    None => {
+                        if self.schemas.want(key.0, id) {
+                            self.out.push_back(Action::FetchSchema { route: key.0, id });
+                        }
+                        continue;
+                    }
+                },
+            };
+            if !answered || stall.retry_at.is_some_and(|t| t > now) {
+                continue;
             }
             // Not sought twice while the seek is on its way.
             stall.retry_at = Some(now + STALL_RETRY);
@@ -711,7 +790,14 @@ impl Sink {
                     return;
                 };
                 match result {
-                    Ok(()) => part.stalled = None,
+                    Ok(()) => {
+                        // Columns read again for this record judge it.
+                        part.reread_for = part
+                            .stalled
+                            .take()
+                            .filter(|s| s.wait == Wait::Columns)
+                            .map(|s| s.at);
+                    }
                     Err(e) => {
                         tracing::warn!(partition = %part.core.builder().partition(), error = %e, "seek failed; retrying");
                         if let Some(stall) = part.stalled.as_mut() {

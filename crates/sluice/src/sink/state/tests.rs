@@ -1,11 +1,13 @@
-//! What the sink decides, without Kafka or ClickHouse: events in, the
-//! actions it queues out, each written as a short line
-//! (`pause 0 1`, `insert 0:2 1:1`, `commit 0@7`, ...). Every commit asked
-//! for is stored; seeks, inserts and preparations end as each test says.
+//! What the sink decides, without Kafka, ClickHouse or a registry: events
+//! in, the actions it queues out, each written as a short line
+//! (`pause 0 1`, `insert 0:2 1:1`, `commit 0@7`, `fetch-schema 0:7`, ...).
+//! Every commit asked for is stored; seeks, inserts, preparations, schema
+//! fetches and column reads end as each test says.
 
 use super::{Record, Sink};
 use crate::config::{Config, Overrides, RawConfig};
 use crate::owners::{Key, Owner, Owners};
+use crate::registry::Decoder;
 use crate::retry::Delays;
 use crate::sink::action::{Action, AfterSeek};
 use crate::sink::columns::TableColumns;
@@ -22,6 +24,8 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 const TOPIC: &str = "orders";
+/// The columns of the table of a route with `extra_fields = "dlq"`.
+const COLUMNS: [&str; 1] = ["id"];
 
 /// A sink of one route over `TOPIC`, and what its last calls queued.
 struct Bench {
@@ -37,6 +41,13 @@ async fn bench(delivery: &str) -> Bench {
 }
 
 async fn bench_of(delivery: &str, max_batch_rows: usize) -> Bench {
+    bench_with(delivery, max_batch_rows, "").await
+}
+
+/// A bench whose route has `more` besides its topic and table (tables
+/// after it too). A route with `extra_fields = "dlq"` starts with the
+/// columns [`COLUMNS`].
+async fn bench_with(delivery: &str, max_batch_rows: usize, more: &str) -> Bench {
     let text = format!(
         r#"
         [kafka]
@@ -50,6 +61,7 @@ async fn bench_of(delivery: &str, max_batch_rows: usize) -> Bench {
         [[route]]
         topic = "{TOPIC}"
         table = "shop.orders"
+        {more}
         "#
     );
     let cfg: Config = RawConfig::from_toml(&text)
@@ -77,11 +89,14 @@ async fn bench_of(delivery: &str, max_batch_rows: usize) -> Bench {
     let owners = OWNERS
         .get_or_init(|| Owners::new(&cfg.kafka, routes.clone()).expect("a client without a broker"))
         .clone();
+    let columns = routes
+        .iter()
+        .map(|r| r.extra_to_dlq.then(|| COLUMNS.map(String::from).to_vec()))
+        .collect();
     let checks = RowChecks {
-        schemas: Schemas::new(None, &routes, 1 << 20, 1 << 26),
-        columns: TableColumns::read(ch, &routes)
-            .await
-            .expect("no route reads its table's columns"),
+        schemas: Schemas::new(&routes, 1 << 20, 1 << 26),
+        columns: TableColumns::new(&routes, columns),
+        registry: None,
     };
     let sink = Sink::new(
         cfg,
@@ -157,6 +172,8 @@ impl Bench {
                     let wait = if wait { " wait" } else { "" };
                     format!("mark-clean {}{wait}", names(&keys))
                 }
+                Action::FetchSchema { route, id } => format!("fetch-schema {route}:{id}"),
+                Action::RereadColumns { route } => format!("reread-columns {route}"),
             });
         }
         lines
@@ -218,6 +235,12 @@ impl Bench {
     /// A record of `partition` at `offset`.
     fn record(&mut self, partition: i32, offset: i64) {
         let payload = format!(r#"{{"id":{offset}}}"#);
+        self.record_of(partition, offset, payload.as_bytes(), Instant::now());
+    }
+
+    /// A record of `partition` at `offset` with the value `payload`, read
+    /// at `now`.
+    fn record_of(&mut self, partition: i32, offset: i64, payload: &[u8], now: Instant) {
         self.sink.on_record(
             &Record {
                 topic: TOPIC,
@@ -225,10 +248,25 @@ impl Bench {
                 offset: Offset(offset),
                 timestamp: Some(0),
                 key: None,
-                payload: Some(payload.as_bytes()),
+                payload: Some(payload),
             },
-            Instant::now(),
+            now,
         );
+    }
+
+    /// Every seek the sink asked for ends as `result`; the seeks, a line
+    /// each, sorted.
+    fn seeks(&mut self, result: Result<(), String>) -> Vec<String> {
+        let mut lines = Vec::new();
+        while let Some(a) = self.sink.next_action() {
+            let Action::Seek { key, offset, then } = a else {
+                panic!("only seeks were asked for");
+            };
+            lines.push(format!("seek {}@{}", key.1, offset.0));
+            self.sink.on_seek(key, then, result.clone());
+        }
+        lines.sort();
+        lines
     }
 
     /// The oldest job still in flight ends; `durable`: per slice.
@@ -454,6 +492,220 @@ async fn the_stop_marks_clean_only_what_drained() {
     assert!(b.jobs[0].slices[0].abandon.is_cancelled());
 }
 
+/// The Avro schema of the registry route's records: one `long`, `id`.
+const AVRO: &str = r#"{"type":"record","name":"order","fields":[{"name":"id","type":"long"}]}"#;
+
+/// A record value in the registry's wire format: schema `id`, then the
+/// Avro body of `{"id": n}` (a zigzag varint, `n` < 64).
+fn framed(id: u32, n: u8) -> Vec<u8> {
+    let mut v = vec![0];
+    v.extend_from_slice(&id.to_be_bytes());
+    v.push(n << 1);
+    v
+}
+
+fn avro_decoder() -> Decoder {
+    let schema = sluice_formats::avro::AvroSchema::parse(AVRO, &[]).expect("the schema parses");
+    Decoder::Avro(Arc::new(schema))
+}
+
+#[tokio::test]
+async fn a_record_of_an_unknown_schema_asks_for_it_once_and_its_partitions_wait_for_the_answer() {
+    let registry = "format = \"avro\"\n[schema_registry]\nurl = \"http://127.0.0.1:9\"";
+    let mut b = bench_with("exactly-once", 1000, registry).await;
+    b.activate(&[0, 1]);
+    b.sink.apply_backpressure();
+    assert_eq!(b.actions(), ["resume 0 1"]);
+    let now = Instant::now();
+    b.record_of(0, 0, &framed(7, 0), now);
+    assert_eq!(b.actions(), ["fetch-schema 0:7"]);
+    b.sink.apply_backpressure();
+    assert_eq!(b.actions(), ["pause 0"]);
+    // Fetched before the pause took hold: ignored, and asked for once.
+    b.record_of(0, 1, &framed(7, 1), now);
+    b.record_of(1, 0, &framed(7, 0), now);
+    assert_eq!(b.actions(), Vec::<String>::new(), "one fetch per id");
+    b.sink.apply_backpressure();
+    assert_eq!(b.actions(), ["pause 1"]);
+    b.sink.unstall();
+    assert_eq!(
+        b.actions(),
+        Vec::<String>::new(),
+        "nothing before the answer"
+    );
+    assert_eq!(
+        b.cut_and_commit(),
+        Vec::<String>::new(),
+        "nothing taken while waiting"
+    );
+
+    // The answer: each partition goes back to the record that waited.
+    b.sink.on_event(Event::Schema {
+        route: 0,
+        id: 7,
+        answer: Ok(avro_decoder()),
+    });
+    assert_eq!(b.seeks(Err("timed out".into())), ["seek 0@0", "seek 1@0"]);
+    b.sink.unstall();
+    assert_eq!(b.actions(), Vec::<String>::new(), "a failed seek waits");
+    b.sink.apply_backpressure();
+    assert_eq!(b.actions(), Vec::<String>::new(), "still paused");
+    std::thread::sleep(super::STALL_RETRY);
+    b.sink.unstall();
+    assert_eq!(b.seeks(Ok(())), ["seek 0@0", "seek 1@0"]);
+    b.sink.apply_backpressure();
+    assert_eq!(b.actions(), ["resume 0 1"]);
+    for (p, o) in [(0, 0), (0, 1), (1, 0)] {
+        b.record_of(p, o, &framed(7, o as u8), Instant::now());
+    }
+    assert_eq!(b.cut_and_commit(), ["insert 0:2 1:1"]);
+    let job = &b.jobs[0];
+    let rows: Vec<String> = (0..job.batch.len())
+        .filter_map(|i| job.batch.row(i))
+        .map(|(_, row)| String::from_utf8_lossy(row).into_owned())
+        .collect();
+    assert_eq!(rows.len(), 3);
+    assert!(
+        rows.iter().all(|r| r.contains(r#""id":"#)),
+        "decoded: {rows:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_schema_the_registry_refuses_refuses_its_records_once_they_are_read_again() {
+    let registry = "format = \"avro\"\n[schema_registry]\nurl = \"http://127.0.0.1:9\"";
+    let mut b = bench_with("exactly-once", 1000, registry).await;
+    b.activate(&[0]);
+    b.record_of(0, 0, &framed(9, 0), Instant::now());
+    assert_eq!(b.actions(), ["fetch-schema 0:9"]);
+    b.sink.on_event(Event::Schema {
+        route: 0,
+        id: 9,
+        answer: Err("schema id 9 is not known to the registry".into()),
+    });
+    assert_eq!(b.seeks(Ok(())), ["seek 0@0"]);
+    b.record_of(0, 0, &framed(9, 0), Instant::now());
+    assert_eq!(b.actions(), Vec::<String>::new(), "not asked for again");
+    let e = b.sink.stopped(false).expect("no DLQ: the sink stops");
+    assert!(e.to_string().contains("schema id 9 is not known"), "{e:#}");
+}
+
+/// A moment after the columns read at the start are due for a reread.
+fn later() -> Instant {
+    Instant::now() + crate::sink::columns::REREAD_AFTER * 2
+}
+
+/// A JSON record with the field `extra`, which [`COLUMNS`] lacks.
+fn with_extra(offset: i64) -> Vec<u8> {
+    format!(r#"{{"id":{offset},"extra":1}}"#).into_bytes()
+}
+
+#[tokio::test]
+async fn a_field_the_columns_lack_has_them_read_again_while_its_partition_waits() {
+    let mut b = bench_with("exactly-once", 1000, "extra_fields = \"dlq\"").await;
+    b.activate(&[0, 1]);
+    b.sink.apply_backpressure();
+    assert_eq!(b.actions(), ["resume 0 1"]);
+    b.record_of(0, 0, &with_extra(0), later());
+    assert_eq!(b.actions(), ["reread-columns 0"]);
+    b.sink.apply_backpressure();
+    assert_eq!(b.actions(), ["pause 0"]);
+    // Another partition reads on: a record that fits is taken; one with
+    // the field waits for the same read.
+    b.record_of(1, 0, br#"{"id":0}"#, later());
+    b.record_of(1, 1, &with_extra(1), later());
+    assert_eq!(b.actions(), Vec::<String>::new(), "one read at a time");
+    b.sink.apply_backpressure();
+    assert_eq!(b.actions(), ["pause 1"]);
+    b.sink.unstall();
+    assert_eq!(
+        b.actions(),
+        Vec::<String>::new(),
+        "nothing before the answer"
+    );
+
+    // The column was added: both records are read again, and land.
+    b.sink.on_event(Event::Columns {
+        route: 0,
+        answer: Ok(vec!["id".into(), "extra".into()]),
+    });
+    assert_eq!(b.seeks(Ok(())), ["seek 0@0", "seek 1@1"]);
+    b.sink.apply_backpressure();
+    assert_eq!(b.actions(), ["resume 0 1"]);
+    // Back later than REREAD_AFTER after the answer: the columns read for
+    // them judge them, without another read.
+    b.record_of(0, 0, &with_extra(0), later());
+    b.record_of(1, 1, &with_extra(1), later());
+    assert_eq!(b.cut_and_commit(), ["insert 0:1 1:2"]);
+    assert!(!b.sink.failed());
+}
+
+#[tokio::test]
+async fn a_failed_read_of_the_columns_leaves_the_last_ones_to_refuse_the_field() {
+    let mut b = bench_with("exactly-once", 1000, "extra_fields = \"dlq\"").await;
+    b.activate(&[0]);
+    // Fresh columns decide at once, without a read.
+    b.record_of(0, 0, br#"{"id":0}"#, Instant::now());
+    assert_eq!(b.actions(), Vec::<String>::new());
+    b.record_of(0, 1, &with_extra(1), later());
+    assert_eq!(b.actions(), ["reread-columns 0"]);
+    b.sink.on_event(Event::Columns {
+        route: 0,
+        answer: Err("no answer within 2s".into()),
+    });
+    assert_eq!(b.seeks(Ok(())), ["seek 0@1"]);
+    // Read again later than REREAD_AFTER, and with no new read: the
+    // columns last read decide for AFTER_FAILURE.
+    b.record_of(0, 1, &with_extra(1), later());
+    b.record_of(0, 2, &with_extra(2), later());
+    assert_eq!(b.actions(), Vec::<String>::new(), "no read after a failure");
+    let e = b.sink.stopped(false).expect("no DLQ: the sink stops");
+    assert!(
+        e.to_string()
+            .contains("record orders[0]@1 cannot become a row: the value has a field `extra`"),
+        "{e:#}"
+    );
+}
+
+#[tokio::test]
+async fn columns_refused_by_clickhouse_are_read_again_before_the_next_record() {
+    let mut b = bench_with("exactly-once", 1000, "extra_fields = \"dlq\"").await;
+    b.activate(&[0]);
+    b.record(0, 0);
+    assert_eq!(b.cut_and_commit(), ["insert 0:1"]);
+    // ClickHouse refused a field the columns hold.
+    let job = b.jobs.remove(0);
+    b.sink.on_event(Event::Completion(Completion {
+        route_idx: 0,
+        bytes: job.bytes,
+        dlq: 0,
+        outcome: Outcome::Durable {
+            inserted: 1,
+            rejected: Vec::new(),
+            excluded: 0,
+            stale_columns: true,
+        },
+        slices: vec![Settled {
+            partition: 0,
+            ticket: job.slices[0].ticket,
+            generation: job.slices[0].generation,
+            durable: true,
+            copies: Vec::new(),
+        }],
+    }));
+    b.actions();
+    // Even a record that fits waits for them, once they may be read.
+    b.record_of(0, 1, br#"{"id":1}"#, later());
+    assert_eq!(b.actions(), ["reread-columns 0"]);
+    b.sink.on_event(Event::Columns {
+        route: 0,
+        answer: Ok(vec!["id".into()]),
+    });
+    assert_eq!(b.seeks(Ok(())), ["seek 0@1"]);
+    b.record_of(0, 1, br#"{"id":1}"#, later());
+    assert_eq!(b.cut_and_commit(), ["insert 0:1", "commit 0@1"]);
+}
+
 /// Random runs of one exactly-once sink over two partitions: records,
 /// cuts, inserts that end (durable, or not), commits, revocations, lost
 /// assignments, partitions taken by another owner and assigned again. An
@@ -538,6 +790,12 @@ mod runs {
             match a {
                 Action::Pause(_) | Action::Resume(_) | Action::RetryPrepared { .. } => {}
                 Action::MarkMismatch { .. } => prop_assert!(false, "no log went back"),
+                Action::FetchSchema { .. } | Action::RereadColumns { .. } => {
+                    prop_assert!(
+                        false,
+                        "a JSON route ignoring extra fields reads no schema nor columns"
+                    )
+                }
                 Action::Seek { key, then, .. } => b.sink.on_seek(key, then, Ok(())),
                 Action::Prepare(p) => {
                     for (k, g) in p.parts.values().flatten() {
