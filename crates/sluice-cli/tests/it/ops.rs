@@ -581,8 +581,19 @@ async fn repair_refuses_a_partition_that_is_being_written() {
     eprintln!("repair took {:?}", started.elapsed());
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let written = writer.await.unwrap();
-    assert_eq!(code, 2, "stdout {out}\nstderr {err}");
     let (db, _) = table.split_once('.').unwrap();
+    if code == 0 {
+        // The server ran the writer's inserts only around the repair's
+        // own statements (a loaded machine): no write fell inside its
+        // window, and none may be lost.
+        assert_eq!(
+            count(&ch, &format!("SELECT count() FROM {table}")).await,
+            200_000 + written,
+            "a repair that saw no write keeps every row: stdout {out}\nstderr {err}"
+        );
+        return;
+    }
+    assert_eq!(code, 2, "stdout {out}\nstderr {err}");
     let sluice_tables = format!(
         "SELECT count() FROM system.tables WHERE database = '{db}' AND name LIKE '%sluice%'"
     );

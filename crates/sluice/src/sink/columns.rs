@@ -61,6 +61,9 @@ struct Known {
     /// ClickHouse refused a field these columns hold: read them again at
     /// the next record, extra-looking or not.
     stale: bool,
+    /// Marked stale while a read was under way: that read may have been
+    /// answered before the refusal, and does not clear it.
+    stale_while_reading: bool,
     /// A read is under way (asked for by [`TableColumns::want`]).
     reading: bool,
 }
@@ -93,6 +96,7 @@ impl TableColumns {
                     names: names?.into_iter().collect(),
                     reread_at: Instant::now() + REREAD_AFTER,
                     stale: false,
+                    stale_while_reading: false,
                     reading: false,
                 })
             })
@@ -105,6 +109,7 @@ impl TableColumns {
     pub(crate) fn stale(&mut self, ri: usize) {
         if let Some(Some(known)) = self.routes.get_mut(ri) {
             known.stale = true;
+            known.stale_while_reading |= known.reading;
         }
     }
 
@@ -158,10 +163,11 @@ impl TableColumns {
             return;
         };
         known.reading = false;
+        let stale_again = std::mem::take(&mut known.stale_while_reading);
         let failed = match answer {
             Ok(names) if !names.is_empty() => {
                 known.names = names.into_iter().collect();
-                known.stale = false;
+                known.stale = stale_again;
                 None
             }
             Ok(_) => Some("the table has no columns now".to_string()),
@@ -185,5 +191,50 @@ pub(super) async fn reread(ch: &ClickHouse, route: &Route) -> Result<Vec<String>
         Ok(Ok(names)) => Ok(names),
         Ok(Err(e)) => Err(e.to_string()),
         Err(_) => Err(format!("no answer within {READ_WITHIN:?}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{Overrides, RawConfig};
+
+    fn columns() -> TableColumns {
+        let text = r#"
+            [kafka]
+            brokers = "127.0.0.1:9"
+            group_id = "g"
+            [clickhouse]
+            url = "http://127.0.0.1:9"
+            [[route]]
+            topic = "orders"
+            table = "shop.orders"
+            extra_fields = "dlq"
+        "#;
+        let cfg = RawConfig::from_toml(text)
+            .and_then(|raw| raw.validate(Overrides::default()))
+            .expect("the test's config loads");
+        let routes: Vec<Arc<Route>> = cfg.routes.into_iter().map(Arc::new).collect();
+        TableColumns::new(&routes, vec![Some(vec!["id".into()])])
+    }
+
+    #[test]
+    fn a_refusal_while_a_read_is_under_way_outlives_its_answer() {
+        let mut c = columns();
+        let fits = br#"{"id":1}"#;
+        let due = |n: u32| Instant::now() + REREAD_AFTER * n;
+        // Refused before the read: the read's answer clears it.
+        c.stale(0);
+        assert_eq!(c.extra_field(0, fits, due(1), true), Fields::Reread);
+        assert!(c.want(0));
+        c.answered(0, Ok(vec!["id".into()]), Instant::now());
+        assert_eq!(c.extra_field(0, fits, due(2), true), Fields::Fit);
+        // Refused while the read is out: it may have been answered before
+        // the refusal, and the next record asks again.
+        assert!(c.want(0));
+        assert!(!c.want(0), "one read at a time");
+        c.stale(0);
+        c.answered(0, Ok(vec!["id".into()]), Instant::now());
+        assert_eq!(c.extra_field(0, fits, due(2), true), Fields::Reread);
     }
 }

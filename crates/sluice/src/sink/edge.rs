@@ -243,7 +243,13 @@ pub(super) fn run(c: &Consumer_, s: &mut Sink) {
             Action::RereadColumns { route } => {
                 let (ctx, table, tx) = (s.writer_ctx(), s.route(route).clone(), s.events());
                 handle.spawn(async move {
-                    let answer = columns::reread(&ctx.ch, &table).await;
+                    // A panic answers too: the route's partitions waiting
+                    // on the read must not wait for ever.
+                    let reading =
+                        tokio::spawn(async move { columns::reread(&ctx.ch, &table).await });
+                    let answer = reading
+                        .await
+                        .unwrap_or_else(|e| Err(format!("reading the columns failed: {e}")));
                     let _ = tx.send(Event::Columns { route, answer });
                 });
             }

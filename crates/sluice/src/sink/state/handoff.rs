@@ -56,7 +56,9 @@ impl Sink {
         if !exactly_once && !dedup {
             for &(ri, p) in keys {
                 let part = self.new_part(ri, p, Phase::Active);
-                self.parts.insert((ri, p), part);
+                if let Some(older) = self.parts.insert((ri, p), part) {
+                    older.abandon.cancel();
+                }
             }
             // librdkafka keeps a partition paused across an unassign and an
             // assign (a schema wait or backpressure when it was revoked);
@@ -78,10 +80,7 @@ impl Sink {
             // One generation of a partition at a time: an older one of this
             // process (active, or revoked and finishing) stops before this
             // one claims, so the claim's fence covers its inserts too.
-            for older in [self.parts.remove(&(ri, p)), self.leaving.remove(&(ri, p))]
-                .into_iter()
-                .flatten()
-            {
+            if let Some(older) = self.parts.remove(&(ri, p)) {
                 older.abandon.cancel();
             }
             self.ctx.lease.release((ri, p));
@@ -125,10 +124,12 @@ impl Sink {
     /// when the register said `clean` to begin with: nobody fenced this
     /// process's own inserts, which may still be running.
     pub(super) fn on_taken(&mut self, key: Key, generation: u64, by: Owner) {
+        // A revoked partition is not claimed back: its lease runs out
+        // ([`Sink::expire_leaving`]).
         if self
             .parts
             .get(&key)
-            .is_none_or(|p| p.generation() != generation)
+            .is_none_or(|p| p.generation() != generation || p.phase() == Phase::Leaving)
         {
             return;
         }
@@ -171,7 +172,7 @@ impl Sink {
         let keys: Vec<Key> = keys
             .iter()
             .copied()
-            .filter(|k| self.parts.contains_key(k) || self.leaving.contains_key(k))
+            .filter(|k| self.parts.contains_key(k))
             .collect();
         if !keys.is_empty() {
             tracing::info!(lost, partitions = ?keys.iter().map(|k| self.name(*k)).collect::<Vec<_>>(), "revoked");
@@ -188,15 +189,14 @@ impl Sink {
                 p.letters.clear();
                 p.letter_bytes = 0;
                 p.originals.clear();
+                p.stalled = None;
+                p.reread_for = None;
             }
             self.taken.remove(k);
         }
         if lost {
             for k in &keys {
-                for p in [self.parts.remove(k), self.leaving.remove(k)]
-                    .into_iter()
-                    .flatten()
-                {
+                if let Some(p) = self.parts.remove(k) {
                     p.abandon.cancel();
                 }
                 self.ctx.lease.release(*k);
@@ -206,19 +206,23 @@ impl Sink {
             // bounds them, and the next owner fences until they are marked
             // clean.
             for k in &keys {
-                let Some(mut p) = self.parts.remove(k) else {
+                let Some(p) = self.parts.get_mut(k) else {
                     continue;
                 };
-                p.core.leave();
-                if p.phase() != Phase::Leaving {
-                    p.abandon.cancel();
-                    continue;
+                match p.phase() {
+                    // Revoked again: it is leaving already.
+                    Phase::Leaving => continue,
+                    Phase::Active => {
+                        p.core.leave();
+                        self.ctx.lease.leave(*k, p.generation());
+                        self.settle_leaving(*k);
+                    }
+                    Phase::Preparing => {
+                        if let Some(p) = self.parts.remove(k) {
+                            p.abandon.cancel();
+                        }
+                    }
                 }
-                self.ctx.lease.leave(*k, p.generation());
-                if let Some(older) = self.leaving.insert(*k, p) {
-                    older.abandon.cancel();
-                }
-                self.settle_leaving(*k);
             }
         } else {
             // The next owner starts where this one committed: the
@@ -243,7 +247,7 @@ impl Sink {
     /// frontier and, under its lease still, is marked clean: the next owner
     /// need not fence (or stops fencing). Off the consumer thread.
     pub(super) fn settle_leaving(&mut self, key: Key) {
-        let Some(part) = self.leaving.get(&key) else {
+        let Some(part) = self.parts.get(&key) else {
             return;
         };
         let generation = part.generation();
@@ -251,7 +255,7 @@ impl Sink {
         let Some(hand_off) = part.core.hand_off(live) else {
             return;
         };
-        self.leaving.remove(&key);
+        self.parts.remove(&key);
         if let Some(frontier) = hand_off.commit {
             self.out.push_back(Action::Commit {
                 offsets: vec![(key, generation, frontier)],
@@ -272,8 +276,8 @@ impl Sink {
     /// ended (the next owner claimed them): those inserts are abandoned.
     pub(crate) fn expire_leaving(&mut self) {
         let lease = &self.ctx.lease;
-        self.leaving.retain(|k, p| {
-            let live = lease.live(*k, p.generation());
+        self.parts.retain(|k, p| {
+            let live = p.phase() != Phase::Leaving || lease.live(*k, p.generation());
             if !live {
                 p.abandon.cancel();
                 lease.give_up(*k, p.generation());
@@ -309,8 +313,7 @@ impl Sink {
         let list: Vec<(Key, u64)> = self
             .parts
             .iter()
-            .chain(&self.leaving)
-            .filter(|(k, p)| keys.is_none_or(|ks| ks.contains(k)) && p.phase() == Phase::Active)
+            .filter(|(k, p)| keys.is_none_or(|ks| ks.contains(k)) && p.phase() != Phase::Preparing)
             .map(|(k, p)| (*k, p.generation()))
             .collect();
         let (keys, until) = self.leases_ended(&list);
@@ -344,10 +347,6 @@ impl Sink {
     pub(super) fn activate(&mut self, p: Prepared) {
         if !self.preparing(&p) {
             return;
-        }
-        // An earlier generation still finishing was fenced out by this one.
-        if let Some(older) = self.leaving.remove(&p.key) {
-            older.abandon.cancel();
         }
         self.out.push_back(Action::Seek {
             key: p.key,

@@ -197,13 +197,13 @@ pub(super) struct Sink {
     /// [`Sink::note`] and [`Sink::on_completion`] only.
     counters: Vec<TopicCounters>,
     stats: Stats,
+    /// The partitions this process holds, one generation of each at a
+    /// time: preparing, active, or revoked (exactly-once) and leaving
+    /// while their inserts finish ([`Sink::on_revoke`]).
     parts: HashMap<Key, Part>,
     /// Per route, indexed like `routes`: what its partitions' batches being
     /// built hold, and so when the route's batch is cut.
     building: Vec<RouteCut<Instant>>,
-    /// Revoked partitions (exactly-once) whose inserts are finishing, off
-    /// the consumer thread's way ([`Sink::on_revoke`]).
-    leaving: HashMap<Key, Part>,
     ctx: Arc<WriterCtx>,
     /// The runtime the edge runs the sink's tasks on; the state starts none.
     handle: Handle,
@@ -273,7 +273,6 @@ impl Sink {
             routes,
             stats: Stats::default(),
             parts: HashMap::new(),
-            leaving: HashMap::new(),
             ctx,
             handle: Handle::current(),
             tx,
@@ -706,7 +705,7 @@ impl Sink {
             let held = self
                 .parts
                 .get(key)
-                .is_some_and(|p| p.generation() == *generation && p.phase() != Phase::Active);
+                .is_some_and(|p| p.generation() == *generation && p.phase() == Phase::Preparing);
             if *why != Mismatch::Marked && held && self.cfg.sink.delivery.is_exactly_once() {
                 keys.push(*key);
             }
@@ -868,20 +867,14 @@ impl Sink {
     /// partition whose last slice ended settles.
     fn on_slice(&mut self, ri: usize, slice: &Settled, rejected: &[(Row, Option<KeyHash>)]) {
         let key = (ri, slice.partition);
-        let leaving = self
-            .leaving
-            .get(&key)
-            .is_some_and(|p| p.generation() == slice.generation);
-        let part = if leaving {
-            self.leaving.get_mut(&key)
-        } else {
-            self.parts
-                .get_mut(&key)
-                .filter(|p| p.generation() == slice.generation)
-        };
-        let Some(p) = part else {
+        let Some(p) = self
+            .parts
+            .get_mut(&key)
+            .filter(|p| p.generation() == slice.generation)
+        else {
             return;
         };
+        let leaving = p.phase() == Phase::Leaving;
         // A rejected copy does not stand for its key any more.
         let rejected = rejected
             .iter()
@@ -954,7 +947,8 @@ impl Sink {
         targets: &HashMap<Key, i64>,
         committed: &HashMap<Key, i64>,
     ) -> bool {
-        if !self.assigned || !self.leaving.is_empty() {
+        let leaving = self.parts.values().any(|p| p.phase() == Phase::Leaving);
+        if !self.assigned || leaving {
             return false;
         }
         // At least once, a partition without a commit starts at its end:
@@ -1039,6 +1033,10 @@ impl Sink {
         }
         let (mut pause, mut resume) = (Vec::new(), Vec::new());
         for (key, part) in self.parts.iter_mut() {
+            // A revoked partition is the consumer's no more.
+            if part.phase() == Phase::Leaving {
+                continue;
+            }
             let want =
                 self.overloaded || part.phase() == Phase::Preparing || part.stalled.is_some();
             if want != part.paused {
