@@ -107,8 +107,11 @@ fn wait_in_flight(c: &Consumer_, s: &mut Sink, only: Option<&[Key]>, timeout: Du
         }
         if let Some(e) = s.next_event(left.min(Duration::from_millis(200))) {
             s.on_event(e);
-            run(c, s);
         }
+        // A revoked partition whose lease ran out meanwhile is the next
+        // owner's: its inserts are abandoned rather than waited for.
+        s.expire_leaving();
+        run(c, s);
     }
     true
 }
