@@ -22,7 +22,7 @@ use crate::{
 };
 use sluice_protocol::acks::Ticket;
 use sluice_protocol::attempt::Answer;
-use sluice_protocol::claim::{counts_afresh, taken_wait, Do, Start, Why};
+use sluice_protocol::claim::{taken_again, Do, Start, Why};
 use sluice_protocol::deadline::{attempt_deadline, Fence, FenceStep, Millis, Moment};
 use sluice_protocol::dedup::{KeyHash, KeyWindow};
 use sluice_protocol::delivery::{Delivery, Next};
@@ -853,7 +853,7 @@ pub fn activate(
 }
 
 /// Partition `q` was taken from process `p`: it gives it up (its rows in
-/// flight leave the batch) and claims it back after `claim::taken_wait`,
+/// flight leave the batch) and claims it back after `claim::taken_again`,
 /// or (`watch`) once the register shows a clean hand-off.
 #[allow(clippy::too_many_arguments)]
 fn taken(
@@ -868,14 +868,13 @@ fn taken(
     let committed = w.parts[q].group.committed();
     let now = w.now;
     let proc = &mut w.procs[p];
-    if let Phase::Active(part) = &proc.phase[q] {
-        if counts_afresh(now.since(part.since), s.fence_wait) {
-            proc.taken[q] = 0;
-        }
-    }
-    proc.taken[q] += 1;
+    let held = match &proc.phase[q] {
+        Phase::Active(part) => Some(now.since(part.since)),
+        _ => None,
+    };
+    let wait = taken_again(&mut proc.taken[q], held, s.fence_wait);
     let start = Start::After {
-        until: now.after(taken_wait(s.fence_wait, proc.taken[q])),
+        until: now.after(wait),
         watch,
     };
     lose(proc, q, rules);

@@ -131,7 +131,7 @@ pub struct Proc {
     /// Per partition: the last generation it heard of.
     pub heard: Vec<u64>,
     /// Per partition: times it was taken from it since the group assigned
-    /// it (`claim::taken_wait`).
+    /// it (`claim::taken_again`).
     pub taken: Vec<u32>,
     /// Per partition: what it does with it.
     pub phase: Vec<Phase>,

@@ -40,20 +40,19 @@ use std::time::Duration;
 /// How often a wait that watches the register reads it.
 pub const WATCH_EVERY: Duration = Duration::from_secs(1);
 
-/// How long a partition taken from this process waits before it is
-/// claimed back, the `n`th time (from 1) it was taken since the group
-/// assigned it or since it last stayed this process's for two fences
-/// ([`counts_afresh`]): a fence, doubling, up to four. Two members a
-/// coordinator gave one partition take it from each other; the longer
-/// wait lets the other's fence end.
-pub fn taken_wait(fence_wait: Duration, n: u32) -> Duration {
-    fence_wait * 2u32.pow(n.saturating_sub(1).min(2))
-}
-
-/// Whether a partition that was this process's for `held` before it was
-/// taken counts its takings afresh.
-pub fn counts_afresh(held: Duration, fence_wait: Duration) -> bool {
-    held > fence_wait * 2
+/// A partition another owner took from this process, which had written
+/// it for `held` (`None`: it never went active): `taken`, how often it was
+/// taken since the group assigned it here, counts this taking, afresh if
+/// the partition stayed this process's for two fences; returns how long
+/// to wait before claiming it back: a fence, doubling with each taking,
+/// up to four. Two members a coordinator gave one partition take it from
+/// each other; the longer wait lets the other's fence end.
+pub fn taken_again(taken: &mut u32, held: Option<Duration>, fence_wait: Duration) -> Duration {
+    if held.is_some_and(|h| h > fence_wait * 2) {
+        *taken = 0;
+    }
+    *taken += 1;
+    fence_wait * 2u32.pow(taken.saturating_sub(1).min(2))
 }
 
 /// What the driver does next.
@@ -711,9 +710,13 @@ mod tests {
     #[test]
     fn the_wait_after_a_taking_doubles_up_to_four_fences() {
         let f = Duration::from_secs(10);
-        let waits: Vec<u64> = (1..=4).map(|n| taken_wait(f, n).as_secs()).collect();
-        assert_eq!(waits, [10, 20, 40, 40]);
-        assert!(!counts_afresh(f * 2, f));
-        assert!(counts_afresh(f * 2 + Duration::from_millis(1), f));
+        let mut n = 0;
+        let waits: Vec<u64> = (1..=4)
+            .map(|_| taken_again(&mut n, Some(f * 2), f).as_secs())
+            .collect();
+        assert_eq!(waits, [10, 20, 40, 40], "held for two fences at most");
+        let afresh = f * 2 + Duration::from_millis(1);
+        assert_eq!(taken_again(&mut n, Some(afresh), f), f);
+        assert_eq!(taken_again(&mut n, None, f), f * 2, "never active");
     }
 }

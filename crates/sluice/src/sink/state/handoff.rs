@@ -140,17 +140,10 @@ impl Sink {
         self.ctx.lease.give_up(key, generation);
         // Another owner writes it now: its lag is that owner's to report.
         crate::telemetry::partition_left(&self.routes[key.0].topic, key.1);
-        let fence_wait = self.cfg.sink.fence_wait;
-        if part
-            .active_since
-            .is_some_and(|t| claim::counts_afresh(t.elapsed(), fence_wait))
-        {
-            self.taken.remove(&key);
-        }
         self.out.push_back(Action::Pause(vec![key]));
-        let n = self.taken.entry(key).or_default();
-        *n += 1;
-        let wait = claim::taken_wait(fence_wait, *n);
+        let held = part.active_since.map(|t| t.elapsed());
+        let taken = self.taken.entry(key).or_default();
+        let wait = claim::taken_again(taken, held, self.cfg.sink.fence_wait);
         self.prepare(&[key], wait, matches!(by, Owner::Process(_)));
     }
 
