@@ -17,6 +17,9 @@
 //! - [`acks`]: out-of-order batch completions → the in-order durable frontier.
 //! - [`partition`]: one partition as the sink holds it: records taken,
 //!   batches cut, slices ended → what it builds, sends and commits.
+//! - [`machine`]: the partitions one process holds: assigned, revoked,
+//!   taken, slices ended, commits → what to abandon, hand off and commit
+//!   (the sink and the model drive it).
 //! - [`attempt`]: each attempt's answer → whether the next one fences an
 //!   earlier one and asks ClickHouse which rows it holds first, and which
 //!   rows it sends.
@@ -48,6 +51,7 @@ pub mod deadline;
 pub mod dedup;
 pub mod delivery;
 pub mod lease;
+pub mod machine;
 pub mod offset;
 pub mod partition;
 pub mod resume;

@@ -57,7 +57,7 @@ pub enum Keyed {
 
 /// A revoked partition whose batches in flight have all ended: what it
 /// does before its next owner takes over.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct HandOff {
     /// Commit this position first (its durable frontier moved).
     pub commit: Option<NextOffset>,
