@@ -8,7 +8,7 @@
 //! out of time, a rebalance, a crash, a lost commit, a clean mark landing.
 
 use crate::sink::{self, Step};
-use crate::world::{Claim, Partition, Phase, Rewrite, Wait, World};
+use crate::world::{Claim, Partition, Parts, Rewrite, Wait, World};
 use crate::{Bounds, Rules, Settings, Start, Struck};
 use sluice_protocol::attempt::Answer;
 use sluice_protocol::deadline::{Millis, Moment};
@@ -17,7 +17,6 @@ use sluice_protocol::partition::Phase as Held;
 use sluice_protocol::resume::Committed;
 use sluice_protocol::Row;
 use stateright::{Model, Path, Property};
-use std::sync::Arc;
 use std::time::Duration;
 
 /// The protocol under `rules`, within `bounds`.
@@ -104,6 +103,11 @@ impl Model for Sluice {
                 Start::Owned => {
                     w.parts[q].register = Owner::Process(w.procs[0].id);
                     w.procs[0].heard[q] = 1;
+                    // Assigned, claimed and positioned before the search.
+                    let start = sluice_protocol::claim::Start::Now;
+                    let id = w.procs[0].id;
+                    let claim = Claim::new(id, 1, Committed::Nothing, &self.settings, start);
+                    sink::claiming(self, &mut w.procs[0], q, claim);
                     sink::activate(self, &mut w, 0, q, 1, Committed::Nothing, Millis(0));
                 }
                 Start::CleanToBoth | Start::SharedByBoth => {
@@ -113,7 +117,7 @@ impl Model for Sluice {
                         p.heard[q] = 1;
                         let start = sluice_protocol::claim::Start::Now;
                         let claim = Claim::new(p.id, 1, Committed::Nothing, &self.settings, start);
-                        p.phase[q] = Phase::Claiming(claim);
+                        sink::claiming(self, p, q, claim);
                     }
                 }
             }
@@ -150,21 +154,24 @@ impl Model for Sluice {
             let mut cuttable = 0u8;
             for q in 0..parts {
                 let step = |s: Step| Action::Proc(p, s);
-                match &proc.phase[q] {
-                    Phase::Idle => actions.push(step(Step::Hear(q))),
-                    Phase::Claiming(_) => {
+                let Some(part) = proc.parts.get(&q) else {
+                    actions.push(step(Step::Hear(q)));
+                    continue;
+                };
+                match part.core.phase() {
+                    Held::Preparing => {
                         actions.extend([step(Step::Revoke(q)), step(Step::Claim(q))])
                     }
-                    Phase::Active(part) => {
+                    phase => {
                         any_active = true;
-                        match part.core.phase() == Held::Leaving {
+                        match phase == Held::Leaving {
                             false => {
                                 cuttable |= 1 << q;
                                 actions.push(step(Step::Revoke(q)));
                             }
                             true => actions.extend([step(Step::Settle(q)), step(Step::Expire(q))]),
                         }
-                        match part.rewrite {
+                        match part.extra.rewrite {
                             Rewrite::Decided => actions.push(step(Step::Rewrite(q))),
                             Rewrite::Stored => actions.push(step(Step::RewriteAcked(q))),
                             Rewrite::No | Rewrite::Sent => {}
@@ -350,7 +357,7 @@ impl Sluice {
                 // `Step::Hear`'s guard.
                 let g = &part.group;
                 let fresh = g.assigned(p) && proc.heard[q] < g.generation;
-                if fresh && matches!(proc.phase[q], Phase::Idle) {
+                if fresh && proc.parts.get(&q).is_none() {
                     return Some(Action::Proc(p, Step::Hear(q)));
                 }
             }
@@ -436,8 +443,7 @@ impl Sluice {
                 let proc = &mut w.procs[p];
                 proc.id = w.ids;
                 proc.heard = heard;
-                proc.taken.fill(0);
-                proc.phase.fill(Phase::Idle);
+                proc.parts = Parts::new();
                 proc.job = None;
                 proc.clock = crate::world::server_clock();
                 // Checking liveness, it rejoins the group: a new generation.
@@ -513,12 +519,10 @@ impl Sluice {
             Action::LandRewrite => {
                 let (id, q) = w.rewrite_in_flight.take()?;
                 w.parts[q].register = Owner::Process(id);
-                for p in &mut w.procs {
-                    match &mut p.phase[q] {
-                        Phase::Active(part) if p.id == id && part.rewrite == Rewrite::Sent => {
-                            Arc::make_mut(part).rewrite = Rewrite::Stored
-                        }
-                        _ => {}
+                for p in w.procs.iter_mut().filter(|p| p.id == id) {
+                    let sent = p.parts.get(&q).map(|h| h.extra.rewrite) == Some(Rewrite::Sent);
+                    if let Some(part) = p.parts.get_mut(&q).filter(|_| sent) {
+                        part.extra.rewrite = Rewrite::Stored;
                     }
                 }
             }

@@ -15,19 +15,22 @@
 //! (the key window's through [`crate::world::Keys`]). Still the model's
 //! own: the order of those calls across partitions (issue 31's machine).
 
-use crate::world::{Claim, Insert, Job, Keys, Letter, Part, Phase, Proc, Rewrite, Wait, World};
+use crate::world::{
+    Claim, Insert, Job, Keys, Letter, Part, Parts, Proc, Rewrite, Side, Wait, World,
+};
 use crate::{
     ClaimConfirm, ClaimYield, DlqConfirm, LateGuard, LostSlice, RefusedInsert, RewriteCheck, Rules,
-    Settings, Sluice, UnbackedRows,
+    Sluice, UnbackedRows,
 };
 use sluice_protocol::acks::Ticket;
 use sluice_protocol::attempt::Answer;
-use sluice_protocol::claim::{taken_again, Do, Start, Why};
+use sluice_protocol::claim::{Do, Start, Why};
 use sluice_protocol::deadline::{attempt_deadline, Fence, FenceStep, Millis, Moment};
 use sluice_protocol::dedup::{KeyHash, KeyWindow};
 use sluice_protocol::delivery::{Delivery, Next};
 use sluice_protocol::lease::{on_register, Leases, Owner, Renewal};
-use sluice_protocol::partition::{Admit, Partition, Phase as Held};
+use sluice_protocol::machine::{Act, Revoke};
+use sluice_protocol::partition::{Admit, Partition, Phase};
 use sluice_protocol::resume::{resume_plan, Committed, LogBounds, ResetPolicy};
 use sluice_protocol::token::{insert_token, query_id};
 use sluice_protocol::{Batch, BatchLimits, NextOffset, Offset, PartitionId, Row};
@@ -89,39 +92,30 @@ pub fn take(m: &Sluice, w: &World, p: usize, step: Step) -> Option<World> {
         Step::Hear(q) => {
             let g = &w.parts.get(q)?.group;
             let fresh = g.assigned(p) && w.procs[p].heard[q] < g.generation;
-            if !fresh || !matches!(w.procs[p].phase[q], Phase::Idle) {
+            if !fresh || w.procs[p].parts.get(&q).is_some() {
                 return None;
             }
             let claim = Claim::new(id, g.generation, g.committed(), s, Start::Now);
             w.procs[p].heard[q] = g.generation;
-            w.procs[p].phase[q] = Phase::Claiming(claim);
+            claiming(m, &mut w.procs[p], q, claim);
         }
         Step::Revoke(q) => {
             let g = &w.parts.get(q)?.group;
             let current = g.assigned(p) && g.generation == generation(&w, p, q)?;
-            if current {
+            let leaving = w.procs[p].parts.get(&q)?.core.phase() == Phase::Leaving;
+            if current || leaving {
                 return None;
             }
-            // A new assignment counts its takings afresh.
-            w.procs[p].taken[q] = 0;
-            match &mut w.procs[p].phase[q] {
-                Phase::Claiming(_) => w.procs[p].phase[q] = Phase::Idle,
-                Phase::Active(part) if part.core.phase() == Held::Active => {
-                    let part = Arc::make_mut(part);
-                    part.core.leave();
-                    part.leases.leave(KEY, part.generation());
-                }
-                _ => return None,
-            }
+            // Let go while claiming; leaving once active.
+            w.procs[p].parts.revoke(&[q], Revoke::Leave);
+            carry_out(&mut w, p, &rules);
         }
         Step::Claim(q) => {
             // One read, write or look of the claim (`sink/prepare.rs`),
             // decided by the sink's own `Claim`; reads are atomic here.
             let register = w.parts.get(q)?.register;
             let entry = |_: &()| register;
-            let Phase::Claiming(c) = &mut w.procs[p].phase[q] else {
-                return None;
-            };
+            let c = claim_of(&mut w.procs[p], q)?;
             let (generation, committed) = (c.generation, c.committed);
             match c.claim.next() {
                 Do::Done => return None,
@@ -140,10 +134,7 @@ pub fn take(m: &Sluice, w: &World, p: usize, step: Step) -> Option<World> {
                         activate(m, &mut w, p, q, generation, committed, now);
                         return Some(w);
                     }
-                    let Phase::Claiming(c) = &mut w.procs[p].phase[q] else {
-                        unreachable!()
-                    };
-                    c.claim.written(now);
+                    claim_of(&mut w.procs[p], q)?.claim.written(now);
                 }
                 // The backoff may last any time: the step may come at any
                 // time.
@@ -216,7 +207,7 @@ pub fn take(m: &Sluice, w: &World, p: usize, step: Step) -> Option<World> {
                 // Full, or cut short by its age (`max_age` is one step):
                 // the search picks when.
                 let cut = part.core.cut()?;
-                tickets.push((q, part.generation(), cut.ticket));
+                tickets.push((q, part.core.generation(), cut.ticket));
                 uncertain |= cut.uncertain;
                 conditional.extend(cut.conditional.iter().map(|&(r, c)| (row_of(r), row_of(c))));
                 slices.push(cut.batch);
@@ -247,14 +238,11 @@ pub fn take(m: &Sluice, w: &World, p: usize, step: Step) -> Option<World> {
             // (`sink/lease.rs`); one task reads and writes: no read while
             // it writes.
             let registers: Vec<Owner> = w.parts.iter().map(|q| q.register).collect();
-            let proc = &w.procs[p];
-            let parts = || {
-                proc.phase.iter().filter_map(|ph| match ph {
-                    Phase::Active(part) => Some(part),
-                    _ => None,
-                })
-            };
-            if parts().any(|part| part.rewrite != Rewrite::No) {
+            if w.procs[p]
+                .parts
+                .iter()
+                .any(|(_, part)| part.extra.rewrite != Rewrite::No)
+            {
                 return None;
             }
             let mut changed = false;
@@ -262,20 +250,20 @@ pub fn take(m: &Sluice, w: &World, p: usize, step: Step) -> Option<World> {
                 let Some(part) = active(&mut w, p, q) else {
                     continue;
                 };
-                let g = part.generation();
-                let live = part.leases.live(KEY, g, now);
-                let leaving = part.core.phase() == Held::Leaving;
+                let g = part.core.generation();
+                let live = part.extra.leases.live(KEY, g, now);
+                let leaving = part.core.phase() == Phase::Leaving;
                 match on_register(Some(register), id, live, leaving) {
-                    Renewal::Renew => part.leases.renew(KEY, g, now),
-                    Renewal::Rewrite => part.rewrite = Rewrite::Decided,
+                    Renewal::Renew => part.extra.leases.renew(KEY, g, now),
+                    Renewal::Rewrite => part.extra.rewrite = Rewrite::Decided,
                     Renewal::Taken(by) => {
                         // Someone else claimed it: give it up (its rows in
                         // flight leave the batch) and claim it back after
                         // `fence_wait`.
                         let watch = matches!(by, Owner::Process(_));
-                        taken(&mut w, p, q, g, watch, s, &rules);
+                        taken(m, &mut w, p, q, g, watch);
                     }
-                    Renewal::Reclaim => taken(&mut w, p, q, g, false, s, &rules),
+                    Renewal::Reclaim => taken(m, &mut w, p, q, g, false),
                     Renewal::Keep => continue,
                 }
                 changed = true;
@@ -287,70 +275,57 @@ pub fn take(m: &Sluice, w: &World, p: usize, step: Step) -> Option<World> {
         Step::Rewrite(q) => {
             let busy = w.rewrite_in_flight.is_some();
             let part = active(&mut w, p, q)?;
-            if part.rewrite != Rewrite::Decided || busy {
+            if part.extra.rewrite != Rewrite::Decided || busy {
                 return None;
             }
-            let live = part.leases.live(KEY, part.generation(), now);
-            part.rewrite = if live { Rewrite::Sent } else { Rewrite::No };
+            let live = part.extra.leases.live(KEY, part.core.generation(), now);
+            part.extra.rewrite = if live { Rewrite::Sent } else { Rewrite::No };
             if live {
                 w.rewrite_in_flight = Some((id, q));
             }
         }
         Step::RewriteAcked(q) => {
             let part = active(&mut w, p, q)?;
-            if part.rewrite != Rewrite::Stored {
+            if part.extra.rewrite != Rewrite::Stored {
                 return None;
             }
-            part.rewrite = Rewrite::No;
-            let g = part.generation();
+            part.extra.rewrite = Rewrite::No;
+            let g = part.core.generation();
             // Acknowledged after the lease ended: it may have landed over
             // a new owner's claim. Claim again.
-            if !part.leases.live(KEY, g, now) && m.rules.rewrite == RewriteCheck::AckWithinLease {
-                taken(&mut w, p, q, g, false, s, &rules);
+            if !part.extra.leases.live(KEY, g, now)
+                && m.rules.rewrite == RewriteCheck::AckWithinLease
+            {
+                taken(m, &mut w, p, q, g, false);
             }
         }
         Step::Commit => {
             // One commit of every partition whose frontier moved, each
             // under its live lease (`sink/state`, `commit`).
-            let mut moved = false;
-            for q in 0..w.parts.len() {
-                let Phase::Active(part) = &w.procs[p].phase[q] else {
-                    continue;
-                };
-                let live = part.leases.live(KEY, part.generation(), now);
-                let Some(frontier) = part.core.to_commit(live) else {
-                    continue;
-                };
-                active(&mut w, p, q)?.core.committed(frontier);
+            let offsets = to_commit(&w.procs[p], now);
+            if offsets.is_empty() {
+                return None;
+            }
+            for (q, generation, frontier) in offsets {
+                w.procs[p].parts.committed(&q, generation, frontier);
                 // Taken whatever the generation: a coordinator that fences
                 // stale commits only helps.
                 w.parts[q].group.committed = Some(frontier);
-                moved = true;
-            }
-            if !moved {
-                return None;
             }
         }
         Step::Settle(q) => {
-            let part = active(&mut w, p, q)?;
-            let live = part.leases.live(KEY, part.generation(), now);
-            let hand_off = part.core.hand_off(live)?;
-            if let Some(frontier) = hand_off.commit {
-                w.parts[q].group.committed = Some(frontier);
-            }
-            if hand_off.clean {
-                w.parts[q].mark_in_flight = true;
-            }
-            w.procs[p].phase[q] = Phase::Idle;
-        }
-        Step::Expire(q) => {
-            let part = active(&mut w, p, q)?;
-            let leaving = part.core.phase() == Held::Leaving;
-            if !leaving || part.leases.live(KEY, part.generation(), now) {
+            let live = live(w.procs[p].parts.get(&q)?, now);
+            if !w.procs[p].parts.hand_off(&q, live) {
                 return None;
             }
-            w.procs[p].phase[q] = Phase::Idle;
-            lose(&mut w.procs[p], q, &rules);
+            carry_out(&mut w, p, &rules);
+        }
+        Step::Expire(q) => {
+            let live = live(w.procs[p].parts.get(&q)?, now);
+            if !w.procs[p].parts.expire(&q, live) {
+                return None;
+            }
+            carry_out(&mut w, p, &rules);
         }
         Step::Fence(at) => {
             if at >= m.bounds.servers {
@@ -504,15 +479,13 @@ pub fn take(m: &Sluice, w: &World, p: usize, step: Step) -> Option<World> {
 fn idle(m: &Sluice, w: &World, p: usize, step: Step) -> bool {
     let now = w.now;
     match step {
-        Step::Commit => w.procs[p].phase.iter().all(|ph| match ph {
-            Phase::Active(part) => {
-                let live = part.leases.live(KEY, part.generation(), now);
-                part.core.to_commit(live).is_none()
-            }
-            _ => true,
-        }),
+        Step::Commit => to_commit(&w.procs[p], now).is_empty(),
         Step::Claim(q) => {
-            let Some(Phase::Claiming(c)) = w.procs[p].phase.get(q) else {
+            let Some(c) = w.procs[p]
+                .parts
+                .get(&q)
+                .and_then(|h| h.extra.claim.as_ref())
+            else {
                 return true;
             };
             match c.claim.next() {
@@ -537,14 +510,14 @@ fn lease_end(proc: &Proc, now: Millis, rules: &Rules) -> Option<Millis> {
     let job = proc.job.as_ref()?;
     let mut end: Option<Millis> = None;
     for &(q, _, _) in &job.tickets {
-        let until = match &proc.phase[q] {
-            Phase::Active(part) => part.leases.until(KEY, part.generation(), now),
-            _ => None,
-        };
+        let part = proc
+            .parts
+            .get(&q)
+            .filter(|h| h.core.phase() != Phase::Preparing);
+        let until = part.and_then(|h| h.extra.leases.until(KEY, h.core.generation(), now));
         match until {
             Some(u) => end = Some(end.map_or(u, |e: Millis| e.min(u))),
-            None if rules.lost_slice == LostSlice::KeepSending
-                && !matches!(proc.phase[q], Phase::Active(_)) => {}
+            None if rules.lost_slice == LostSlice::KeepSending && part.is_none() => {}
             None => return None,
         }
     }
@@ -600,9 +573,15 @@ pub fn on_answer(proc: &mut Proc, to: &Insert, answer: Answer, now: Millis) {
     // Refused after its deadline: the clock may have stood still.
     if answer == Answer::TooLate {
         for q in held {
-            if let Phase::Active(part) = &mut proc.phase[q] {
-                let part = Arc::make_mut(part);
-                part.leases.suspect(KEY, part.generation(), now);
+            if proc
+                .parts
+                .get(&q)
+                .is_some_and(|h| h.core.phase() != Phase::Preparing)
+            {
+                if let Some(part) = proc.parts.get_mut(&q) {
+                    let g = part.core.generation();
+                    part.extra.leases.suspect(KEY, g, now);
+                }
             }
         }
     }
@@ -674,7 +653,7 @@ fn durable(proc: &mut Proc) {
     for &(q, generation, ticket) in &job.tickets {
         let copies = copies_of(&job.delivery, q);
         settle(
-            &mut proc.phase,
+            &mut proc.parts,
             q,
             generation,
             ticket,
@@ -733,7 +712,7 @@ fn settle_early(proc: &mut Proc) {
         };
         let (_, generation, ticket) = job.tickets.remove(at);
         settle(
-            &mut proc.phase,
+            &mut proc.parts,
             q,
             generation,
             ticket,
@@ -752,32 +731,26 @@ fn copies_of(delivery: &Delivery, q: usize) -> Vec<Offset> {
 }
 
 /// Partition `q`'s rows of `ticket`, cut by `generation`, are durable: if
-/// it still holds the partition, its window forgets the keys of the rows
-/// ClickHouse `rejected` and its frontier moves ([`Partition::settle`], as
-/// the sink's `on_slice`).
-///
-/// [`Partition::settle`]: sluice_protocol::partition::Partition::settle
+/// it still holds that generation, its window forgets the keys of the rows
+/// ClickHouse `rejected` and its frontier moves (the machine's
+/// `slice_done`, as the sink's `on_slice`).
 fn settle(
-    phase: &mut [Phase],
+    parts: &mut Parts,
     q: usize,
     generation: u64,
     ticket: Ticket,
     copies: &[Offset],
     rejected: &[Row],
 ) {
-    let Phase::Active(part) = &mut phase[q] else {
+    let Some(keys) = parts.get(&q).map(|h| h.core.keys()) else {
         return;
     };
-    if part.generation() != generation {
-        return;
-    }
-    let part = Arc::make_mut(part);
     let of_q = rejected.iter().filter(|r| r.partition == q as i32);
-    let keys: Vec<(KeyHash, Offset)> = match part.core.keys() {
+    let keys: Vec<(KeyHash, Offset)> = match keys {
         Some(keys) => of_q.map(|r| (keys.key(r.offset), r.offset)).collect(),
         None => Vec::new(),
     };
-    part.core.settle(ticket, copies, true, keys);
+    parts.slice_done(&q, generation, ticket, copies, true, keys);
 }
 
 /// The process claimed partition `q` at `read_at` (the send time of the
@@ -829,8 +802,20 @@ pub fn activate(
             rejected: m.rules.rejected_key,
         }
     });
-    let mut leases = Leases::new(m.settings.lease);
-    leases.hold(KEY, generation, read_at);
+    // Positioned (`sink/state/handoff.rs`), under a lease from the read.
+    let parts = &mut w.procs[p].parts;
+    if !parts.activate(&q, generation, w.now, plan.start, plan.check_through, keys) {
+        return;
+    }
+    if let Some(part) = parts.get_mut(&q) {
+        part.extra.claim = None;
+        part.extra.leases.hold(KEY, generation, read_at);
+    }
+}
+
+/// Process `proc` holds partition `q` in a new generation, to claim it
+/// with `claim` (`sink/state/handoff.rs`, `prepare`).
+pub fn claiming(m: &Sluice, proc: &mut Proc, q: usize, claim: Claim) {
     let limits = BatchLimits {
         max_rows: m.bounds.max_rows,
         max_bytes: 1 << 20,
@@ -841,45 +826,78 @@ pub fn activate(
         topic: TOPIC.into(),
         partition: q as i32,
     };
-    // Assigned, then positioned (`sink/state/handoff.rs`).
-    let mut core = Partition::new(id, limits, generation, Held::Preparing);
-    core.activate(plan.start, plan.check_through, keys);
-    w.procs[p].phase[q] = Phase::Active(Arc::new(Part {
-        core,
-        since: w.now,
-        leases,
+    let core = Partition::new(id, limits, claim.generation, Phase::Preparing);
+    let side = Side {
+        claim: Some(claim),
+        leases: Leases::new(m.settings.lease),
         rewrite: Rewrite::No,
-    }));
+    };
+    proc.parts.hold(q, core, side);
+}
+
+/// Carries out what process `p`'s machine decided: a generation
+/// abandoned loses its rows in flight ([`lose`]); a leaving one's lease is
+/// not renewed; a hand-off commits and marks the register clean.
+fn carry_out(w: &mut World, p: usize, rules: &Rules) {
+    let acts: Vec<_> = w.procs[p].parts.acts().collect();
+    for act in acts {
+        match act {
+            Act::Abandon { key: q, .. } => lose(&mut w.procs[p], q, rules),
+            Act::Leave { key: q, generation } => {
+                if let Some(part) = w.procs[p].parts.get_mut(&q) {
+                    part.extra.leases.leave(KEY, generation);
+                }
+            }
+            Act::HandOff {
+                key: q, hand_off, ..
+            } => {
+                if let Some(frontier) = hand_off.commit {
+                    w.parts[q].group.committed = Some(frontier);
+                }
+                if hand_off.clean {
+                    w.parts[q].mark_in_flight = true;
+                }
+            }
+        }
+    }
+}
+
+/// Whether `part`'s lease is live at `now`.
+fn live(part: &Part, now: Millis) -> bool {
+    part.extra.leases.live(KEY, part.core.generation(), now)
+}
+
+/// What process `proc` commits at `now` (the machine's `to_commit`, each
+/// partition under its live lease).
+fn to_commit(proc: &Proc, now: Millis) -> Vec<(usize, u64, NextOffset)> {
+    let parts = &proc.parts;
+    parts.to_commit(None, |q, _| parts.get(q).is_some_and(|h| live(h, now)))
+}
+
+/// The claim of partition `q`, while `proc` prepares it.
+fn claim_of(proc: &mut Proc, q: usize) -> Option<&mut Claim> {
+    proc.parts.get(&q)?.extra.claim.as_ref()?;
+    proc.parts.get_mut(&q)?.extra.claim.as_mut()
 }
 
 /// Partition `q` was taken from process `p`: it gives it up (its rows in
 /// flight leave the batch) and claims it back after `claim::taken_again`,
 /// or (`watch`) once the register shows a clean hand-off.
-#[allow(clippy::too_many_arguments)]
-fn taken(
-    w: &mut World,
-    p: usize,
-    q: usize,
-    generation: u64,
-    watch: bool,
-    s: &Settings,
-    rules: &Rules,
-) {
+fn taken(m: &Sluice, w: &mut World, p: usize, q: usize, generation: u64, watch: bool) {
+    let (s, rules) = (&m.settings, &m.rules);
     let committed = w.parts[q].group.committed();
     let now = w.now;
-    let proc = &mut w.procs[p];
-    let held = match &proc.phase[q] {
-        Phase::Active(part) => Some(now.since(part.since)),
-        _ => None,
+    let Some(wait) = w.procs[p].parts.taken(&q, generation, now, s.fence_wait) else {
+        return;
     };
-    let wait = taken_again(&mut proc.taken[q], held, s.fence_wait);
+    carry_out(w, p, rules);
     let start = Start::After {
         until: now.after(wait),
         watch,
     };
-    lose(proc, q, rules);
-    let id = proc.id;
-    proc.phase[q] = Phase::Claiming(Claim::new(id, generation, committed, s, start));
+    let proc = &mut w.procs[p];
+    let claim = Claim::new(proc.id, generation, committed, s, start);
+    claiming(m, proc, q, claim);
 }
 
 /// `KILL QUERY WHERE query_id = …`: every running query with that id ends
@@ -895,16 +913,14 @@ fn kill(w: &mut World, qid: &str) {
 }
 
 fn generation(w: &World, p: usize, q: usize) -> Option<u64> {
-    match &w.procs[p].phase[q] {
-        Phase::Idle => None,
-        Phase::Claiming(c) => Some(c.generation),
-        Phase::Active(part) => Some(part.generation()),
-    }
+    Some(w.procs[p].parts.get(&q)?.core.generation())
 }
 
+/// Partition `q` of process `p`, once active (leaving too).
 fn active(w: &mut World, p: usize, q: usize) -> Option<&mut Part> {
-    match w.procs[p].phase.get_mut(q)? {
-        Phase::Active(part) => Some(Arc::make_mut(part)),
-        _ => None,
+    let parts = &mut w.procs[p].parts;
+    if parts.get(&q)?.core.phase() == Phase::Preparing {
+        return None;
     }
+    parts.get_mut(&q)
 }

@@ -16,7 +16,7 @@ use sluice_protocol::deadline::{Fence, Millis, ServerClock};
 use sluice_protocol::dedup::{KeyHash, KeyWindow, Seen, Verdict, Window};
 use sluice_protocol::delivery::Delivery;
 use sluice_protocol::lease::{Leases, Owner};
-use sluice_protocol::partition;
+use sluice_protocol::machine::{Held, Machine};
 use sluice_protocol::resume::Committed;
 use sluice_protocol::{Batch, NextOffset, Offset, Row};
 use std::sync::Arc;
@@ -130,22 +130,20 @@ pub struct Proc {
     pub id: u64,
     /// Per partition: the last generation it heard of.
     pub heard: Vec<u64>,
-    /// Per partition: times it was taken from it since the group assigned
-    /// it (`claim::taken_again`).
-    pub taken: Vec<u32>,
-    /// Per partition: what it does with it.
-    pub phase: Vec<Phase>,
+    /// The partitions it holds, claiming or written, and the times each
+    /// was taken from it: the sink's own machine.
+    pub parts: Parts,
     /// The batch on its way: rows of one or more of its partitions.
     pub job: Option<Arc<Job>>,
     pub clock: ServerClock<Millis>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub enum Phase {
-    Idle,
-    Claiming(Claim),
-    Active(Arc<Part>),
-}
+/// The partitions a process holds (the sink's own
+/// [`sluice_protocol::machine::Machine`]), by partition index.
+pub type Parts = Machine<usize, Millis, Keys, Side>;
+
+/// A partition a process holds (claiming, written, or leaving).
+pub type Part = Held<Millis, Keys, Side>;
 
 /// A partition being prepared: the group's commit as last read, and the
 /// claim ([`sluice_protocol::claim::Claim`], the sink's own).
@@ -192,24 +190,17 @@ impl Claim {
     }
 }
 
-/// A partition this process writes.
+/// What the model keeps beside each partition a process holds (the
+/// machine's [`Held::core`] is the sink's own
+/// [`sluice_protocol::partition::Partition`]).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct Part {
-    /// The partition as the sink holds it: generation, position, the batch
-    /// being built, acks and commit, `check_through`, the key window (the
-    /// sink's own [`partition::Partition`]).
-    pub core: partition::Partition<Millis, Keys>,
-    /// When it went active.
-    pub since: Millis,
+pub struct Side {
+    /// Its claim, while it is being prepared.
+    pub claim: Option<Claim>,
+    /// Its lease, once active.
     pub leases: Leases<(), Millis>,
     /// Writing this process back into a register that forgot it.
     pub rewrite: Rewrite,
-}
-
-impl Part {
-    pub fn generation(&self) -> u64 {
-        self.core.generation()
-    }
 }
 
 /// A partition's key dedup window, under the model's [`crate::Rules`].
@@ -347,29 +338,41 @@ impl World {
     /// only in it compare equal.
     pub fn normalize(&mut self) {
         for p in &mut self.procs {
-            for (q, phase) in p.phase.iter_mut().enumerate() {
-                match phase {
-                    Phase::Active(part) => {
-                        // Shared with the state before until it changes.
-                        let mut leases = part.leases.clone();
-                        leases.normalize(self.now);
-                        if leases != part.leases {
-                            Arc::make_mut(part).leases = leases;
-                        }
-                        // Never taken: when it went active decides nothing.
-                        if p.taken[q] == 0 && part.since != Millis(0) {
-                            Arc::make_mut(part).since = Millis(0);
-                        }
-                    }
-                    // The group's commit as last read is read again before
-                    // the claim's next read of the register: every way to
-                    // `activate` (`Do::Read`, or `Do::Write` under
-                    // `ClaimConfirm::TrustWrite`) passes `Do::ReadCommits`
-                    // from here, so the old value decides nothing.
-                    Phase::Claiming(c) if c.reads_commits_again() => {
-                        c.committed = Committed::Nothing;
-                    }
-                    _ => {}
+            let keys: Vec<usize> = p.parts.iter().map(|(q, _)| *q).collect();
+            for q in keys {
+                let Some(part) = p.parts.get(&q) else {
+                    continue;
+                };
+                // Shared with the state before until it changes.
+                let mut leases = part.extra.leases.clone();
+                leases.normalize(self.now);
+                let leases = (leases != part.extra.leases).then_some(leases);
+                // Never taken: when it went active decides nothing.
+                let never_taken = p.parts.takings(&q) == 0;
+                let since = part.since.filter(|&s| never_taken && s != Millis(0));
+                // The group's commit as last read is read again before the
+                // claim's next read of the register: every way to
+                // `activate` (`Do::Read`, or `Do::Write` under
+                // `ClaimConfirm::TrustWrite`) passes `Do::ReadCommits` from
+                // here, so the old value decides nothing.
+                let forget =
+                    part.extra.claim.as_ref().is_some_and(|c| {
+                        c.reads_commits_again() && c.committed != Committed::Nothing
+                    });
+                if leases.is_none() && since.is_none() && !forget {
+                    continue;
+                }
+                let Some(part) = p.parts.get_mut(&q) else {
+                    continue;
+                };
+                if let Some(leases) = leases {
+                    part.extra.leases = leases;
+                }
+                if since.is_some() {
+                    part.since = Some(Millis(0));
+                }
+                if let Some(c) = part.extra.claim.as_mut().filter(|_| forget) {
+                    c.committed = Committed::Nothing;
                 }
             }
         }
@@ -381,8 +384,7 @@ impl World {
             .map(|i| Proc {
                 id: i as u64 + 1,
                 heard: vec![0; n],
-                taken: vec![0; n],
-                phase: vec![Phase::Idle; n],
+                parts: Parts::new(),
                 job: None,
                 clock: server_clock(),
             })

@@ -19,8 +19,8 @@
 
 use crate::acks::Ticket;
 use crate::claim::taken_again;
-use crate::dedup::{KeyHash, KeyWindow, Window};
 use crate::deadline::Moment;
+use crate::dedup::{KeyHash, KeyWindow, Window};
 use crate::offset::{NextOffset, Offset};
 use crate::partition::{HandOff, Partition, Phase};
 use std::collections::BTreeMap;
@@ -130,6 +130,12 @@ impl<K: Ord + Clone, T: Moment, W: Window + Clone, X: Clone> Machine<K, T, W, X>
         self.held.iter_mut().map(|(k, h)| (k, Arc::make_mut(h)))
     }
 
+    /// How often `key` was taken from this process since the group last
+    /// assigned it here.
+    pub fn takings(&self, key: &K) -> u32 {
+        self.taken.get(key).copied().unwrap_or(0)
+    }
+
     /// Holds `core` (a new generation of `key`, preparing, or active where
     /// nothing needs preparing); an older generation is abandoned.
     pub fn hold(&mut self, key: K, core: Partition<T, W>, extra: X) {
@@ -145,8 +151,9 @@ impl<K: Ord + Clone, T: Moment, W: Window + Clone, X: Clone> Machine<K, T, W, X>
 
     /// Whether `key` is being prepared in `generation`.
     pub fn preparing(&self, key: &K, generation: u64) -> bool {
-        self.get(key)
-            .is_some_and(|h| h.core.generation() == generation && h.core.phase() == Phase::Preparing)
+        self.get(key).is_some_and(|h| {
+            h.core.generation() == generation && h.core.phase() == Phase::Preparing
+        })
     }
 
     /// `key`, prepared in `generation`, reads from `start` on at `now`
@@ -269,8 +276,8 @@ impl<K: Ord + Clone, T: Moment, W: Window + Clone, X: Clone> Machine<K, T, W, X>
     }
 
     /// A slice of `key`'s rows cut by `generation` ended
-    /// ([`Partition::settle`]); `None` if that generation is not held any
-    /// more (its slices count for nothing).
+    /// ([`Partition::settle`]); `None` if that generation is not held, or
+    /// not active or leaving, any more (its slices count for nothing).
     pub fn slice_done(
         &mut self,
         key: &K,
@@ -281,7 +288,7 @@ impl<K: Ord + Clone, T: Moment, W: Window + Clone, X: Clone> Machine<K, T, W, X>
         rejected: impl IntoIterator<Item = (KeyHash, Offset)>,
     ) -> Option<SliceEnd> {
         let held = self.get(key)?;
-        if held.core.generation() != generation {
+        if held.core.generation() != generation || held.core.phase() == Phase::Preparing {
             return None;
         }
         let held = self.get_mut(key)?;
@@ -304,7 +311,9 @@ impl<K: Ord + Clone, T: Moment, W: Window + Clone, X: Clone> Machine<K, T, W, X>
     ) -> Vec<(K, u64, NextOffset)> {
         self.held
             .iter()
-            .filter(|(k, h)| only.is_none_or(|o| o.contains(k)) && h.core.phase() != Phase::Preparing)
+            .filter(|(k, h)| {
+                only.is_none_or(|o| o.contains(k)) && h.core.phase() != Phase::Preparing
+            })
             .filter_map(|(k, h)| {
                 let generation = h.core.generation();
                 let at = h.core.to_commit(may_write(k, generation))?;
@@ -399,7 +408,13 @@ mod tests {
         let mut m = M::new();
         let ticket = active_with_one_cut(&mut m, 1, 1);
         assert_eq!(m.revoke(&[1], Revoke::Leave), vec![1]);
-        assert!(matches!(m.acts().next(), Some(Act::Leave { key: 1, generation: 1 })));
+        assert!(matches!(
+            m.acts().next(),
+            Some(Act::Leave {
+                key: 1,
+                generation: 1
+            })
+        ));
         // In flight: no hand-off yet, nothing to commit.
         assert!(!m.hand_off(&1, true));
         assert_eq!(m.to_commit(None, |_, _| true), vec![(1, 1, NextOffset(0))]);
@@ -464,7 +479,10 @@ mod tests {
         assert!(!m.expire(&1, true));
         assert!(m.expire(&1, false));
         let acts: Vec<_> = m.acts().collect();
-        assert!(matches!(&acts[..], [Act::Leave { .. }, Act::Abandon { key: 1, .. }]));
+        assert!(matches!(
+            &acts[..],
+            [Act::Leave { .. }, Act::Abandon { key: 1, .. }]
+        ));
     }
 
     #[test]
