@@ -8,12 +8,16 @@
 //! of the writer's loop (`sink/writer.rs`: which rows an attempt holds, a
 //! row ClickHouse rejected), a batch's completion (the window forgets a
 //! rejected copy), a commit or a hand-off (`sink/state/handoff.rs`). The
-//! decisions are `sluice-protocol`'s; each partition a process writes is
-//! the sink's own `partition::Partition` (records admitted, read and
-//! pushed, batches cut, slices settled, commits), and a batch's way the
-//! sink's own `Delivery`. The unsafe [`Rules`] replace one decision each
-//! (the key window's through [`crate::world::Keys`]). Still the model's
-//! own: the order of those calls across partitions (issue 31's machine).
+//! decisions are `sluice-protocol`'s: a process holds its partitions in the
+//! sink's own `machine::Machine` (a claim while preparing, then the
+//! sink's own `partition::Partition`: records admitted, read and pushed,
+//! batches cut, slices settled, commits), whose revocation, claim-back,
+//! hand-off, expiry, slice ends and commits are the sink's calls, and a
+//! batch's way is the sink's own `Delivery`. The unsafe [`Rules`] replace
+//! one decision each (the key window's through [`crate::world::Keys`]).
+//! Still the model's own: one step fetches and cuts a batch (the sink
+//! reads records one by one), and a job's letters and early settling
+//! follow `sink/writer.rs` by hand.
 
 use crate::world::{
     Claim, Insert, Job, Keys, Letter, Part, Parts, Proc, Rewrite, Side, Wait, World,
