@@ -694,16 +694,8 @@ fn settle_early(proc: &mut Proc) {
     let Some(job) = proc.job.as_mut().map(Arc::make_mut) else {
         return;
     };
-    let held: Vec<usize> = job.tickets.iter().map(|t| t.0).collect();
-    let done: Vec<usize> = held
-        .iter()
-        .copied()
-        .filter(|&q| job.delivery.settled(q as i32))
-        .collect();
-    if held.len() < 2 || done.is_empty() || done.len() == held.len() {
-        return;
-    }
-    for q in done {
+    let live: Vec<i32> = job.tickets.iter().map(|t| t.0 as i32).collect();
+    for q in job.delivery.ahead(&live).into_iter().map(|p| p as usize) {
         if job.letters.iter().any(|r| r.partition == q as i32) {
             continue;
         }

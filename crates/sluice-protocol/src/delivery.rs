@@ -362,6 +362,18 @@ impl Delivery {
         }
     }
 
+    /// Of `live` (the partitions still in the batch), those that settle
+    /// ahead of the rest: [`settled`](Self::settled) while another is
+    /// still on its way. None when fewer than two are live, or when every
+    /// one is settled (the batch is durable: they end together).
+    pub fn ahead(&self, live: &[i32]) -> Vec<i32> {
+        let done: Vec<i32> = live.iter().copied().filter(|&p| self.settled(p)).collect();
+        if live.len() < 2 || done.len() == live.len() {
+            return Vec::new();
+        }
+        done
+    }
+
     /// Takes a [`settled`](Self::settled) partition out of the batch, with
     /// what became of its rows; `None` (and nothing changes) if it is not
     /// settled. Its rows are stored, rejected or left out: the caller may
@@ -416,6 +428,8 @@ mod tests {
         assert!(!d.settled(0), "its rows are out");
         d.answered(Answer::Stored);
         assert!(d.settled(0) && !d.settled(1));
+        assert_eq!(d.ahead(&[0, 1]), [0]);
+        assert!(d.ahead(&[0]).is_empty(), "alone: it ends with the batch");
         assert_eq!(d.settle_partition(1), None, "not settled: nothing changes");
         assert_eq!(
             d.settle_partition(0),
