@@ -61,11 +61,6 @@ impl Lease {
         self.lock().hold(key, generation, sent);
     }
 
-    /// See [`Leases::release`].
-    pub(crate) fn release(&self, key: Key) {
-        self.lock().release(key);
-    }
-
     /// See [`Leases::leave`].
     pub(crate) fn leave(&self, key: Key, generation: u64) {
         self.lock().leave(key, generation);

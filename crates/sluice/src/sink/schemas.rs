@@ -281,7 +281,7 @@ async fn fetch(
 
 /// The original values of a batch's rows on a registry route, by offset:
 /// a row ClickHouse rejects goes to the DLQ as it came, not as its JSON.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub(super) struct Originals {
     bytes: Vec<u8>,
     /// Per row: its offset and the end of its bytes.

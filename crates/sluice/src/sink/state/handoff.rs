@@ -17,22 +17,32 @@
 //!
 //! Revoke (exactly-once): stop batching the partitions and let go of them at
 //! once; their in-flight inserts finish off the consumer thread, under the
-//! lease, and then their frontier is committed and they are marked clean in
-//! the register ([`Sink::settle_leaving`]). A new owner that is fencing
+//! lease (what they make durable is committed as they land, by
+//! [`Sink::commit`]), and then their frontier is committed and they are
+//! marked clean in the register ([`Sink::settle_leaving`]). A new owner that is fencing
 //! meanwhile stops when it sees the mark. At-least-once waits for the
 //! inserts and commits before letting go: the next owner starts there. If the
 //! assignment was lost instead, abandon their work at once: the group has
 //! already moved on.
 //!
-//! Stop ([`Sink::stop`]): flush, drain, commit, and mark the partitions
+//! Stop ([`Sink::stopped`]): flush, drain, commit, and mark the partitions
 //! clean, so the next owner need not fence.
+//!
+//! What becomes of each partition is the protocol's [`Machine`]'s decision
+//! (one generation at a time, which revoked partition leaves or is let go,
+//! when a leaving one hands off, how long a taken one waits); the sink
+//! carries out its [`Act`]s ([`Sink::carry_out`]) on its lease table, its
+//! abandon tokens and its queue of actions.
+//!
+//! [`Machine`]: sluice_protocol::machine::Machine
+//! [`Event::Prepared`]: crate::sink::event::Event::Prepared
 
-use super::{Key, Sink};
+use super::{Act, Key, Side, Sink};
 use crate::owners::Owner;
 use crate::sink::action::{Action, AfterSeek};
 use crate::sink::event::Prepared;
 use crate::sink::prepare::Preparation;
-use sluice_protocol::claim;
+use sluice_protocol::machine::Revoke;
 use sluice_protocol::partition::Phase;
 use sluice_protocol::Offset;
 use std::collections::{BTreeMap, HashMap};
@@ -55,11 +65,10 @@ impl Sink {
         let dedup = keys.iter().any(|k| self.routes[k.0].dedup.is_some());
         if !exactly_once && !dedup {
             for &(ri, p) in keys {
-                let part = self.new_part(ri, p, Phase::Active);
-                if let Some(older) = self.parts.insert((ri, p), part) {
-                    older.abandon.cancel();
-                }
+                let core = self.new_core(ri, p, Phase::Active);
+                self.parts.hold((ri, p), core, Side::new(Phase::Active));
             }
+            self.carry_out();
             // librdkafka keeps a partition paused across an unassign and an
             // assign (a schema wait or backpressure when it was revoked);
             // backpressure pauses it again if it must.
@@ -78,19 +87,16 @@ impl Sink {
         let mut given_up = HashMap::new();
         for &(ri, p) in keys {
             // One generation of a partition at a time: an older one of this
-            // process (active, or revoked and finishing) stops before this
-            // one claims, so the claim's fence covers its inserts too.
-            if let Some(older) = self.parts.remove(&(ri, p)) {
-                older.abandon.cancel();
-            }
-            self.ctx.lease.release((ri, p));
-            let part = self.new_part(ri, p, Phase::Preparing);
-            parts
-                .entry(ri)
-                .or_default()
-                .push(((ri, p), part.generation()));
-            given_up.insert(((ri, p), part.generation()), part.abandon.clone());
-            self.parts.insert((ri, p), part);
+            // process (active, or revoked and finishing) is abandoned
+            // before this one claims, so the claim's fence covers its
+            // inserts too.
+            let core = self.new_core(ri, p, Phase::Preparing);
+            let generation = core.generation();
+            let side = Side::new(Phase::Preparing);
+            parts.entry(ri).or_default().push(((ri, p), generation));
+            given_up.insert(((ri, p), generation), side.abandon.clone());
+            self.parts.hold((ri, p), core, side);
+            self.carry_out();
         }
         let prep = Preparation {
             ch: self.ctx.ch.clone(),
@@ -123,27 +129,24 @@ impl Sink {
     /// fence outlasted this process's inserts, and it drained its own. Not
     /// when the register said `clean` to begin with: nobody fenced this
     /// process's own inserts, which may still be running.
+    ///
+    /// Only the generation active here is given up
+    /// ([`sluice_protocol::machine::Machine::taken`]):
+    /// a revoked partition is not claimed back (its lease runs out:
+    /// [`Sink::expire_leaving`]), nor one still preparing or of an older
+    /// generation.
     pub(super) fn on_taken(&mut self, key: Key, generation: u64, by: Owner) {
-        // A revoked partition is not claimed back: its lease runs out
-        // ([`Sink::expire_leaving`]).
-        if self
+        let fence_wait = self.cfg.sink.fence_wait;
+        let Some(wait) = self
             .parts
-            .get(&key)
-            .is_none_or(|p| p.generation() != generation || p.phase() == Phase::Leaving)
-        {
-            return;
-        }
-        let Some(part) = self.parts.remove(&key) else {
+            .taken(&key, generation, Instant::now(), fence_wait)
+        else {
             return;
         };
-        part.abandon.cancel();
-        self.ctx.lease.give_up(key, generation);
+        self.carry_out();
         // Another owner writes it now: its lag is that owner's to report.
         crate::telemetry::partition_left(&self.routes[key.0].topic, key.1);
         self.out.push_back(Action::Pause(vec![key]));
-        let held = part.active_since.map(|t| t.elapsed());
-        let taken = self.taken.entry(key).or_default();
-        let wait = claim::taken_again(taken, held, self.cfg.sink.fence_wait);
         self.prepare(&[key], wait, matches!(by, Owner::Process(_)));
     }
 
@@ -165,7 +168,7 @@ impl Sink {
         let keys: Vec<Key> = keys
             .iter()
             .copied()
-            .filter(|k| self.parts.contains_key(k))
+            .filter(|k| self.parts.get(k).is_some())
             .collect();
         if !keys.is_empty() {
             tracing::info!(lost, partitions = ?keys.iter().map(|k| self.name(*k)).collect::<Vec<_>>(), "revoked");
@@ -175,54 +178,43 @@ impl Sink {
             if let Some(p) = self.parts.get_mut(k) {
                 // The route's count of what is built may stay high where a
                 // partition goes otherwise: that only cuts its batch sooner.
-                self.building[k.0].shrink(p.load());
+                self.building[k.0].shrink(super::load(p));
                 p.core.clear_building();
-                p.building_since = None;
                 // Their records are read again by the next owner.
-                p.letters.clear();
-                p.letter_bytes = 0;
-                p.originals.clear();
-                p.stalled = None;
-                p.reread_for = None;
+                let side = &mut p.extra;
+                side.building_since = None;
+                side.letters.clear();
+                side.letter_bytes = 0;
+                side.originals.clear();
+                side.stalled = None;
+                side.reread_for = None;
             }
-            self.taken.remove(k);
         }
-        if lost {
-            for k in &keys {
-                if let Some(p) = self.parts.remove(k) {
-                    p.abandon.cancel();
-                }
-                self.ctx.lease.release(*k);
-            }
+        let how = if lost {
+            // The group has moved on: their work is abandoned at once.
+            Revoke::Lost
         } else if self.cfg.sink.delivery.is_exactly_once() {
             // The inserts finish off the consumer thread; the lease still
             // bounds them, and the next owner fences until they are marked
             // clean.
-            for k in &keys {
-                let Some(p) = self.parts.get_mut(k) else {
-                    continue;
-                };
-                match p.phase() {
-                    // Revoked again: it is leaving already.
-                    Phase::Leaving => continue,
-                    Phase::Active => {
-                        p.core.leave();
-                        self.ctx.lease.leave(*k, p.generation());
-                        self.settle_leaving(*k);
-                    }
-                    Phase::Preparing => {
-                        if let Some(p) = self.parts.remove(k) {
-                            p.abandon.cancel();
-                        }
-                    }
-                }
-            }
+            Revoke::Leave
         } else {
             // The next owner starts where this one committed: the
             // inserts end first.
-            return keys;
+            Revoke::Drain
+        };
+        let out = self.parts.revoke(&keys, how);
+        self.carry_out();
+        match how {
+            Revoke::Lost => Vec::new(),
+            Revoke::Leave => {
+                for k in out {
+                    self.settle_leaving(k);
+                }
+                Vec::new()
+            }
+            Revoke::Drain => out,
         }
-        Vec::new()
     }
 
     /// At least once: revoked `keys` whose inserts ended (or ran out of
@@ -230,10 +222,9 @@ impl Sink {
     pub(crate) fn let_go(&mut self, keys: &[Key]) {
         self.commit(Some(keys), true);
         for k in keys {
-            if let Some(p) = self.parts.remove(k) {
-                p.abandon.cancel();
-            }
+            self.parts.let_go(k);
         }
+        self.carry_out();
     }
 
     /// A revoked partition whose inserts have all ended commits its
@@ -243,40 +234,26 @@ impl Sink {
         let Some(part) = self.parts.get(&key) else {
             return;
         };
-        let generation = part.generation();
-        let live = self.ctx.lease.live(key, generation);
-        let Some(hand_off) = part.core.hand_off(live) else {
-            return;
-        };
-        self.parts.remove(&key);
-        if let Some(frontier) = hand_off.commit {
-            self.out.push_back(Action::Commit {
-                offsets: vec![(key, generation, frontier)],
-                sync: false,
-            });
-        }
-        let (keys, until) = self.leases_ended(&[(key, generation)]);
-        if hand_off.clean {
-            self.out.push_back(Action::MarkClean {
-                keys,
-                until,
-                wait: false,
-            });
+        let live = self.ctx.lease.live(key, part.core.generation());
+        if self.parts.hand_off(&key, live) {
+            self.carry_out();
         }
     }
 
     /// Gives up revoked partitions whose lease ran out before their inserts
     /// ended (the next owner claimed them): those inserts are abandoned.
     pub(crate) fn expire_leaving(&mut self) {
-        let lease = &self.ctx.lease;
-        self.parts.retain(|k, p| {
-            let live = p.phase() != Phase::Leaving || lease.live(*k, p.generation());
-            if !live {
-                p.abandon.cancel();
-                lease.give_up(*k, p.generation());
-            }
-            live
-        });
+        let leaving: Vec<(Key, u64)> = self
+            .parts
+            .iter()
+            .filter(|(_, p)| p.core.phase() == Phase::Leaving)
+            .map(|(k, p)| (*k, p.core.generation()))
+            .collect();
+        for (key, generation) in leaving {
+            let live = self.ctx.lease.live(key, generation);
+            self.parts.expire(&key, live);
+        }
+        self.carry_out();
     }
 
     /// The stop, once every insert ended or ran out of time (`drained`
@@ -284,13 +261,11 @@ impl Sink {
     /// clean if drained, and abandons what is left. Returns why the sink
     /// stopped, if it failed.
     pub(crate) fn stopped(&mut self, drained: bool) -> Option<anyhow::Error> {
+        let went_active = self.parts.stop();
         if drained {
-            self.hand_off_clean(None);
+            self.hand_off_clean(&went_active);
         }
-        for p in self.parts.values() {
-            p.abandon.cancel();
-        }
-        self.parts.clear();
+        self.carry_out();
         tracing::info!(
             records = self.stats.records,
             rows_inserted = self.stats.rows_inserted,
@@ -300,21 +275,53 @@ impl Sink {
         self.fatal.take()
     }
 
-    /// Marks `keys` (or every partition) clean in the register after their
-    /// inserts drained, waiting for the write: at a stop.
-    fn hand_off_clean(&mut self, keys: Option<&[Key]>) {
-        let list: Vec<(Key, u64)> = self
-            .parts
-            .iter()
-            .filter(|(k, p)| keys.is_none_or(|ks| ks.contains(k)) && p.phase() != Phase::Preparing)
-            .map(|(k, p)| (*k, p.generation()))
-            .collect();
-        let (keys, until) = self.leases_ended(&list);
+    /// Marks `list` (each partition that went active, by generation)
+    /// clean in the register after their inserts drained, waiting for the
+    /// write: at a stop.
+    fn hand_off_clean(&mut self, list: &[(Key, u64)]) {
+        let (keys, until) = self.leases_ended(list);
         self.out.push_back(Action::MarkClean {
             keys,
             until,
             wait: true,
         });
+    }
+
+    /// Carries out what the machine decided ([`Act`]), in order: a
+    /// generation abandoned stops its work and ends its lease; a revoked
+    /// one's lease is no longer renewed; one handed off commits, ends its
+    /// lease and, if that was live, is marked clean.
+    pub(super) fn carry_out(&mut self) {
+        let acts: Vec<_> = self.parts.acts().collect();
+        for act in acts {
+            match act {
+                Act::Abandon { key, held } => {
+                    held.extra.abandon.cancel();
+                    self.ctx.lease.give_up(key, held.core.generation());
+                }
+                Act::Leave { key, generation } => self.ctx.lease.leave(key, generation),
+                Act::HandOff {
+                    key,
+                    generation,
+                    hand_off,
+                } => {
+                    if let Some(frontier) = hand_off.commit {
+                        self.out.push_back(Action::Commit {
+                            offsets: vec![(key, generation, frontier)],
+                            sync: false,
+                        });
+                    }
+                    let (keys, until) = self.leases_ended(&[(key, generation)]);
+                    if hand_off.clean {
+                        self.out.push_back(Action::MarkClean {
+                            keys,
+                            until,
+                            wait: false,
+                        });
+                    }
+                }
+            }
+        }
     }
 
     /// Ends the leases of `list` (nothing more is written under them) and
@@ -351,9 +358,7 @@ impl Sink {
     /// Whether `p` is the plan of the generation of its partition being
     /// prepared.
     fn preparing(&self, p: &Prepared) -> bool {
-        self.parts
-            .get(&p.key)
-            .is_some_and(|x| x.generation() == p.generation && x.phase() == Phase::Preparing)
+        self.parts.preparing(&p.key, p.generation)
     }
 
     /// A prepared partition was sought to its start: its records flow;
@@ -371,12 +376,15 @@ impl Sink {
             .dedup
             .as_ref()
             .map(|d| crate::sink::dedup::window(d, p.seeds.as_ref()));
-        let Some(part) = self.parts.get_mut(&p.key) else {
-            return;
-        };
         let start = p.plan.start;
-        part.core.activate(start, p.plan.check_through, keys);
-        part.active_since = Some(Instant::now());
+        let check_through = p.plan.check_through;
+        let now = Instant::now();
+        if !self
+            .parts
+            .activate(&p.key, p.generation, now, start, check_through, keys)
+        {
+            return;
+        }
         tracing::info!(
             partition = %name,
             start = start.0,

@@ -9,6 +9,15 @@
 //! frontier, committed to Kafka ([`Sink::commit`]). Partitions come, go and
 //! are taken over in [`handoff`].
 //!
+//! The partitions this process holds live in the protocol's [`Machine`],
+//! one generation of each at a time, each a [`Held`]: the protocol's
+//! [`Partition`] (position, batch being built, acks, commits, phase) and
+//! the sink's [`Side`] (abandon token, DLQ letters, registry values,
+//! stall, pause). The machine decides what spans partitions and
+//! generations (which generation a slice's end or a commit counts for,
+//! what a revocation, a taking or a stop does to each, what to commit);
+//! its [`Act`]s are carried out by [`Sink::carry_out`].
+//!
 //! The state does no I/O at all: it calls neither the Kafka consumer nor
 //! ClickHouse nor the registry, and starts no task. What it decides the
 //! world should do is queued as [`Action`]s, which the consumer thread
@@ -25,6 +34,9 @@
 //! `max_buffered_bytes` (the rest is librdkafka's); over it, every partition
 //! is paused (the consumer keeps polling, so the group does not evict it)
 //! until half of it is free.
+//!
+//! [`BatchBuilder`]: sluice_protocol::BatchBuilder
+//! [`AckTracker`]: sluice_protocol::AckTracker
 
 mod handoff;
 mod record;
@@ -47,10 +59,11 @@ pub(super) use record::Record;
 use record::{Fate, Value};
 use sluice_formats::RowError;
 use sluice_protocol::cut::{Load, RouteCut};
-use sluice_protocol::dedup::KeyHash;
+use sluice_protocol::dedup::{KeyHash, KeyWindow};
+use sluice_protocol::machine::{Act, Held, Machine};
 use sluice_protocol::partition::{Partition, Phase};
 use sluice_protocol::resume::{Mismatch, MISMATCH_MARK};
-use sluice_protocol::{Batch, BatchLimits, NextOffset, Offset, PartitionId, Row};
+use sluice_protocol::{Batch, NextOffset, Offset, PartitionId, Row};
 use std::collections::{HashMap, VecDeque};
 use std::sync::mpsc;
 use std::sync::Arc;
@@ -84,10 +97,18 @@ enum Wait {
     Columns,
 }
 
-/// A partition this process holds: its protocol state ([`Partition`]),
-/// and what only the binary keeps beside it.
-struct Part {
-    core: Partition<Instant>,
+/// A partition this process holds, in one generation: the protocol's
+/// [`Held`] (its [`Partition`] and when it went active), with what only
+/// the binary keeps beside it ([`Side`]).
+type Part = Held<Instant, KeyWindow, Side>;
+
+/// What the binary keeps beside a partition's protocol state: the
+/// machine's `extra` ([`Machine`]). Cloned only if the machine's handle on
+/// it were shared, which it never is.
+#[derive(Clone)]
+struct Side {
+    /// Cancelled when this generation is abandoned ([`Act::Abandon`]):
+    /// its rows in flight leave their batches.
     abandon: CancellationToken,
     /// Paused by backpressure (preparing partitions are always paused).
     paused: bool,
@@ -97,8 +118,6 @@ struct Part {
     letter_bytes: usize,
     /// What became of this activation's rows, for conditional rows.
     fates: Arc<Fates>,
-    /// When it went active.
-    active_since: Option<Instant>,
     /// Waiting (paused) for the schema of a record, or its table's
     /// columns ([`Sink::on_record`]).
     stalled: Option<Stall>,
@@ -114,16 +133,14 @@ struct Part {
     cut_since: VecDeque<(NextOffset, Option<i64>)>,
 }
 
-impl Part {
-    fn new(id: PartitionId, limits: BatchLimits, generation: u64, phase: Phase) -> Self {
+impl Side {
+    fn new(phase: Phase) -> Self {
         Self {
-            core: Partition::new(id, limits, generation, phase),
             abandon: CancellationToken::new(),
             paused: phase == Phase::Preparing,
             letters: Vec::new(),
             letter_bytes: 0,
             fates: Arc::default(),
-            active_since: None,
             stalled: None,
             reread_for: None,
             originals: Originals::default(),
@@ -131,45 +148,38 @@ impl Part {
             cut_since: VecDeque::new(),
         }
     }
+}
 
-    fn generation(&self) -> u64 {
-        self.core.generation()
+/// What `part`'s batch being built holds.
+fn load(part: &Part) -> Load {
+    Load {
+        rows: part.core.builder().rows(),
+        bytes: part.core.builder().bytes(),
+        letters: part.extra.letters.len(),
     }
+}
 
-    fn phase(&self) -> Phase {
-        self.core.phase()
-    }
+/// Whether `part` has something built to send.
+fn building(part: &Part) -> bool {
+    !part.core.builder().is_empty()
+}
 
-    /// What its batch being built holds.
-    fn load(&self) -> Load {
-        Load {
-            rows: self.core.builder().rows(),
-            bytes: self.core.builder().bytes(),
-            letters: self.letters.len(),
-        }
+/// The Kafka timestamp (ms) of `part`'s oldest record read and not yet
+/// durable, if it has one.
+fn oldest_pending(part: &mut Part) -> Option<i64> {
+    let frontier = part.core.frontier()?;
+    let side = &mut part.extra;
+    while side
+        .cut_since
+        .front()
+        .is_some_and(|(end, _)| *end <= frontier)
+    {
+        side.cut_since.pop_front();
     }
-
-    /// Whether it has something built to send.
-    fn building(&self) -> bool {
-        !self.core.builder().is_empty()
-    }
-
-    /// The Kafka timestamp (ms) of the oldest record read and not yet
-    /// durable, if it has one.
-    fn oldest_pending(&mut self) -> Option<i64> {
-        let frontier = self.core.frontier()?;
-        while self
-            .cut_since
-            .front()
-            .is_some_and(|(end, _)| *end <= frontier)
-        {
-            self.cut_since.pop_front();
-        }
-        self.cut_since
-            .iter()
-            .find_map(|(_, ts)| *ts)
-            .or(self.building_since)
-    }
+    side.cut_since
+        .iter()
+        .find_map(|(_, ts)| *ts)
+        .or(side.building_since)
 }
 
 /// The sink's counts since it started, for the progress and stop lines.
@@ -199,8 +209,10 @@ pub(super) struct Sink {
     stats: Stats,
     /// The partitions this process holds, one generation of each at a
     /// time: preparing, active, or revoked (exactly-once) and leaving
-    /// while their inserts finish ([`Sink::on_revoke`]).
-    parts: HashMap<Key, Part>,
+    /// while their inserts finish ([`Sink::on_revoke`]); with how often
+    /// each was taken by another owner ([`Sink::on_taken`]). The
+    /// protocol's [`Machine`] decides; [`Sink::carry_out`] does its acts.
+    parts: Machine<Key, Instant, KeyWindow, Side>,
     /// Per route, indexed like `routes`: what its partitions' batches being
     /// built hold, and so when the route's batch is cut.
     building: Vec<RouteCut<Instant>>,
@@ -219,9 +231,6 @@ pub(super) struct Sink {
     /// The register of owners, and this process's id in it.
     owners: Owners,
     me: u64,
-    /// How often each partition was taken from this process since the
-    /// group last assigned it ([`Sink::on_taken`]).
-    taken: HashMap<Key, u32>,
     /// The registry routes' decoders, by schema id.
     schemas: Schemas,
     /// The tables' columns, on routes that refuse fields their table lacks.
@@ -272,7 +281,7 @@ impl Sink {
             cfg,
             routes,
             stats: Stats::default(),
-            parts: HashMap::new(),
+            parts: Machine::new(),
             ctx,
             handle: Handle::current(),
             tx,
@@ -285,7 +294,6 @@ impl Sink {
             stopping,
             owners,
             me,
-            taken: HashMap::new(),
             schemas,
             columns,
             registry,
@@ -383,8 +391,8 @@ impl Sink {
             in_flight_mb = self.in_flight_bytes / (1 << 20),
             partitions = self
                 .parts
-                .values()
-                .filter(|p| p.phase() == Phase::Active)
+                .iter()
+                .filter(|(_, p)| p.core.phase() == Phase::Active)
                 .count(),
             "progress"
         );
@@ -394,13 +402,15 @@ impl Sink {
         self.routes.iter().position(|r| r.topic == topic)
     }
 
-    fn new_part(&mut self, ri: usize, partition: i32, phase: Phase) -> Part {
+    /// The protocol state of a new generation of partition `partition`
+    /// of route `ri`.
+    fn new_core(&mut self, ri: usize, partition: i32, phase: Phase) -> Partition<Instant> {
         self.next_generation += 1;
         let id = PartitionId {
             topic: self.routes[ri].topic.clone(),
             partition,
         };
-        Part::new(id, self.cfg.sink.limits, self.next_generation, phase)
+        Partition::new(id, self.cfg.sink.limits, self.next_generation, phase)
     }
 
     /// Takes one record into its partition's batch ([`record`]), counts
@@ -421,7 +431,7 @@ impl Sink {
         };
         // A record this partition does not take now (paused, or read
         // again below its position) is neither decoded nor checked.
-        if let Some(fate) = part.admit(rec) {
+        if let Some(fate) = record::admit(part, rec) {
             self.note(ri, rec, fate);
             return;
         }
@@ -432,7 +442,7 @@ impl Sink {
                 Decoded::Row => Value::Decoded(&self.decoded),
                 Decoded::Refused(e) => Value::Refused(e),
                 Decoded::Missing(id) => {
-                    part.stalled = Some(Stall {
+                    part.extra.stalled = Some(Stall {
                         at: rec.offset,
                         wait: Wait::Schema(id),
                         retry_at: None,
@@ -455,7 +465,7 @@ impl Sink {
             Value::Decoded(row) => Some(*row),
             Value::Refused(_) => None,
         };
-        let may_reread = part.reread_for.take() != Some(rec.offset);
+        let may_reread = part.extra.reread_for.take() != Some(rec.offset);
         let fields = row.map_or(Fields::Fit, |row| {
             self.columns.extra_field(ri, row, now, may_reread)
         });
@@ -463,7 +473,7 @@ impl Sink {
             Fields::Fit => value,
             Fields::Extra(field) => Value::Refused(RowError::ExtraField(field)),
             Fields::Reread => {
-                part.stalled = Some(Stall {
+                part.extra.stalled = Some(Stall {
                     at: rec.offset,
                     wait: Wait::Columns,
                     retry_at: None,
@@ -475,23 +485,24 @@ impl Sink {
                 return;
             }
         };
-        let held = part.load();
-        let fate = part.take(
+        let held = load(part);
+        let fate = record::take(
+            part,
             &self.ctx.encoders[ri],
             rec,
             value,
             self.ctx.dlq.is_some(),
             now,
         );
-        if part.building_since.is_none() && part.building() {
-            part.building_since = rec.timestamp;
+        if part.extra.building_since.is_none() && building(part) {
+            part.extra.building_since = rec.timestamp;
         }
-        if part.building() {
-            self.building[ri].grow(part.load().beyond(held), now);
+        if building(part) {
+            self.building[ri].grow(load(part).beyond(held), now);
         }
         let aligned = self.cfg.sink.limits.aligned;
         let due = if aligned {
-            part.core.builder().is_due(now) || part.letters.len() >= MAX_LETTERS_PER_BATCH
+            part.core.builder().is_due(now) || part.extra.letters.len() >= MAX_LETTERS_PER_BATCH
         } else {
             self.route_due(ri, now)
         };
@@ -569,7 +580,7 @@ impl Sink {
             let due: Vec<Key> = self
                 .parts
                 .iter()
-                .filter(|(_, p)| p.building() && (all || p.core.builder().is_due(now)))
+                .filter(|(_, p)| building(p) && (all || p.core.builder().is_due(now)))
                 .map(|(k, _)| *k)
                 .collect();
             for key in due {
@@ -589,7 +600,7 @@ impl Sink {
         let mut keys: Vec<Key> = self
             .parts
             .iter()
-            .filter(|(k, p)| k.0 == ri && p.building())
+            .filter(|(k, p)| k.0 == ri && building(p))
             .map(|(k, _)| *k)
             .collect();
         keys.sort_unstable();
@@ -607,31 +618,33 @@ impl Sink {
             let Some(part) = self.parts.get_mut(key) else {
                 continue;
             };
-            let since = part.building_since.take();
+            let since = part.extra.building_since.take();
             let Some(cut) = part.core.cut() else {
                 // A record taken gives its partition acks first.
-                debug_assert!(!part.building(), "built without acks");
+                debug_assert!(!building(part), "built without acks");
                 continue;
             };
             let batch = cut.batch;
             uncertain |= cut.uncertain;
-            part.cut_since.push_back((cut.end, since));
-            let letters = std::mem::take(&mut part.letters);
-            let originals = std::mem::take(&mut part.originals);
+            let generation = part.core.generation();
+            let side = &mut part.extra;
+            side.cut_since.push_back((cut.end, since));
+            let letters = std::mem::take(&mut side.letters);
+            let originals = std::mem::take(&mut side.originals);
             self.building[ri].shrink(Load {
                 rows: batch.len(),
                 bytes: batch.bytes(),
                 letters: letters.len(),
             });
-            bytes += batch.bytes() + std::mem::take(&mut part.letter_bytes) + originals.bytes();
+            bytes += batch.bytes() + std::mem::take(&mut side.letter_bytes) + originals.bytes();
             slices.push(Slice {
                 partition: key.1,
                 ticket: cut.ticket,
-                generation: part.generation(),
-                abandon: part.abandon.clone(),
+                generation,
+                abandon: side.abandon.clone(),
                 letters,
                 conditional: cut.conditional,
-                fates: part.fates.clone(),
+                fates: side.fates.clone(),
                 originals,
             });
             pieces.push(batch);
@@ -657,7 +670,7 @@ impl Sink {
     /// Sends back to their records the partitions waiting for a schema
     /// or columns that are now known ([`Sink::resume_stalled`]).
     pub(crate) fn unstall(&mut self) {
-        if self.parts.values().any(|p| p.stalled.is_some()) {
+        if self.parts.iter().any(|(_, p)| p.extra.stalled.is_some()) {
             self.resume_stalled();
         }
     }
@@ -702,10 +715,7 @@ impl Sink {
         for (key, generation, why) in found {
             let topic = &self.routes[key.0].topic;
             named.push(format!("partition {topic}[{}]: {why}", key.1));
-            let held = self
-                .parts
-                .get(key)
-                .is_some_and(|p| p.generation() == *generation && p.phase() == Phase::Preparing);
+            let held = self.parts.preparing(key, *generation);
             if *why != Mismatch::Marked && held && self.cfg.sink.delivery.is_exactly_once() {
                 keys.push(*key);
             }
@@ -745,7 +755,7 @@ impl Sink {
     fn resume_stalled(&mut self) {
         let now = Instant::now();
         for (key, part) in self.parts.iter_mut() {
-            let Some(stall) = part.stalled.as_mut() else {
+            let Some(stall) = part.extra.stalled.as_mut() else {
                 continue;
             };
             let answered = match stall.wait {
@@ -791,7 +801,8 @@ impl Sink {
                 match result {
                     Ok(()) => {
                         // Columns read again for this record judge it.
-                        part.reread_for = part
+                        part.extra.reread_for = part
+                            .extra
                             .stalled
                             .take()
                             .filter(|s| s.wait == Wait::Columns)
@@ -799,7 +810,7 @@ impl Sink {
                     }
                     Err(e) => {
                         tracing::warn!(partition = %part.core.builder().partition(), error = %e, "seek failed; retrying");
-                        if let Some(stall) = part.stalled.as_mut() {
+                        if let Some(stall) = part.extra.stalled.as_mut() {
                             stall.retry_at = Some(Instant::now() + STALL_RETRY);
                         }
                     }
@@ -867,26 +878,25 @@ impl Sink {
     /// partition whose last slice ended settles.
     fn on_slice(&mut self, ri: usize, slice: &Settled, rejected: &[(Row, Option<KeyHash>)]) {
         let key = (ri, slice.partition);
-        let Some(p) = self
-            .parts
-            .get_mut(&key)
-            .filter(|p| p.generation() == slice.generation)
-        else {
-            return;
-        };
-        let leaving = p.phase() == Phase::Leaving;
         // A rejected copy does not stand for its key any more.
         let rejected = rejected
             .iter()
             .filter(|r| r.0.partition == slice.partition)
             .filter_map(|(row, key)| Some(((*key)?, row.offset)));
-        if let Some(below) = p
-            .core
-            .settle(slice.ticket, &slice.copies, slice.durable, rejected)
-        {
-            p.fates.prune_below(below);
+        let Some(end) = self.parts.slice_done(
+            &key,
+            slice.generation,
+            slice.ticket,
+            &slice.copies,
+            slice.durable,
+            rejected,
+        ) else {
+            return;
+        };
+        if let (Some(below), Some(p)) = (end.below, self.parts.get_mut(&key)) {
+            p.extra.fates.prune_below(below);
         }
-        if leaving {
+        if end.leaving {
             self.settle_leaving(key);
         }
     }
@@ -902,19 +912,13 @@ impl Sink {
     }
 
     /// Commits the durable frontier of `keys` (or of every partition that
-    /// moved). In exactly-once mode only partitions under a live lease
-    /// commit: one whose lease ran out may have a new owner.
+    /// moved; [`Machine::to_commit`]), a revoked one's too while its
+    /// batches land. In exactly-once mode only partitions under a live
+    /// lease commit: one whose lease ran out may have a new owner.
     pub(crate) fn commit(&mut self, keys: Option<&[Key]>, sync: bool) {
-        let mut offsets = Vec::new();
-        for (key, part) in &self.parts {
-            if keys.is_some_and(|ks| !ks.contains(key)) || part.phase() != Phase::Active {
-                continue;
-            }
-            let may_write = self.may_write(*key, part.generation());
-            if let Some(frontier) = part.core.to_commit(may_write) {
-                offsets.push((*key, part.generation(), frontier));
-            }
-        }
+        let offsets = self
+            .parts
+            .to_commit(keys, |key, generation| self.may_write(*key, generation));
         if !offsets.is_empty() {
             self.out.push_back(Action::Commit { offsets, sync });
         }
@@ -923,13 +927,7 @@ impl Sink {
     /// The group stored these positions (asked for by [`Action::Commit`]).
     pub(crate) fn on_committed(&mut self, offsets: &[(Key, u64, NextOffset)]) {
         for (key, generation, frontier) in offsets {
-            if let Some(p) = self
-                .parts
-                .get_mut(key)
-                .filter(|p| p.generation() == *generation)
-            {
-                p.core.committed(*frontier);
-            }
+            self.parts.committed(key, *generation, *frontier);
         }
     }
 
@@ -947,7 +945,10 @@ impl Sink {
         targets: &HashMap<Key, i64>,
         committed: &HashMap<Key, i64>,
     ) -> bool {
-        let leaving = self.parts.values().any(|p| p.phase() == Phase::Leaving);
+        let leaving = self
+            .parts
+            .iter()
+            .any(|(_, p)| p.core.phase() == Phase::Leaving);
         if !self.assigned || leaving {
             return false;
         }
@@ -960,10 +961,10 @@ impl Sink {
             let Some(part) = self.parts.get(key) else {
                 return target == 0 || commit.is_some_and(|c| c >= target && c != MISMATCH_MARK.0);
             };
-            let idle = part.phase() == Phase::Active
-                && !part.building()
-                && part.letters.is_empty()
-                && part.stalled.is_none()
+            let idle = part.core.phase() == Phase::Active
+                && !building(part)
+                && part.extra.letters.is_empty()
+                && part.extra.stalled.is_none()
                 && part.core.in_flight() == 0;
             let read = [
                 part.core.frontier().map(|f| f.0),
@@ -982,7 +983,7 @@ impl Sink {
     /// Where a partition this process holds, active, is durable up to.
     pub(crate) fn durable_through(&self, topic: &str, partition: i32) -> Option<i64> {
         let part = self.parts.get(&(self.route_of(topic)?, partition))?;
-        (part.phase() == Phase::Active)
+        (part.core.phase() == Phase::Active)
             .then(|| part.core.frontier().map(|f| f.0))
             .flatten()
     }
@@ -990,13 +991,11 @@ impl Sink {
     /// Each held partition's committed offset and how long its oldest
     /// pending record has waited, for `/metrics`; `now_ms` is the Unix time.
     pub(crate) fn report_progress(&mut self, now_ms: i64) {
-        for ((ri, p), part) in &mut self.parts {
-            if part.phase() != Phase::Active {
+        for ((ri, p), part) in self.parts.iter_mut() {
+            if part.core.phase() != Phase::Active {
                 continue;
             }
-            let waited = part
-                .oldest_pending()
-                .map_or(0, |ts| (now_ms - ts).max(0) as u64);
+            let waited = oldest_pending(part).map_or(0, |ts| (now_ms - ts).max(0) as u64);
             telemetry::partition_progress(
                 &self.routes[*ri].topic,
                 *p,
@@ -1017,8 +1016,10 @@ impl Sink {
     pub(crate) fn apply_backpressure(&mut self) {
         let building: usize = self
             .parts
-            .values()
-            .map(|p| p.core.builder().bytes() + p.letter_bytes + p.originals.bytes())
+            .iter()
+            .map(|(_, p)| {
+                p.core.builder().bytes() + p.extra.letter_bytes + p.extra.originals.bytes()
+            })
             .sum();
         let buffered = self.in_flight_bytes + building;
         let max = self.cfg.sink.batch_buffer_bytes();
@@ -1034,15 +1035,16 @@ impl Sink {
         let (mut pause, mut resume) = (Vec::new(), Vec::new());
         for (key, part) in self.parts.iter_mut() {
             // A revoked partition is the consumer's no more.
-            if part.phase() == Phase::Leaving {
+            if part.core.phase() == Phase::Leaving {
                 continue;
             }
-            let want =
-                self.overloaded || part.phase() == Phase::Preparing || part.stalled.is_some();
-            if want != part.paused {
+            let want = self.overloaded
+                || part.core.phase() == Phase::Preparing
+                || part.extra.stalled.is_some();
+            if want != part.extra.paused {
                 let list = if want { &mut pause } else { &mut resume };
                 list.push(*key);
-                part.paused = want;
+                part.extra.paused = want;
             }
         }
         if !pause.is_empty() {

@@ -1,8 +1,9 @@
 //! One record's way into its partition's batch, decided without I/O.
 //!
-//! In: a [`Record`] read from Kafka and its partition's [`Part`]. The
-//! partition's position says whether the client delivered it a second
-//! time ([`Part::admit`]); on a registry route its value was decoded first
+//! In: a [`Record`] read from Kafka and its partition as the sink holds it
+//! ([`Part`]: the protocol's [`Partition`](sluice_protocol::partition::Partition)
+//! and the sink's [`super::Side`]). The partition's position says whether
+//! the client delivered it a second time ([`admit`]); on a registry route its value was decoded first
 //! ([`Value`], [`super::super::schemas`]); the encoder turns it into a row
 //! of the batch being built; on a
 //! dedup route, the key window says whether the row is written, dropped,
@@ -65,117 +66,116 @@ pub(super) enum Fate {
     Refused { error: RowError, queued: bool },
 }
 
-impl Part {
-    /// Whether `rec` is for this partition's batch: `Some` (ignored or
-    /// delivered twice) if not. A partition waiting for a schema ignores
-    /// what was fetched before its pause took hold: it is read again.
-    pub(crate) fn admit(&self, rec: &Record) -> Option<Fate> {
-        match self.core.admit(rec.offset, self.stalled.is_some()) {
-            Admit::Take => None,
-            Admit::Ignore => Some(Fate::Ignored),
-            Admit::Redelivered { expected } => Some(Fate::Redelivered { expected }),
-        }
+/// Whether `rec` is for `part`'s batch: `Some` (ignored or delivered
+/// twice) if not. A partition waiting for a schema ignores what was
+/// fetched before its pause took hold: it is read again.
+pub(super) fn admit(part: &Part, rec: &Record) -> Option<Fate> {
+    match part.core.admit(rec.offset, part.extra.stalled.is_some()) {
+        Admit::Take => None,
+        Admit::Ignore => Some(Fate::Ignored),
+        Admit::Redelivered { expected } => Some(Fate::Redelivered { expected }),
     }
+}
 
-    /// Takes `rec`, whose value its route reads as `value`, into the batch
-    /// being built; `dlq`: whether records that cannot become rows go to a
-    /// DLQ.
-    pub(crate) fn take(
-        &mut self,
-        encoder: &RowEncoder,
-        rec: &Record,
-        value: Value,
-        dlq: bool,
-        now: Instant,
-    ) -> Fate {
-        if let Some(fate) = self.admit(rec) {
-            return fate;
-        }
-        let offset = rec.offset;
-        self.core.read(offset);
-        let partition = rec.partition;
-        let (payload, original) = match value {
-            Value::Json => (Ok(rec.payload), None),
-            Value::Decoded(row) => (Ok(Some(row)), rec.payload),
-            Value::Refused(e) => (Err(e), None),
-        };
-        let mut keyless = false;
-        let pushed = match payload {
-            Err(e) => Err(e),
-            Ok(payload) => self.push(encoder, rec, payload, now, &mut keyless),
-        };
-        match pushed {
-            Ok(true) => {
-                if let Some(v) = original {
-                    self.originals.push(offset, v);
-                }
-                Fate::Row { keyless }
+/// Takes `rec`, whose value its route reads as `value`, into `part`'s
+/// batch being built; `dlq`: whether records that cannot become rows go
+/// to a DLQ.
+pub(super) fn take(
+    part: &mut Part,
+    encoder: &RowEncoder,
+    rec: &Record,
+    value: Value,
+    dlq: bool,
+    now: Instant,
+) -> Fate {
+    if let Some(fate) = admit(part, rec) {
+        return fate;
+    }
+    let offset = rec.offset;
+    part.core.read(offset);
+    let partition = rec.partition;
+    let (payload, original) = match value {
+        Value::Json => (Ok(rec.payload), None),
+        Value::Decoded(row) => (Ok(Some(row)), rec.payload),
+        Value::Refused(e) => (Err(e), None),
+    };
+    let mut keyless = false;
+    let pushed = match payload {
+        Err(e) => Err(e),
+        Ok(payload) => push(part, encoder, rec, payload, now, &mut keyless),
+    };
+    match pushed {
+        Ok(true) => {
+            if let Some(v) = original {
+                part.extra.originals.push(offset, v);
             }
-            Ok(false) => Fate::Dropped,
-            Err(error) if !dlq => Fate::Refused {
+            Fate::Row { keyless }
+        }
+        Ok(false) => Fate::Dropped,
+        Err(error) if !dlq => Fate::Refused {
+            error,
+            queued: false,
+        },
+        Err(error) => {
+            part.core.skip(offset, now);
+            let letter = Letter {
+                topic: rec.topic.to_string(),
+                partition,
+                offset: offset.0,
+                timestamp: rec.timestamp,
+                key: rec.key.map(<[u8]>::to_vec),
+                value: rec.payload.map(<[u8]>::to_vec),
+                kind: error.kind(),
+                reason: error.to_string(),
+            };
+            part.extra.letter_bytes += letter.bytes();
+            part.extra.letters.push(letter);
+            Fate::Refused {
                 error,
-                queued: false,
-            },
-            Err(error) => {
-                self.core.skip(offset, now);
-                let letter = Letter {
-                    topic: rec.topic.to_string(),
-                    partition,
-                    offset: offset.0,
-                    timestamp: rec.timestamp,
-                    key: rec.key.map(<[u8]>::to_vec),
-                    value: rec.payload.map(<[u8]>::to_vec),
-                    kind: error.kind(),
-                    reason: error.to_string(),
-                };
-                self.letter_bytes += letter.bytes();
-                self.letters.push(letter);
-                Fate::Refused {
-                    error,
-                    queued: true,
-                }
+                queued: true,
             }
         }
     }
+}
 
-    /// Encodes `payload` (the row's JSON) into the batch being built, or
-    /// decides on a dedup route that it is dropped (`Ok(false)`).
-    fn push(
-        &mut self,
-        encoder: &RowEncoder,
-        rec: &Record,
-        payload: Option<&[u8]>,
-        now: Instant,
-        keyless: &mut bool,
-    ) -> Result<bool, RowError> {
-        let (offset, partition) = (rec.offset, rec.partition);
-        if !self.core.keyed() {
-            return self
-                .core
-                .push(offset, now, |buf| {
-                    encoder.encode(payload, partition, offset.0, buf)
-                })
-                .map(|_| true);
-        }
-        let keyed = self.core.push_keyed(offset, rec.timestamp, now, |buf| {
-            encoder.encode_keyed(payload, partition, offset.0, buf)
-        })?;
-        Ok(match keyed {
-            Keyed::Row { keyless: k } => {
-                *keyless = k;
-                true
-            }
-            Keyed::Dropped => false,
-        })
+/// Encodes `payload` (the row's JSON) into the batch being built, or
+/// decides on a dedup route that it is dropped (`Ok(false)`).
+fn push(
+    part: &mut Part,
+    encoder: &RowEncoder,
+    rec: &Record,
+    payload: Option<&[u8]>,
+    now: Instant,
+    keyless: &mut bool,
+) -> Result<bool, RowError> {
+    let (offset, partition) = (rec.offset, rec.partition);
+    if !part.core.keyed() {
+        return part
+            .core
+            .push(offset, now, |buf| {
+                encoder.encode(payload, partition, offset.0, buf)
+            })
+            .map(|_| true);
     }
+    let keyed = part.core.push_keyed(offset, rec.timestamp, now, |buf| {
+        encoder.encode_keyed(payload, partition, offset.0, buf)
+    })?;
+    Ok(match keyed {
+        Keyed::Row { keyless: k } => {
+            *keyless = k;
+            true
+        }
+        Keyed::Dropped => false,
+    })
 }
 
 #[cfg(test)]
 mod tests {
+    use super::super::{building, Side};
     use super::*;
     use sluice_formats::MetadataColumns;
     use sluice_protocol::dedup::KeyWindow;
-    use sluice_protocol::partition::Phase;
+    use sluice_protocol::partition::{Partition, Phase};
     use sluice_protocol::{BatchLimits, PartitionId};
     use std::time::Duration;
 
@@ -190,7 +190,11 @@ mod tests {
             max_age: Duration::from_secs(60),
             aligned: false,
         };
-        Part::new(id, limits, 1, phase)
+        Part {
+            core: Partition::new(id, limits, 1, phase),
+            since: None,
+            extra: Side::new(phase),
+        }
     }
 
     fn rec(offset: i64, payload: &[u8]) -> Record<'_> {
@@ -211,7 +215,8 @@ mod tests {
     #[test]
     fn a_preparing_partition_takes_nothing() {
         let mut p = part(Phase::Preparing);
-        let fate = p.take(
+        let fate = take(
+            &mut p,
             &encoder(),
             &rec(5, br#"{"a":1}"#),
             Value::Json,
@@ -219,18 +224,25 @@ mod tests {
             Instant::now(),
         );
         assert!(matches!(fate, Fate::Ignored));
-        assert!(p.core.frontier().is_none() && !p.building());
+        assert!(p.core.frontier().is_none() && !building(&p));
     }
 
     #[test]
     fn a_record_at_or_below_the_position_is_a_redelivery() {
         let (mut p, e, now) = (part(Phase::Active), encoder(), Instant::now());
         assert!(matches!(
-            p.take(&e, &rec(5, br#"{"a":1}"#), Value::Json, false, now),
+            take(&mut p, &e, &rec(5, br#"{"a":1}"#), Value::Json, false, now),
             Fate::Row { keyless: false }
         ));
         for offset in [5, 4] {
-            let fate = p.take(&e, &rec(offset, br#"{"a":1}"#), Value::Json, false, now);
+            let fate = take(
+                &mut p,
+                &e,
+                &rec(offset, br#"{"a":1}"#),
+                Value::Json,
+                false,
+                now,
+            );
             assert!(
                 matches!(
                     fate,
@@ -242,7 +254,7 @@ mod tests {
             );
         }
         assert!(matches!(
-            p.take(&e, &rec(9, br#"{"a":1}"#), Value::Json, false, now),
+            take(&mut p, &e, &rec(9, br#"{"a":1}"#), Value::Json, false, now),
             Fate::Row { .. }
         ));
         let batch = p.core.cut().expect("a batch").batch;
@@ -254,23 +266,23 @@ mod tests {
     fn a_record_that_cannot_be_a_row_stops_the_sink_or_goes_to_the_dlq() {
         let (e, now) = (encoder(), Instant::now());
         let mut p = part(Phase::Active);
-        let fate = p.take(&e, &rec(3, b"not json"), Value::Json, false, now);
+        let fate = take(&mut p, &e, &rec(3, b"not json"), Value::Json, false, now);
         assert!(
             matches!(fate, Fate::Refused { queued: false, .. }),
             "{fate:?}"
         );
-        assert!(p.letters.is_empty());
+        assert!(p.extra.letters.is_empty());
 
         let mut p = part(Phase::Active);
-        let fate = p.take(&e, &rec(3, b"not json"), Value::Json, true, now);
+        let fate = take(&mut p, &e, &rec(3, b"not json"), Value::Json, true, now);
         assert!(
             matches!(fate, Fate::Refused { queued: true, .. }),
             "{fate:?}"
         );
-        assert_eq!(p.letters.len(), 1);
-        assert_eq!(p.letters[0].offset, 3);
-        assert_eq!(p.letters[0].value.as_deref(), Some(&b"not json"[..]));
-        assert!(p.letter_bytes > 0);
+        assert_eq!(p.extra.letters.len(), 1);
+        assert_eq!(p.extra.letters[0].offset, 3);
+        assert_eq!(p.extra.letters[0].value.as_deref(), Some(&b"not json"[..]));
+        assert!(p.extra.letter_bytes > 0);
         // The batch accounts for the skipped offset: its end passes it.
         let batch = p
             .core
@@ -287,9 +299,16 @@ mod tests {
         let mut p = part(Phase::Preparing);
         let window = KeyWindow::new(Duration::from_secs(60), 100);
         p.core.activate(NextOffset(1), None, Some(window));
-        let first = p.take(&e, &rec(1, br#"{"id":7}"#), Value::Json, false, now);
-        let second = p.take(&e, &rec(2, br#"{"id":7}"#), Value::Json, false, now);
-        let keyless = p.take(&e, &rec(3, br#"{"other":1}"#), Value::Json, false, now);
+        let first = take(&mut p, &e, &rec(1, br#"{"id":7}"#), Value::Json, false, now);
+        let second = take(&mut p, &e, &rec(2, br#"{"id":7}"#), Value::Json, false, now);
+        let keyless = take(
+            &mut p,
+            &e,
+            &rec(3, br#"{"other":1}"#),
+            Value::Json,
+            false,
+            now,
+        );
         assert!(matches!(first, Fate::Row { keyless: false }));
         assert!(matches!(second, Fate::Row { keyless: false }));
         assert!(matches!(keyless, Fate::Row { keyless: true }));

@@ -390,6 +390,26 @@ async fn a_partition_revoked_with_rows_in_flight_settles_when_they_land_and_is_n
 }
 
 #[tokio::test]
+async fn a_revoked_partition_commits_what_its_batches_made_durable_as_they_land() {
+    let mut b = bench("exactly-once").await;
+    b.activate(&[0]);
+    b.record(0, 0);
+    assert_eq!(b.cut_and_commit(), ["insert 0:1"]);
+    b.record(0, 1);
+    assert_eq!(b.cut_and_commit(), ["insert 0:1"]);
+    assert!(b.sink.on_revoke(&[(0, 0)], false).is_empty());
+    b.complete(true);
+    assert_eq!(
+        b.cut_and_commit(),
+        ["commit 0@1"],
+        "the first batch's rows, under its lease, while the second is in flight"
+    );
+    b.complete(true);
+    assert_eq!(b.actions(), ["commit 0@2", "mark-clean 0"]);
+    assert_eq!(b.cut_and_commit(), Vec::<String>::new(), "handed off");
+}
+
+#[tokio::test]
 async fn a_lost_partition_is_abandoned_at_once_and_never_committed() {
     let mut b = bench("exactly-once").await;
     b.activate(&[0, 1]);
