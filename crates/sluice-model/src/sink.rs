@@ -835,7 +835,7 @@ pub fn claiming(m: &Sluice, proc: &mut Proc, q: usize, claim: Claim) {
 /// abandoned loses its rows in flight ([`lose`]); a leaving one's lease is
 /// not renewed; a hand-off commits and marks the register clean.
 fn carry_out(w: &mut World, p: usize, rules: &Rules) {
-    let acts: Vec<_> = w.procs[p].parts.acts().collect();
+    let acts = w.procs[p].parts.take_acts();
     for act in acts {
         match act {
             Act::Abandon { key: q, .. } => lose(&mut w.procs[p], q, rules),

@@ -107,9 +107,10 @@ impl<K: Ord + Clone, T: Moment, W: Window + Clone, X: Clone> Machine<K, T, W, X>
         Self::default()
     }
 
-    /// The acts decided since the last call, in order.
-    pub fn acts(&mut self) -> std::vec::Drain<'_, Act<K, T, W, X>> {
-        self.out.drain(..)
+    /// The acts decided since the last call, in order. The driver carries
+    /// them out after each call that changes the machine, before the next.
+    pub fn take_acts(&mut self) -> Vec<Act<K, T, W, X>> {
+        std::mem::take(&mut self.out)
     }
 
     pub fn get(&self, key: &K) -> Option<&Held<T, W, X>> {
@@ -335,7 +336,8 @@ impl<K: Ord + Clone, T: Moment, W: Window + Clone, X: Clone> Machine<K, T, W, X>
     /// The stop, once every insert ended or ran out of time: returns the
     /// partitions that went active (`(key, generation)`), whose hand-off
     /// may be marked clean if the inserts `drained`; every partition is
-    /// abandoned.
+    /// abandoned. The driver reads their leases (a clean mark only under a
+    /// live one) before it carries out the abandons, which end them.
     pub fn stop(&mut self) -> Vec<(K, u64)> {
         let went_active = self
             .iter()
@@ -397,7 +399,7 @@ mod tests {
         let mut m = M::new();
         m.hold(1, core(1, 1, Phase::Preparing), "old");
         m.hold(1, core(1, 2, Phase::Preparing), "new");
-        let acts: Vec<_> = m.acts().collect();
+        let acts = m.take_acts();
         assert!(matches!(&acts[..], [Act::Abandon { key: 1, held }] if held.extra == "old"));
         assert!(!m.activate(&1, 1, Millis(0), NextOffset(0), None, None));
         assert!(m.activate(&1, 2, Millis(0), NextOffset(0), None, None));
@@ -409,7 +411,7 @@ mod tests {
         let ticket = active_with_one_cut(&mut m, 1, 1);
         assert_eq!(m.revoke(&[1], Revoke::Leave), vec![1]);
         assert!(matches!(
-            m.acts().next(),
+            m.take_acts().into_iter().next(),
             Some(Act::Leave {
                 key: 1,
                 generation: 1
@@ -424,7 +426,7 @@ mod tests {
         assert!(m.to_commit(None, |_, _| false).is_empty());
         assert!(m.hand_off(&1, true));
         assert!(m.get(&1).is_none());
-        let acts: Vec<_> = m.acts().collect();
+        let acts = m.take_acts();
         let HandOff { commit, clean } = match &acts[..] {
             [Act::HandOff { hand_off, .. }] => *hand_off,
             other => panic!("{other:?}"),
@@ -450,7 +452,10 @@ mod tests {
         assert_eq!(m.taken(&1, 2, Millis(0), fence), None);
         assert_eq!(m.taken(&1, 1, Millis(1_000), fence), Some(fence));
         assert!(m.get(&1).is_none());
-        assert!(matches!(m.acts().next(), Some(Act::Abandon { key: 1, .. })));
+        assert!(matches!(
+            m.take_acts().into_iter().next(),
+            Some(Act::Abandon { key: 1, .. })
+        ));
         active_at(&mut m, 1, 2, Millis(1_000));
         assert_eq!(m.taken(&1, 2, Millis(2_000), fence), Some(fence * 2));
         active_at(&mut m, 1, 3, Millis(2_000));
@@ -478,7 +483,7 @@ mod tests {
         m.revoke(&[1], Revoke::Leave);
         assert!(!m.expire(&1, true));
         assert!(m.expire(&1, false));
-        let acts: Vec<_> = m.acts().collect();
+        let acts = m.take_acts();
         assert!(matches!(
             &acts[..],
             [Act::Leave { .. }, Act::Abandon { key: 1, .. }]
@@ -491,7 +496,7 @@ mod tests {
         m.hold(1, core(1, 1, Phase::Preparing), "p");
         active_with_one_cut(&mut m, 2, 1);
         active_with_one_cut(&mut m, 3, 1);
-        m.acts().count();
+        m.take_acts();
         assert_eq!(m.revoke(&[1, 2], Revoke::Leave), vec![2]);
         assert!(m.get(&1).is_none() && m.get(&2).is_some());
         assert!(m.revoke(&[3], Revoke::Lost).is_empty());

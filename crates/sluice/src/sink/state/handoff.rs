@@ -292,7 +292,7 @@ impl Sink {
     /// one's lease is no longer renewed; one handed off commits, ends its
     /// lease and, if that was live, is marked clean.
     pub(super) fn carry_out(&mut self) {
-        let acts: Vec<_> = self.parts.acts().collect();
+        let acts = self.parts.take_acts();
         for act in acts {
             match act {
                 Act::Abandon { key, held } => {
