@@ -308,11 +308,7 @@ async fn settle_early(
     tx: &Sender<Event>,
 ) -> Result<(), Outcome> {
     let live: Vec<i32> = slices.live().map(|s| s.partition).collect();
-    let done: Vec<i32> = live.iter().copied().filter(|&p| way.settled(p)).collect();
-    if live.len() < 2 || done.is_empty() || done.len() == live.len() {
-        return Ok(());
-    }
-    for p in done {
+    for p in way.ahead(&live) {
         let (Some(i), Some(settled_rows)) = (slices.index(p), way.settle_partition(p)) else {
             continue;
         };
