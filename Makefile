@@ -5,7 +5,7 @@
 STACK := scripts/stack.sh
 ENV := set -a; eval "$$($(STACK) env)"; set +a
 
-.PHONY: build stack stack-down demo check test lint model bench-formats bench-parts bench-resume bench-dedup bench-deadline clean-stack bench
+.PHONY: build stack stack-down demo check test lint model bench-formats bench-parts bench-resume bench-dedup bench-deadline bench-server clean-stack bench
 
 build:
 	@scripts/install-deps.sh
@@ -94,6 +94,13 @@ bench-parts:
 	@$(STACK) up >/dev/null
 	@cargo build --release --quiet --bin sluice
 	@$(ENV); BENCH_BIN=target/release "$$SLUICE_CLIENTS_PYTHON" scripts/bench/parts.py
+
+# The stack's ClickHouse server: its CPU for the sink's exactly-once insert shape beside a plain
+# insert of the same rows, and chDB in-process as the floor (BENCH_ROWS, BENCH_ROUNDS,
+# BENCH_SERVER=stack, BENCH_PROFILE=1; docs/bench-server.md).
+bench-server:
+	@$(STACK) up >/dev/null
+	@$(ENV); "$$SLUICE_CHDB_PYTHON" scripts/bench/server.py
 
 bench-resume:
 	@$(STACK) up >/dev/null
