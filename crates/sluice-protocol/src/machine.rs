@@ -323,6 +323,26 @@ impl<K: Ord + Clone, T: Moment, W: Window + Clone, X: Clone> Machine<K, T, W, X>
             .collect()
     }
 
+    /// Every active partition offers its frontier to the next commit again
+    /// ([`Partition::recommit`]), moved or not: a position the group
+    /// stored can be overwritten by an older one (a revoked owner's commit
+    /// that landed late, which the broker takes from any member of the
+    /// group) or lost, and nothing else would repair it until the partition
+    /// reads a new record. Not a leaving one: its commits are the stale
+    /// ones.
+    pub fn recommit(&mut self) {
+        let active: Vec<K> = self
+            .iter()
+            .filter(|(_, h)| h.core.phase() == Phase::Active)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in active {
+            if let Some(h) = self.get_mut(&key) {
+                h.core.recommit();
+            }
+        }
+    }
+
     /// The group stored `at` as `key`'s commit, asked for by `generation`.
     pub fn committed(&mut self, key: &K, generation: u64, at: NextOffset) {
         let held = self.get(key);
@@ -432,6 +452,24 @@ mod tests {
             other => panic!("{other:?}"),
         };
         assert_eq!((commit, clean), (Some(NextOffset(1)), true));
+    }
+
+    #[test]
+    fn an_active_partition_commits_its_unmoved_frontier_again_when_asked() {
+        let mut m = M::new();
+        let ticket = active_with_one_cut(&mut m, 1, 1);
+        m.slice_done(&1, 1, ticket, &[], true, []);
+        let ticket = active_with_one_cut(&mut m, 2, 1);
+        m.slice_done(&2, 1, ticket, &[], true, []);
+        m.revoke(&[2], Revoke::Leave);
+        for (k, g, at) in m.to_commit(None, |_, _| true) {
+            m.committed(&k, g, at);
+        }
+        assert!(m.to_commit(None, |_, _| true).is_empty(), "stored once");
+        m.recommit();
+        // The active one again; not the leaving one, nor without a lease.
+        assert_eq!(m.to_commit(None, |_, _| true), vec![(1, 1, NextOffset(1))]);
+        assert!(m.to_commit(None, |_, _| false).is_empty());
     }
 
     #[test]

@@ -360,6 +360,14 @@ impl<T: Moment, W: Window> Partition<T, W> {
         self.committed = Some(at);
     }
 
+    /// Forgets the commit stored, so that [`Partition::to_commit`] offers
+    /// the frontier again even if it has not moved: the group's commit
+    /// may have been overwritten since (a revoked owner's late commit) or
+    /// lost (a coordinator's failover).
+    pub fn recommit(&mut self) {
+        self.committed = None;
+    }
+
     /// The commit the group last stored from this partition.
     pub fn last_committed(&self) -> Option<NextOffset> {
         self.committed

@@ -46,6 +46,10 @@ use std::time::{Duration, Instant};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
+/// How often every active partition commits its frontier again, moved or
+/// not ([`Sink::recommit`]).
+const RECOMMIT_EVERY: Duration = Duration::from_secs(30);
+
 impl rdkafka::ClientContext for SinkContext {
     /// librdkafka's statistics (every `statistics.interval.ms`): the lag
     /// of each partition this process holds, from the broker's last stable
@@ -463,6 +467,7 @@ fn poll_loop(
     let (commit_interval, progress_every) = (cfg.sink.commit_interval, cfg.sink.progress_interval);
     let mut last_stats = Stats::default();
     let mut last_commit = Instant::now();
+    let mut last_recommit = Instant::now();
     let mut last_sweep = Instant::now();
     let mut last_report = Instant::now();
     let mut last_events = Instant::now();
@@ -517,6 +522,10 @@ fn poll_loop(
         }
         if now.duration_since(last_commit) >= commit_interval {
             last_commit = now;
+            if now.duration_since(last_recommit) >= RECOMMIT_EVERY {
+                last_recommit = now;
+                s.recommit();
+            }
             s.commit(None, false);
             edge::run(&consumer, &mut s);
             s.expire_leaving();

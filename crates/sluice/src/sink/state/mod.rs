@@ -924,6 +924,14 @@ impl Sink {
         }
     }
 
+    /// Every active partition commits its frontier again at the next
+    /// commit, moved or not ([`Machine::recommit`]): a revoked owner's late
+    /// commit or a coordinator's failover may have put the group's commit
+    /// back.
+    pub(crate) fn recommit(&mut self) {
+        self.parts.recommit();
+    }
+
     /// The group stored these positions (asked for by [`Action::Commit`]).
     pub(crate) fn on_committed(&mut self, offsets: &[(Key, u64, NextOffset)]) {
         for (key, generation, frontier) in offsets {
