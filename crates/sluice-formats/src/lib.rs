@@ -12,12 +12,16 @@
 //!   row, typed as [`avro`] types it.
 //! - [`row`]: one record value (JSON, or what a decoder wrote) → one
 //!   JSONEachRow line with metadata and the dedup key's hash.
+//! - [`binary`]: a JSONEachRow row → the same row in
+//!   RowBinaryWithDefaults, typed by the table's columns, or a fallback to
+//!   JSON where the conversion is not known to be exact.
 //! - `json_text`: the one way the decoders write a string, a number and a
 //!   time as JSON.
 //! - `work`: the decoders' steps and comparisons, tallied in tests (which
 //!   bound costs by counting work, not by timing it).
 
 pub mod avro;
+pub mod binary;
 mod json_text;
 pub mod protobuf;
 pub mod row;
