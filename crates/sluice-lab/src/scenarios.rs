@@ -456,6 +456,12 @@ pub async fn run(
                     }
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
+                // The sink's first re-submit is lost on its way (its
+                // outcome unknown), so the one that reaches the server
+                // comes a whole hold later: by then the other writers have
+                // moved the window past the first insert, however slowly
+                // the server committed that one or theirs.
+                proxy.arm(Fault::HoldRequest);
                 r.stack.other_writer(&r.table, 40).await
             };
             let (others, cell) =
