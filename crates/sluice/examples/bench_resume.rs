@@ -79,14 +79,8 @@ async fn main() -> anyhow::Result<()> {
         .await?;
 
     let cfg = ClickHouseConfig {
-        url: url.clone(),
         database: "bench_resume".into(),
-        user: "default".into(),
-        password: Default::default(),
-        insert_timeout: Duration::from_secs(30),
-        settings: Default::default(),
-        read_settings: Default::default(),
-        cluster: None,
+        ..ClickHouseConfig::at(url.clone())
     };
     let ch = ClickHouse::connect(
         &cfg,

@@ -17,7 +17,7 @@
 use futures::stream::{self, StreamExt};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::{Message, Offset as KOffset, TopicPartitionList};
-use sluice::ch::{ClickHouse, InsertRequest};
+use sluice::ch::{ClickHouse, InsertRequest, RowFormat};
 use sluice::config::{ConfigArgs, Overrides};
 use sluice_protocol::token::{insert_token, query_id};
 use sluice_protocol::{Batch, BatchBuilder, Offset, PartitionId};
@@ -81,6 +81,7 @@ async fn main() -> anyhow::Result<()> {
                     query_id: qid,
                     deadline_ms: None,
                     format_settings: &[],
+                    format: RowFormat::Json,
                 })
                 .await?;
                 done.fetch_add(rows, Ordering::Relaxed);

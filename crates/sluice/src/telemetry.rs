@@ -72,6 +72,10 @@ fn describe() {
         "Insert attempts that failed and will be retried, by table and error kind."
     );
     describe_counter!(
+        "sluice_json_fallback_batches_total",
+        "Insert attempts sent as JSONEachRow instead of RowBinaryWithDefaults, by table and reason (a value the binary path does not convert exactly as ClickHouse's JSON parser would, a table it cannot encode, a binary insert refused)."
+    );
+    describe_counter!(
         "sluice_reconciliations_total",
         "Uncertain batches checked against ClickHouse, by table and outcome (all_present, some_present, none_present)."
     );
@@ -175,6 +179,12 @@ pub(crate) fn batch_inserted(table: &str, rows: usize, took: Duration) {
 
 pub(crate) fn insert_retried(table: &str, kind: &str) {
     counter!("sluice_insert_retries_total", "table" => table.to_string(), "kind" => kind.to_string())
+        .increment(1);
+}
+
+/// An insert attempt sent as JSONEachRow though the route may go binary.
+pub(crate) fn json_fallback(table: &str, reason: &'static str) {
+    counter!("sluice_json_fallback_batches_total", "table" => table.to_string(), "reason" => reason)
         .increment(1);
 }
 

@@ -401,8 +401,11 @@ impl ColumnsHang {
                             Ok(n) => n,
                         };
                         let chunk = &buf[..n];
-                        let columns = chunk.windows(14).any(|w| w == b"system.columns")
-                            || chunk.windows(16).any(|w| w == b"system%2Ecolumns");
+                        // A binary insert names system.columns in its
+                        // guard: only reads are held.
+                        let columns = (chunk.windows(14).any(|w| w == b"system.columns")
+                            || chunk.windows(16).any(|w| w == b"system%2Ecolumns"))
+                            && !chunk.windows(6).any(|w| w == b"INSERT");
                         if columns && h.load(Ordering::SeqCst) {
                             // Never forwarded, never answered: held
                             // until the client gives up and hangs up.

@@ -6,6 +6,7 @@
 mod client;
 mod conn;
 mod error;
+mod layout;
 mod service;
 
 pub use client::client;
@@ -13,5 +14,6 @@ pub(crate) use conn::ChServer;
 pub use conn::{ChArgs, Conn};
 pub use error::ChError;
 pub(crate) use error::ChErrorKind;
+pub(crate) use layout::{TableLayout, COLUMNS_CHANGED};
 pub(crate) use service::deadline_passed;
-pub use service::{ClickHouse, InsertRequest};
+pub use service::{ClickHouse, InsertRequest, RowFormat};

@@ -31,7 +31,7 @@
 
 use super::error::{ChError, ChErrorKind};
 use crate::config::{ClickHouseConfig, Delivery, Route};
-use crate::sql::TableRef;
+use crate::sql::{literal, TableRef};
 use bytes::Bytes;
 use sluice_formats::MetadataColumns;
 use sluice_protocol::deadline::{self, FenceStep};
@@ -60,6 +60,18 @@ pub struct InsertRequest {
     /// Settings the rows' format relies on, over every other
     /// ([`crate::config::Format::insert_settings`]).
     pub format_settings: &'static [(&'static str, &'static str)],
+    /// How `body` is written.
+    pub format: RowFormat,
+}
+
+/// How an insert's body is written.
+#[derive(Debug, Clone)]
+pub enum RowFormat {
+    /// One JSON object per line.
+    Json,
+    /// `RowBinaryWithDefaults`, in the table's columns as they were read
+    /// with this guard ([`super::layout::TableLayout::guard`]).
+    Binary { guard: Arc<str> },
 }
 
 #[derive(Clone)]
@@ -264,6 +276,21 @@ impl ClickHouse {
         q
     }
 
+    pub(super) fn client(&self) -> &clickhouse::Client {
+        &self.client
+    }
+
+    /// The settings `route`'s inserts carry: sluice's, the user's over
+    /// them, the route's format settings over every other.
+    pub(crate) fn insert_settings_of(&self, route: &Route) -> Vec<(String, String)> {
+        let mut settings = self.insert_settings.clone();
+        for (k, v) in route.insert_settings() {
+            settings.retain(|(n, _)| n != k);
+            settings.push((k.to_string(), v.to_string()));
+        }
+        settings
+    }
+
     /// The settings of inserts, for the start-up log.
     pub(crate) fn insert_settings(&self) -> &[(String, String)] {
         &self.insert_settings
@@ -357,20 +384,29 @@ impl ClickHouse {
 
     /// Runs one insert attempt, bounded by the insert timeout.
     pub async fn insert(&self, req: InsertRequest) -> Result<(), ChError> {
-        let sql = match req.deadline_ms {
-            // The scalar subquery runs when the query starts, before any
-            // row; the row filter when the rows' block is processed, so a
-            // body that arrives slowly cannot commit after the deadline
-            // either (`nowInBlock()` counts whole seconds: a block passes
-            // only if its whole second ends by the deadline).
-            Some(d) => format!(
-                "INSERT INTO {} SELECT * FROM input() \
-                 WHERE (SELECT throwIf(toUnixTimestamp64Milli(now64(3)) > {d}, '{DEADLINE_PASSED}')) = 0 \
-                 AND throwIf(toUnixTimestamp(nowInBlock()) * 1000 + 999 > {d}, '{DEADLINE_PASSED}') = 0 \
-                 FORMAT JSONEachRow",
-                req.table.sql()
+        let table = req.table.sql();
+        // The scalar subquery runs when the query starts, before any row;
+        // the row filter when the rows' block is processed, so a body that
+        // arrives slowly cannot commit after the deadline either
+        // (`nowInBlock()` counts whole seconds: a block passes only if its
+        // whole second ends by the deadline).
+        let deadline = req.deadline_ms.map(|d| {
+            format!(
+                "(SELECT throwIf(toUnixTimestamp64Milli(now64(3)) > {d}, '{DEADLINE_PASSED}')) = 0 \
+                 AND throwIf(toUnixTimestamp(nowInBlock()) * 1000 + 999 > {d}, '{DEADLINE_PASSED}') = 0"
+            )
+        });
+        let sql = match (&req.format, deadline) {
+            (RowFormat::Json, None) => format!("INSERT INTO {table} FORMAT JSONEachRow"),
+            (RowFormat::Json, Some(d)) => {
+                format!("INSERT INTO {table} SELECT * FROM input() WHERE {d} FORMAT JSONEachRow")
+            }
+            (RowFormat::Binary { guard }, d) => format!(
+                "INSERT INTO {table} SELECT * FROM input() WHERE {guard}{}{} \
+                 FORMAT RowBinaryWithDefaults",
+                if d.is_some() { " AND " } else { "" },
+                d.unwrap_or_default()
             ),
-            None => format!("INSERT INTO {} FORMAT JSONEachRow", req.table.sql()),
         };
         let mut ins = self
             .client
@@ -676,7 +712,7 @@ impl ClickHouse {
     /// The process lists the fence looks in.
     fn processes(&self) -> String {
         match &self.cluster {
-            Some(c) => format!("clusterAllReplicas({}, system.processes)", quote_str(c)),
+            Some(c) => format!("clusterAllReplicas({}, system.processes)", literal(c)),
             None => "system.processes".into(),
         }
     }
@@ -685,7 +721,7 @@ impl ClickHouse {
 impl ClickHouse {
     /// `work` (a query), bounded like an insert: no call to ClickHouse may
     /// hang a task forever (a connection that never answers).
-    async fn bounded<T>(
+    pub(super) async fn bounded<T>(
         &self,
         work: impl std::future::Future<Output = clickhouse::error::Result<T>>,
     ) -> Result<T, ChError> {
@@ -802,11 +838,6 @@ fn unix_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as i64)
-}
-
-/// `'text'`, as a ClickHouse string literal.
-fn quote_str(text: &str) -> String {
-    format!("'{}'", text.replace('\\', "\\\\").replace('\'', "\\'"))
 }
 
 /// The server's clock as read from here ([`deadline::ServerClock`]), shared

@@ -30,6 +30,8 @@ pub struct RawClickHouse {
     /// (`max_execution_time` and the HTTP timeouts). Default 30s.
     #[serde(default, with = "humantime_serde")]
     pub insert_timeout: Option<Duration>,
+    /// How inserts write their rows: `binary` (default) or `json`.
+    pub(crate) insert_format: Option<InsertFormat>,
     /// Extra settings sent with every insert.
     #[serde(default)]
     pub settings: BTreeMap<String, String>,
@@ -44,6 +46,20 @@ pub struct RawClickHouse {
     pub(crate) cluster: Option<String>,
 }
 
+/// How inserts write their rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum InsertFormat {
+    /// `RowBinaryWithDefaults`, typed by the table's columns, wherever each
+    /// row converts exactly as ClickHouse's JSON parser would read it;
+    /// `JSONEachRow` for the rest (counted in
+    /// `sluice_json_fallback_batches_total`).
+    #[default]
+    Binary,
+    /// `JSONEachRow` always.
+    Json,
+}
+
 #[derive(Clone)]
 pub struct ClickHouseConfig {
     pub url: String,
@@ -51,6 +67,7 @@ pub struct ClickHouseConfig {
     pub user: String,
     pub password: Secret,
     pub insert_timeout: Duration,
+    pub insert_format: InsertFormat,
     pub settings: BTreeMap<String, String>,
     pub read_settings: BTreeMap<String, String>,
     pub cluster: Option<String>,
@@ -132,6 +149,7 @@ impl ClickHouseConfig {
             user: DEFAULT_USER.into(),
             password: Secret::default(),
             insert_timeout: DEFAULT_INSERT_TIMEOUT,
+            insert_format: InsertFormat::default(),
             settings: BTreeMap::new(),
             read_settings: BTreeMap::new(),
             cluster: None,
@@ -148,6 +166,7 @@ impl std::fmt::Debug for ClickHouseConfig {
             .field("user", &self.user)
             .field("password", &self.password)
             .field("insert_timeout", &self.insert_timeout)
+            .field("insert_format", &self.insert_format)
             .field("settings", &self.settings)
             .field("read_settings", &self.read_settings)
             .field("cluster", &self.cluster)
@@ -203,6 +222,7 @@ impl RawClickHouse {
             user: self.user.unwrap_or_else(|| DEFAULT_USER.into()),
             password,
             insert_timeout,
+            insert_format: self.insert_format.unwrap_or_default(),
             settings: self.settings,
             read_settings: self.read_settings,
             cluster: self.cluster,

@@ -14,7 +14,7 @@
 //! shows, uncommented, is one the loader knows; every setting is shown; and
 //! a key shown with `no default` is indeed unset when absent.
 
-use super::{env, Config, Delivery, Overrides, RawConfig};
+use super::{env, Config, Delivery, InsertFormat, Overrides, RawConfig};
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -241,6 +241,10 @@ impl Loaded {
             "clickhouse.user" => string(&c.clickhouse.user),
             "clickhouse.password" => string(c.clickhouse.password.expose()),
             "clickhouse.insert_timeout" => Code::Duration(c.clickhouse.insert_timeout),
+            "clickhouse.insert_format" => string(match c.clickhouse.insert_format {
+                InsertFormat::Binary => "binary",
+                InsertFormat::Json => "json",
+            }),
             "clickhouse.settings" => map(&c.clickhouse.settings),
             "clickhouse.read_settings" => map(&c.clickhouse.read_settings),
             "sink.delivery" => string(match c.sink.delivery {

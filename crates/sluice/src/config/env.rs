@@ -53,6 +53,7 @@ pub(crate) const FIELDS: &[(&str, Kind)] = &[
     ("clickhouse.password", Str),
     ("clickhouse.password_file", Str),
     ("clickhouse.insert_timeout", Str),
+    ("clickhouse.insert_format", Str),
     ("clickhouse.cluster", Str),
     ("sink.delivery", Str),
     ("sink.max_batch_rows", Int),

@@ -336,6 +336,10 @@ const SCHEMA: &[(&str, Kind)] = &[
     ("clickhouse.password", Kind::OneOf(&["pw", ""])),
     ("clickhouse.password_file", Kind::Path),
     ("clickhouse.insert_timeout", Kind::Dur),
+    (
+        "clickhouse.insert_format",
+        Kind::OneOf(&["binary", "json", "native"]),
+    ),
     ("clickhouse.settings", Kind::Map),
     ("clickhouse.read_settings", Kind::Map),
     ("clickhouse.cluster", Kind::OneOf(NAMES)),

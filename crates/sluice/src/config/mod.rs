@@ -29,7 +29,7 @@ mod documented_defaults;
 mod fuzz_tests;
 
 pub(crate) use clickhouse::PINNED;
-pub use clickhouse::{ClickHouseConfig, RawClickHouse};
+pub use clickhouse::{ClickHouseConfig, InsertFormat, RawClickHouse};
 pub use kafka::{KafkaConfig, RawKafka};
 pub use registry::{RawSchemaRegistry, SchemaRegistryConfig};
 pub use route::{Format, KeyDedup, RawRoute, Route};

@@ -15,6 +15,7 @@
 //! the group id) stops the process with the cause: it abandons its work,
 //! inserts nothing more and exits non-zero.
 
+use super::body::Bodies;
 use super::columns::TableColumns;
 use super::dlq::Dlq;
 use super::edge;
@@ -164,8 +165,11 @@ pub async fn run(
                 .with_context(|| format!("creating the DLQ producer for topic {topic:?}"))?,
         ),
     };
+    let routes: Vec<Arc<Route>> = cfg.routes.iter().cloned().map(Arc::new).collect();
+    let bodies = Bodies::read(&ch, &routes, cfg.clickhouse.insert_format).await;
     let ctx = Arc::new(WriterCtx {
         ch,
+        bodies,
         lease: Lease::new(cfg.lease()),
         delivery: cfg.sink.delivery,
         permits: Semaphore::new(cfg.sink.max_concurrent_inserts),
@@ -178,7 +182,6 @@ pub async fn run(
     // still inserts and reconciles what it has read.
     let renewing = CancellationToken::new();
     let _stop_renewing = renewing.clone().drop_guard();
-    let routes: Vec<Arc<Route>> = cfg.routes.iter().cloned().map(Arc::new).collect();
     let registry = match &cfg.schema_registry {
         Some(r) if cfg.routes.iter().any(|r| r.format.is_registry()) => Some(
             Registry::new(r)

@@ -17,6 +17,7 @@
 //! rows to the dead-letter topic.
 
 mod action;
+mod body;
 mod columns;
 mod dedup;
 mod dlq;

@@ -48,12 +48,15 @@
 //! covered ([`conditional_excluded`]), so one copy of the key lands even when
 //! ClickHouse rejects another ([`Fates`]).
 
+use super::body::Bodies;
 use super::dlq::{self, Dlq, DlqError, Letter, Pending};
 use super::event::{Completion, Event, Outcome, Settled, SliceDone};
 use super::fates::Fates;
 use super::lease::Lease;
 use super::schemas::Originals;
-use crate::ch::{deadline_passed, ChError, ChErrorKind, ClickHouse, InsertRequest};
+use crate::ch::{
+    deadline_passed, ChError, ChErrorKind, ClickHouse, InsertRequest, RowFormat, COLUMNS_CHANGED,
+};
 use crate::config::{Delivery, Route};
 use crate::retry::Delays;
 use crate::telemetry;
@@ -74,6 +77,8 @@ use tokio_util::sync::CancellationToken;
 /// What the writer needs from its surroundings.
 pub(crate) struct WriterCtx {
     pub(crate) ch: ClickHouse,
+    /// Per route: how an insert's rows are written.
+    pub(crate) bodies: Bodies,
     pub(crate) lease: Lease,
     pub(crate) delivery: Delivery,
     pub(crate) permits: Semaphore,
@@ -388,6 +393,8 @@ async fn attempt_until_done(
     let mut delays = Delays::new(Duration::from_millis(100));
     // ClickHouse refused a field the route's cached columns hold.
     let mut stale_columns = false;
+    // A binary attempt of this batch was refused: the rest go as JSON.
+    let mut json_only = false;
     let topic = &job.route.topic;
     let table = job.route.table_ref();
     let label = table.to_string();
@@ -498,13 +505,19 @@ async fn attempt_until_done(
             ctx.lease.follow_clock(ctx.ch.clock_jumps());
             continue;
         }
+        let (body, format) = ctx
+            .bodies
+            .body(&ctx.ch, job.route_idx, &job.route, &batch, json_only)
+            .await;
+        let binary = matches!(format, RowFormat::Binary { .. });
         let req = InsertRequest {
             table: table.clone(),
-            body: batch.body().clone(),
+            body,
             token,
             query_id: qid.clone(),
             deadline_ms,
             format_settings: job.route.insert_settings(),
+            format,
         };
         way.sent(qid, deadline_ms);
         let result = ctx.ch.insert(req).await;
@@ -512,6 +525,18 @@ async fn attempt_until_done(
         way.answered(answered);
         let parts: Vec<i32> = batch.partitions().collect();
         match (answered, result) {
+            (Answer::Rejected, Err(e)) if binary && json_may_differ(&e) => {
+                // Nothing of it is stored (a refusal is whole). What the
+                // binary path cannot explain (its table changed under it,
+                // or a value it took for exact) is ClickHouse's JSON
+                // parser's to judge: the batch goes again as JSON, after a
+                // reconciliation, and its rows reach the DLQ (or stop the
+                // sink) with that parser's reason.
+                json_only = true;
+                ctx.bodies.refused(job.route_idx);
+                telemetry::insert_retried(&label, "binary-refused");
+                tracing::warn!(topic = %topic, partitions = ?parts, rows = batch.len(), attempt, error = %e, "ClickHouse refused a RowBinaryWithDefaults insert; sending the batch as JSONEachRow");
+            }
             (_, Ok(())) => {
                 tracing::debug!(topic = %topic, partitions = ?parts, rows = batch.len(), attempt, "inserted");
                 telemetry::batch_inserted(&label, batch.len(), started.elapsed());
@@ -691,6 +716,23 @@ fn answer(result: &Result<(), ChError>) -> Answer {
         Err(e) if !e.is_retriable() => Answer::Rejected,
         Err(_) => Answer::Unknown,
     }
+}
+
+/// Whether a refused binary insert might have been taken as JSON: the
+/// refusal names a row, comes from the guard (the table's columns
+/// changed), or is a parsing error. A refusal of the table itself (it is
+/// gone, read-only, out of space) is the JSON insert's too.
+fn json_may_differ(e: &ChError) -> bool {
+    /// CANNOT_PARSE_TEXT, CANNOT_PARSE_INPUT_ASSERTION_FAILED,
+    /// CANNOT_READ_ALL_DATA, CANNOT_PARSE_DATE, CANNOT_PARSE_DATETIME,
+    /// TYPE_MISMATCH, CANNOT_CONVERT_TYPE, CANNOT_PARSE_NUMBER,
+    /// INCORRECT_DATA, TOO_LARGE_ARRAY_SIZE, TOO_LARGE_STRING_SIZE,
+    /// UNKNOWN_ELEMENT_OF_ENUM.
+    const PARSING: &[u32] = &[6, 27, 33, 38, 41, 53, 70, 72, 117, 128, 131, 691];
+    e.kind == ChErrorKind::Server
+        && (e.row.is_some()
+            || e.message.contains(COLUMNS_CHANGED)
+            || e.code.is_some_and(|c| PARSING.contains(&c)))
 }
 
 /// The record of `batch` a permanent ClickHouse error names ([`ChError::row`],

@@ -76,6 +76,7 @@ async fn bench_with(delivery: &str, max_batch_rows: usize, more: &str) -> Bench 
         .collect::<Vec<_>>();
     let ctx = Arc::new(WriterCtx {
         ch: ch.clone(),
+        bodies: super::super::body::Bodies::json(routes.len()),
         lease: Lease::new(cfg.lease()),
         delivery: cfg.sink.delivery,
         permits: Semaphore::new(1),
