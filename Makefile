@@ -5,7 +5,7 @@
 STACK := scripts/stack.sh
 ENV := set -a; eval "$$($(STACK) env)"; set +a
 
-.PHONY: build stack stack-down demo check test lint model bench-formats bench-parts bench-resume bench-dedup bench-deadline bench-server clean-stack bench
+.PHONY: build stack stack-down demo check test lint model bench-formats bench-parts bench-resume bench-dedup bench-deadline bench-server bench-pipeline clean-stack bench
 
 build:
 	@scripts/install-deps.sh
@@ -101,6 +101,14 @@ bench-parts:
 bench-server:
 	@$(STACK) up >/dev/null
 	@$(ENV); "$$SLUICE_CHDB_PYTHON" scripts/bench/server.py
+
+# The whole pipeline's CPU per record: the sink's and the ClickHouse server's during the same ingest,
+# sluice with insert_format json and binary beside the Python baseline at 200 B and 1 KB, and Avro and
+# Protobuf at 200 B (BENCH_MB, BENCH_RUNS, BENCH_SERVER=stack, BENCH_BIN; docs/bench-pipeline.md).
+bench-pipeline:
+	@$(STACK) up >/dev/null
+	@if [ -z "$$BENCH_BIN" ]; then cargo build --release --quiet --bin sluice; fi
+	@$(ENV); BENCH_BIN="$${BENCH_BIN:-target/release}" "$$SLUICE_CLIENTS_PYTHON" scripts/bench/pipeline.py
 
 bench-resume:
 	@$(STACK) up >/dev/null

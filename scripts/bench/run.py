@@ -260,6 +260,9 @@ def thread_cpu(pid):
     return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
 
+EXTRA_PIDS = {}   # name -> pid: more processes stack_cpu() reads (pipeline.py's private server)
+
+
 def stack_pids():
     d = os.environ.get("SLUICE_STACK_DIR", os.path.join(REPO, ".stack"))
     out = {}
@@ -268,18 +271,23 @@ def stack_pids():
             out[name] = int(open(os.path.join(d, name + ".pid")).read())
         except (OSError, ValueError):
             pass
+    out.update(EXTRA_PIDS)
     return out
 
 
 class Watch:
-    """Samples a process (every 250 ms) and, if `table` is set, count() (every 500 ms)."""
+    """Samples a process (every 250 ms) and, if `table` is set, count() (every `every` s, 500 ms);
+    `landed` (a function: the rows landed so far) replaces count() where the poll must not load
+    ClickHouse (pipeline.py)."""
 
-    def __init__(self, pid, table=None):
+    def __init__(self, pid, table=None, landed=None, every=0.5):
         self.pid, self.table, self.t0 = pid, table, time.time()
         self.mem, self.rows, self.last, self.rows_now = [], [], None, 0
+        self.landed = landed or (lambda: int(ch(f"SELECT count() FROM {table}", timeout=10)))
+        self.every = every
         self.stop = threading.Event()
         self.threads = [threading.Thread(target=self._proc, daemon=True)]
-        if table:
+        if table or landed:
             self.threads.append(threading.Thread(target=self._count, daemon=True))
         for t in self.threads:
             t.start()
@@ -295,11 +303,11 @@ class Watch:
     def _count(self):
         while not self.stop.is_set():
             try:
-                self.rows_now = int(ch(f"SELECT count() FROM {self.table}", timeout=10))
+                self.rows_now = self.landed()
                 self.rows.append((round(time.time() - self.t0, 3), self.rows_now))
             except Exception as e:   # a slow answer under load is not a failure
                 print(f"  (count poll: {e})", file=sys.stderr)
-            self.stop.wait(0.5)
+            self.stop.wait(self.every)
 
     def finish(self):
         self.stop.set()
@@ -396,15 +404,16 @@ table = "{table}"
     return path
 
 
-def run_sink(ds, name, args, table, exactly_once):
-    """Starts a sink process, watches it until count() == produced, stops it, measures."""
+def run_sink(ds, name, args, table, exactly_once, landed=None, every=0.5):
+    """Starts a sink process, watches it until count() (or `landed()`, see Watch) == produced,
+    stops it, measures."""
     log = open(f"{WORK}/{name}-{ds['size']}.log", "w")
     s0 = stack_cpu()
     t0 = time.time()
     # The stack's SLUICE_* variables (ports, state dir) are not sluice settings: keep them out.
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLUICE_")}
     p = spawn(args, log, env=dict(env, RUST_LOG=os.environ.get("RUST_LOG", "info")))
-    w = Watch(p.pid, table)
+    w = Watch(p.pid, table, landed, every)
     want, failed, threads = ds["records"], None, {}
     while w.rows_now < want:
         if p.poll() is not None:
