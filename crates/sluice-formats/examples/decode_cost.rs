@@ -5,10 +5,13 @@
 //! before the end-to-end cases.
 //!
 //! Out: ns a record for each format (the best of five passes over 100,000
-//! records) and the ratio to JSON. An argument (`json`, `avro`,
+//! records) and the ratio to JSON, then what the row's conversion to
+//! `RowBinaryWithDefaults` (the insert's body, in the writer) adds, in the
+//! bench table's columns. An argument (`json`, `avro`,
 //! `protobuf`) runs that format alone, for a profiler.
 
 use sluice_formats::avro::AvroSchema;
+use sluice_formats::binary::{server_defaults, ColumnSpec, DefaultKind, Layout};
 use sluice_formats::protobuf::ProtoSchema;
 use sluice_formats::{MetadataColumns, RowEncoder};
 use std::time::Instant;
@@ -41,6 +44,24 @@ import "google/protobuf/timestamp.proto";
 message Event { uint64 event_id = 1; uint32 user_id = 2; string session_id = 3; string event = 4;
   string path = 5; string country = 6; string device = 7; uint32 duration_ms = 8; double price = 9;
   google.protobuf.Timestamp ts = 10; }"#;
+
+/// The bench's 200 B table (`scripts/bench/run.py`), as `system.columns`
+/// lists it.
+const TABLE: &[(&str, &str)] = &[
+    ("event_id", "UInt64"),
+    ("user_id", "UInt32"),
+    ("session_id", "String"),
+    ("event", "LowCardinality(String)"),
+    ("path", "String"),
+    ("country", "LowCardinality(String)"),
+    ("device", "LowCardinality(String)"),
+    ("duration_ms", "UInt32"),
+    ("price", "Float64"),
+    ("ts", "DateTime64(3)"),
+    ("_topic", "LowCardinality(String)"),
+    ("_partition", "UInt32"),
+    ("_offset", "UInt64"),
+];
 
 /// Record `i`'s values as JSON, with `ts` written by `ts(millis)`.
 fn record(i: u64, ts: impl Fn(u64) -> String) -> String {
@@ -135,14 +156,63 @@ fn main() {
         proto.to_json(r, &mut row, usize::MAX).unwrap();
         decoded.encode(Some(&row), 0, o, out).unwrap();
     });
+    // The rows as the writer finds them, each converted to its body.
+    let layout = Layout::new(
+        &TABLE
+            .iter()
+            .map(|(name, ty)| ColumnSpec {
+                name: name.to_string(),
+                type_name: ty.to_string(),
+                default_kind: DefaultKind::None,
+            })
+            .collect::<Vec<_>>(),
+        server_defaults(),
+    );
+    let rows_of = |records: &[Vec<u8>], to_row: &mut ToRow| -> Vec<Vec<u8>> {
+        let mut rows = Vec::with_capacity(records.len());
+        for (i, r) in records.iter().enumerate() {
+            let mut row = Vec::new();
+            to_row(r, i as i64, &mut row);
+            rows.push(row);
+        }
+        rows
+    };
+    let mut scratch = Vec::new();
+    let json_rows = rows_of(&json, &mut |r, o, out| {
+        plain.encode(Some(r), 0, o, out).unwrap()
+    });
+    let avro_rows = rows_of(&avro_records, &mut |r, o, out| {
+        scratch.clear();
+        avro.to_json(r, &mut scratch, usize::MAX).unwrap();
+        decoded.encode(Some(&scratch), 0, o, out).unwrap();
+    });
+    let proto_rows = rows_of(&proto_records, &mut |r, o, out| {
+        scratch.clear();
+        proto.to_json(r, &mut scratch, usize::MAX).unwrap();
+        decoded.encode(Some(&scratch), 0, o, out).unwrap();
+    });
+    let binary = |name: &str, rows: &[Vec<u8>]| {
+        cost(name, rows, &mut |row, _, out| {
+            layout.encode(row, out).expect("the bench's rows convert");
+        })
+    };
+    let jb = binary("json", &json_rows);
+    let ab = binary("avro", &avro_rows);
+    let pb = binary("protobuf", &proto_rows);
     let bytes = |rs: &[Vec<u8>]| rs.iter().map(Vec::len).sum::<usize>() as f64 / rs.len() as f64;
-    println!("| format | bytes/record | ns/record to its row | × JSON |");
-    println!("| --- | --- | --- | --- |");
-    for (name, rs, ns) in [
-        ("json", &json, j),
-        ("avro", &avro_records, a),
-        ("protobuf", &proto_records, p),
+    println!(
+        "| format | bytes/record | ns/record to its row | × JSON | + ns to RowBinaryWithDefaults |"
+    );
+    println!("| --- | --- | --- | --- | --- |");
+    for (name, rs, ns, bin) in [
+        ("json", &json, j, jb),
+        ("avro", &avro_records, a, ab),
+        ("protobuf", &proto_records, p, pb),
     ] {
-        println!("| {name} | {:.0} | {ns:.0} | {:.2} |", bytes(rs), ns / j);
+        println!(
+            "| {name} | {:.0} | {ns:.0} | {:.2} | {bin:.0} |",
+            bytes(rs),
+            ns / j
+        );
     }
 }

@@ -68,7 +68,7 @@ mod settings;
 mod time;
 pub mod types;
 
-pub use settings::{DateTimeInput, InputSettings};
+pub use settings::{server_defaults, DateTimeInput, InputSettings};
 pub use types::Type;
 
 use encode::{type_default, value, Ctx};
@@ -252,6 +252,72 @@ impl Layout {
                 "a row near input_format_json_max_object_size",
             ));
         }
+        let start = out.len();
+        if let Ok(true) = self.in_order(row, out) {
+            return Ok(());
+        }
+        out.truncate(start);
+        self.any_order(row, out)
+    }
+
+    /// A row whose fields name columns in the table's order (any of them
+    /// missing, fields the table lacks anywhere), each value encoded as it
+    /// is read: one pass. `Ok(false)` or a fallback: a field out of order
+    /// (or given twice), or a value not read here; [`Self::any_order`]
+    /// decides.
+    fn in_order(&self, row: &[u8], out: &mut Vec<u8>) -> Result<bool, Fallback> {
+        let mut cx = Ctx {
+            settings: &self.settings,
+            scratch: Vec::new(),
+        };
+        let mut cur = Cursor::new(row);
+        cur.expect(b'{')?;
+        cur.enter()?;
+        // The columns before `next` are written: present or missing.
+        let mut next = 0;
+        if !cur.eat(b'}')? {
+            loop {
+                let key = cur.string(&mut cx.scratch)?;
+                let key = key.get(&cx.scratch);
+                let at = match self.columns.get(next) {
+                    Some(c) if c.name.as_bytes() == key => Some(next),
+                    _ => self.by_name.get(key).copied(),
+                };
+                match at {
+                    None => {
+                        self.unknown(key)?;
+                        cur.expect(b':')?;
+                        cur.skip()?;
+                    }
+                    Some(i) if i < next => return Ok(false),
+                    Some(i) => {
+                        for col in &self.columns[next..i] {
+                            self.missing(col, out)?;
+                        }
+                        cur.expect(b':')?;
+                        self.present(&self.columns[i], &mut cur, out, &mut cx)?;
+                        next = i + 1;
+                    }
+                }
+                if !cur.eat(b',')? {
+                    break;
+                }
+            }
+            cur.expect(b'}')?;
+        }
+        if !cur.at_end() {
+            return Ok(false);
+        }
+        for col in &self.columns[next..] {
+            self.missing(col, out)?;
+        }
+        Ok(true)
+    }
+
+    /// Any row: each field's span found first, then the columns written
+    /// in the table's order.
+    fn any_order(&self, row: &[u8], out: &mut Vec<u8>) -> Result<(), Fallback> {
+        let s = &self.settings;
         let n = self.columns.len();
         let mut on_stack = [(0usize, 0usize); STACK_COLUMNS];
         let mut on_heap = Vec::new();

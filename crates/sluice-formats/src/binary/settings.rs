@@ -219,9 +219,9 @@ pub(crate) fn is_utc(tz: &str) -> bool {
     )
 }
 
-#[cfg(test)]
-pub(crate) fn server_defaults() -> InputSettings {
-    // chDB 26.9's defaults, as `system.settings` shows them.
+/// ClickHouse 26.9's defaults, as `system.settings` lists them, in UTC:
+/// for tests and benchmarks that run without a server.
+pub fn server_defaults() -> InputSettings {
     let values = [
         ("date_time_input_format", "best_effort"),
         ("input_format_skip_unknown_fields", "1"),

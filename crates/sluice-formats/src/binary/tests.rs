@@ -3,7 +3,7 @@
 //! the fallbacks. `tests/binary_vs_json.rs` checks the same rules against
 //! the engine.
 
-use super::settings::server_defaults;
+use super::server_defaults;
 use super::*;
 use proptest::prelude::*;
 
