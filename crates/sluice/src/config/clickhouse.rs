@@ -30,7 +30,7 @@ pub struct RawClickHouse {
     /// (`max_execution_time` and the HTTP timeouts). Default 30s.
     #[serde(default, with = "humantime_serde")]
     pub insert_timeout: Option<Duration>,
-    /// How inserts write their rows: `binary` (default) or `json`.
+    /// How inserts write their rows: `json` (default) or `binary`.
     pub(crate) insert_format: Option<InsertFormat>,
     /// Extra settings sent with every insert.
     #[serde(default)]
@@ -53,10 +53,12 @@ pub enum InsertFormat {
     /// `RowBinaryWithDefaults`, typed by the table's columns, wherever each
     /// row converts exactly as ClickHouse's JSON parser would read it;
     /// `JSONEachRow` for the rest (counted in
-    /// `sluice_json_fallback_batches_total`).
-    #[default]
+    /// `sluice_json_fallback_batches_total`). Not the default yet: the
+    /// conversion costs the sink more than it saves the server
+    /// (`docs/bench-pipeline.md`).
     Binary,
     /// `JSONEachRow` always.
+    #[default]
     Json,
 }
 
