@@ -23,6 +23,7 @@ mod errors;
 mod extra;
 mod faults;
 mod handoff;
+mod insert_format;
 mod metrics;
 mod ops;
 mod reads;
