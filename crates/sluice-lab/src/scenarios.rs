@@ -394,6 +394,20 @@ impl Run {
             )
             .await?;
         let exited = sinks.iter_mut().any(|s| !s.is_running());
+        if complete_at.is_none() || exited {
+            // What the sinks said, for whoever reads the lab's output: their
+            // logs go with their scratch directories.
+            let logs: Vec<String> = sinks
+                .iter()
+                .enumerate()
+                .map(|(i, s)| format!("sink {i}:\n{}", s.log_tail()))
+                .collect();
+            eprintln!(
+                "lab: {scenario} / {}: stalled; the sinks' logs:\n{}\nlab: end of the logs",
+                self.mode,
+                logs.join("\n")
+            );
+        }
         // All told at once, so their shutdowns overlap.
         for s in &sinks {
             s.signal("-TERM");

@@ -31,7 +31,27 @@ fn quick_matrix_exactly_once_is_clean_and_baselines_fail() {
         .arg("--markdown")
         .arg(&md)
         .env("SLUICE_LOG", "info"));
-    assert_eq!(out.code, 0, "sluice lab failed: {}", out.stderr);
+    // The harness's failures first: the rest of the output is long.
+    let failures: Vec<&str> = out
+        .stderr
+        .lines()
+        .filter(|l| l.contains("the harness failed"))
+        .collect();
+    assert_eq!(
+        out.code,
+        0,
+        "sluice lab failed: {}\n{}",
+        failures.join("\n"),
+        out.stderr
+    );
+    // A stalled cell's sinks' logs, as the lab printed them.
+    let logs_of = |c: &Cell| -> String {
+        let start = format!("lab: {} / {}: stalled", c.scenario, c.mode);
+        out.stderr
+            .split_once(&start)
+            .and_then(|(_, rest)| rest.split_once("lab: end of the logs"))
+            .map_or_else(String::new, |(logs, _)| logs.to_string())
+    };
     let cells: Vec<Cell> = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
     eprintln!("{}", std::fs::read_to_string(&md).unwrap());
     // The Avro scenarios have no key dedup mode.
@@ -55,7 +75,12 @@ fn quick_matrix_exactly_once_is_clean_and_baselines_fail() {
     }) {
         assert!(c.fault_injected, "{c:?}");
         assert!(c.produced > 0, "{c:?}");
-        assert_eq!((c.duplicates, c.missing, c.stalled), (0, 0, false), "{c:?}");
+        assert_eq!(
+            (c.duplicates, c.missing, c.stalled),
+            (0, 0, false),
+            "{c:?}{}",
+            logs_of(c)
+        );
     }
     // Offsets cannot see copies made before Kafka: without key dedup they land.
     for s in producer_side {

@@ -674,9 +674,6 @@ async fn dlq_entries_of_the_binary_path_carry_the_json_parsers_reasons() {
     exec(&ch, &format!("DROP DATABASE {db}")).await;
 }
 
-// ---- Known bugs of the binary path (issue 32): these fail until fixed, so they are
-// ---- ignored; `cargo test -- --ignored insert_format` runs them. Not the default path.
-
 /// at-least-once, a table with a dedup window, the first insert's answer
 /// lost after the server committed it: the blind retry of the same rows.
 async fn at_least_once_retry(json: bool) -> (Landed, String) {
@@ -729,13 +726,12 @@ async fn at_least_once_retry(json: bool) -> (Landed, String) {
     (got, tail)
 }
 
-/// BUG: on 26.x `INSERT … SELECT FROM input()` without a token is not
-/// deduplicated (`deduplicate_insert_select = enable_when_possible`: the
-/// SELECT is not "stable"), so the binary path's blind retry lands a second
-/// copy where the JSON path's `INSERT … FORMAT JSONEachRow` is caught by
-/// the window (the lab's resubmit-after-timeout/window-large cell).
+/// On 26.x an `INSERT … SELECT FROM input()` without a token is
+/// deduplicated only with `deduplicate_insert_select =
+/// enable_even_for_bad_queries` (the default, `enable_when_possible`, finds
+/// the SELECT not "stable"): without it the binary path's blind retry
+/// landed a second copy where the JSON path's is caught by the window.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "known bug (issue 32): send deduplicate_insert_select = enable_even_for_bad_queries"]
 async fn at_least_once_binary_retry_is_caught_by_the_window_as_json_is() {
     let (json, _) = at_least_once_retry(true).await;
     assert_eq!(json.duplicates(), 0, "the JSON path: {json:?}");
@@ -747,13 +743,12 @@ async fn at_least_once_binary_retry_is_caught_by_the_window_as_json_is() {
     );
 }
 
-/// BUG: the guard spells out every column in the query, which goes in the
-/// URL: a wide table's binary insert is refused by whatever limits the URL
-/// (here the stack's server, 64 KiB; nginx's default 8 KiB; ClickHouse's
-/// max_query_size 256 KiB), with an error that names no row and is no
-/// parse error, so the sink stops, where the JSON path inserts.
+/// The guard goes in the insert's URL: spelling out every column, a wide
+/// table's binary insert was refused by whatever limits the URL (the
+/// stack's server, 64 KiB; nginx's default 8 KiB; ClickHouse's
+/// max_query_size 256 KiB), and the sink stopped. A digest of the columns
+/// keeps it short: the rows go binary, as the JSON path stores them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "known bug (issue 32): the guard must be a fixed-size digest, a refused binary insert go again as JSON"]
 async fn a_wide_table_is_written_as_json_would_be() {
     let n = 200;
     let topic = unique("ifmt_wide");
@@ -796,5 +791,15 @@ async fn a_wide_table_is_written_as_json_would_be() {
         (got.distinct_offsets, running),
         (n, true),
         "the binary path: {tail}"
+    );
+    assert!(
+        !tail.contains("sending the batch as JSONEachRow"),
+        "the rows went binary: {tail}"
+    );
+    let cols = "id, payload, c0000, c1499, _partition, _offset";
+    assert_eq!(
+        rows_of(&ch, &table, cols).await,
+        rows_of(&ch, &json_table, cols).await,
+        "each row as the JSON path stores it"
     );
 }

@@ -8,7 +8,8 @@
 //! `system.settings` under the very settings the route's inserts carry),
 //! and a `WHERE` condition for the insert that fails it at its start
 //! (`throwIf` in a scalar subquery) unless `system.columns` still lists
-//! the same columns. A `RowBinaryWithDefaults` body carries no column
+//! the same columns (compared by a digest, so that the insert's URL stays
+//! short however wide the table). A `RowBinaryWithDefaults` body carries no column
 //! names: read against other columns it would misparse, or worse, land as
 //! other values; with the guard, a table changed between this read and the
 //! insert makes the insert fail whole instead ([`COLUMNS_CHANGED`]).
@@ -32,13 +33,20 @@ pub(crate) struct TableLayout {
     pub(crate) guard: std::sync::Arc<str>,
 }
 
+/// The table's columns in order, as (position, name, type, default kind),
+/// and the digest of all but the positions, read in one query so that the
+/// guard checks for exactly the columns the layout was built from.
 #[derive(Debug, clickhouse::Row, serde::Deserialize)]
-struct ColumnRow {
-    name: String,
-    #[serde(rename = "type")]
-    type_name: String,
-    default_kind: String,
+struct Columns {
+    columns: Vec<(u64, String, String, String)>,
+    digest: String,
 }
+
+/// The digest of a table's columns, as the guard computes it on the server:
+/// a fixed size, whatever the number of columns (the insert's URL carries
+/// it).
+const COLUMNS_DIGEST: &str = "hex(sipHash128(arrayMap(c -> (c.2, c.3, c.4), \
+     arraySort(c -> c.1, groupArray((position, name, type, default_kind))))))";
 
 #[derive(Debug, clickhouse::Row, serde::Deserialize)]
 struct SettingRow {
@@ -53,33 +61,32 @@ impl ClickHouse {
         &self,
         route: &Route,
     ) -> Result<Result<TableLayout, String>, ChError> {
-        let rows: Vec<ColumnRow> = self
+        let Columns { columns, digest } = self
             .bounded(
                 self.client()
-                    .query(
-                        "SELECT name, type, default_kind FROM system.columns \
-                         WHERE database = ? AND table = ? ORDER BY position",
-                    )
+                    .query(&format!(
+                        "SELECT arraySort(c -> c.1, groupArray((position, name, type, default_kind))), \
+                         {COLUMNS_DIGEST} FROM system.columns WHERE database = ? AND table = ?"
+                    ))
                     .bind(&route.database)
                     .bind(&route.table)
-                    .fetch_all(),
+                    .fetch_one(),
             )
             .await?;
-        if rows.is_empty() {
+        if columns.is_empty() {
             return Ok(Err(format!("table {} has no columns", route.table_ref())));
         }
-        let mut specs = Vec::with_capacity(rows.len());
-        for r in &rows {
-            let Some(default_kind) = DefaultKind::parse(&r.default_kind) else {
+        let mut specs = Vec::with_capacity(columns.len());
+        for (_, name, type_name, default_kind) in columns {
+            let Some(kind) = DefaultKind::parse(&default_kind) else {
                 return Ok(Err(format!(
-                    "column {} has a default kind not known here ({})",
-                    r.name, r.default_kind
+                    "column {name} has a default kind not known here ({default_kind})"
                 )));
             };
             specs.push(ColumnSpec {
-                name: r.name.clone(),
-                type_name: r.type_name.clone(),
-                default_kind,
+                name,
+                type_name,
+                default_kind: kind,
             });
         }
         // The settings as the route's inserts see them.
@@ -113,32 +120,20 @@ impl ClickHouse {
         }
         Ok(Ok(TableLayout {
             layout,
-            guard: guard(route, &rows).into(),
+            guard: guard(route, &digest).into(),
         }))
     }
 }
 
 /// The insert's condition that throws [`COLUMNS_CHANGED`] unless
-/// `route`'s table still has `columns`, in this order, of these types and
-/// default kinds. A scalar subquery: evaluated once, when the query
-/// starts, before any row is read.
-fn guard(route: &Route, columns: &[ColumnRow]) -> String {
-    let expected: Vec<String> = columns
-        .iter()
-        .map(|c| {
-            format!(
-                "({}, {}, {})",
-                literal(&c.name),
-                literal(&c.type_name),
-                literal(&c.default_kind)
-            )
-        })
-        .collect();
+/// `route`'s table still has the columns whose [`COLUMNS_DIGEST`] is
+/// `digest` (names, types and default kinds, in order). A scalar subquery:
+/// evaluated once, when the query starts, before any row is read.
+fn guard(route: &Route, digest: &str) -> String {
     format!(
-        "(SELECT throwIf(arrayMap(c -> (c.2, c.3, c.4), \
-         arraySort(c -> c.1, groupArray((position, name, type, default_kind)))) != [{}], {}) \
+        "(SELECT throwIf({COLUMNS_DIGEST} != {}, {}) \
          FROM system.columns WHERE database = {} AND table = {}) = 0",
-        expected.join(", "),
+        literal(digest),
         literal(COLUMNS_CHANGED),
         literal(&route.database),
         literal(&route.table),

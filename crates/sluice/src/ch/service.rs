@@ -120,6 +120,13 @@ impl ClickHouse {
             ("max_execution_time", secs.clone()),
             ("http_receive_timeout", secs.clone()),
             ("http_send_timeout", secs),
+            // 26.x: an `INSERT … SELECT FROM input()` without a token is
+            // deduplicated (by the table's window, as a plain INSERT is)
+            // only with this; a token makes it stable under any value.
+            (
+                "deduplicate_insert_select",
+                "enable_even_for_bad_queries".into(),
+            ),
         ];
         if delivery.sends_tokens() {
             // 26.x: `insert_deduplicate=0` no longer turns dedup off; this does.

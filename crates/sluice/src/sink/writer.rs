@@ -720,8 +720,10 @@ fn answer(result: &Result<(), ChError>) -> Answer {
 
 /// Whether a refused binary insert might have been taken as JSON: the
 /// refusal names a row, comes from the guard (the table's columns
-/// changed), or is a parsing error. A refusal of the table itself (it is
-/// gone, read-only, out of space) is the JSON insert's too.
+/// changed), is a parsing error, or comes from something in front of the
+/// server (a binary insert's URL is longer: a proxy may refuse it). A
+/// refusal of the table itself (it is gone, read-only, out of space) is
+/// the JSON insert's too.
 fn json_may_differ(e: &ChError) -> bool {
     /// CANNOT_PARSE_TEXT, CANNOT_PARSE_INPUT_ASSERTION_FAILED,
     /// CANNOT_READ_ALL_DATA, CANNOT_PARSE_DATE, CANNOT_PARSE_DATETIME,
@@ -729,10 +731,11 @@ fn json_may_differ(e: &ChError) -> bool {
     /// INCORRECT_DATA, TOO_LARGE_ARRAY_SIZE, TOO_LARGE_STRING_SIZE,
     /// UNKNOWN_ELEMENT_OF_ENUM.
     const PARSING: &[u32] = &[6, 27, 33, 38, 41, 53, 70, 72, 117, 128, 131, 691];
-    e.kind == ChErrorKind::Server
-        && (e.row.is_some()
-            || e.message.contains(COLUMNS_CHANGED)
-            || e.code.is_some_and(|c| PARSING.contains(&c)))
+    e.kind == ChErrorKind::Client
+        || e.kind == ChErrorKind::Server
+            && (e.row.is_some()
+                || e.message.contains(COLUMNS_CHANGED)
+                || e.code.is_some_and(|c| PARSING.contains(&c)))
 }
 
 /// The record of `batch` a permanent ClickHouse error names ([`ChError::row`],
