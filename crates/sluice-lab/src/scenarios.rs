@@ -154,6 +154,10 @@ impl Cell {
     }
 }
 
+/// How a cell's error begins when a sink it started exited on its own:
+/// sluice's failure, not the harness's.
+pub const SINK_EXITED: &str = "the sink exited";
+
 struct Run {
     stack: Stack,
     mode: &'static str,
@@ -329,7 +333,13 @@ impl Run {
             if count.ok().transpose()?.is_some_and(|n| n >= rows) {
                 return Ok(());
             }
-            if asked > deadline || !sink.is_running() {
+            if !sink.is_running() {
+                bail!(
+                    "{SINK_EXITED} before {rows} rows landed; its log:\n{}",
+                    sink.log_tail()
+                );
+            }
+            if asked > deadline {
                 bail!("no progress to {rows} rows (log: {})", sink.log.display());
             }
             tokio::time::sleep(Duration::from_millis(100)).await;

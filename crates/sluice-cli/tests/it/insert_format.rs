@@ -542,45 +542,8 @@ async fn rows_the_encoder_leaves_to_json_land_as_json_stores_them_and_are_counte
 /// keeps it out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn token_only_binary_retry_after_a_lost_answer_is_deduplicated_by_its_token() {
-    let n = 2_000;
-    let topic = unique("ifmt_token");
-    create_topic(&topic, 1).await;
-    let ch = ch();
-    let db = unique("ifmt");
-    exec(&ch, &format!("CREATE DATABASE {db}")).await;
-    let table = format!("{db}.events");
-    exec(
-        &ch,
-        &format!(
-            "CREATE TABLE {table} (id UInt64, payload String,
-                _topic LowCardinality(String), _partition UInt32, _offset UInt64
-            ) ENGINE = MergeTree ORDER BY (_topic, _partition, _offset)
-            SETTINGS non_replicated_deduplication_window = 1000"
-        ),
-    )
-    .await;
-    produce(&topic, 1, 0, n);
-    let proxy = Proxy::start(
-        Proxy::upstream_of(&clickhouse_url()),
-        Duration::from_secs(6),
-    )
-    .await
-    .unwrap();
-    proxy.arm(Fault::WithholdResponse);
-    let mut spec = SinkSpec::new(&topic, &table);
-    spec.delivery = "token-only";
-    spec.clickhouse_url = proxy.url.clone();
-    spec.insert_timeout = Duration::from_secs(3);
-    spec.max_batch_rows = 500;
-    let mut sink = start_as(&spec, "binary");
-    let got = wait_for(&ch, &table, n, Duration::from_secs(120)).await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let got = got.max_rows(landed(&ch, &table).await);
-    let tail = sink.log_tail();
-    assert!(sink.stop(Duration::from_secs(60)), "{tail}");
-    assert_eq!(proxy.fired(), 1, "{tail}");
-    assert_eq!((got.rows, got.distinct_offsets), (n, n), "{tail}");
-    exec(&ch, &format!("DROP DATABASE {db}")).await;
+    let (got, tail) = lost_answer_retry("token-only", "binary").await;
+    assert_eq!(got.rows, got.distinct_offsets, "{got:?}\n{tail}");
 }
 
 /// `extra_fields = "dlq"` on the binary path: a column dropped while the
@@ -674,11 +637,13 @@ async fn dlq_entries_of_the_binary_path_carry_the_json_parsers_reasons() {
     exec(&ch, &format!("DROP DATABASE {db}")).await;
 }
 
-/// at-least-once, a table with a dedup window, the first insert's answer
-/// lost after the server committed it: the blind retry of the same rows.
-async fn at_least_once_retry(json: bool) -> (Landed, String) {
+/// `delivery` on a table with a dedup window (1000 blocks), the first
+/// insert's answer lost after the server committed it: the blind retry of
+/// the same rows, sent as `format`. What landed (every record, the test
+/// checks the copies) and the sink's log.
+async fn lost_answer_retry(delivery: &'static str, format: &str) -> (Landed, String) {
     let n = 2_000;
-    let topic = unique("ifmt_alo");
+    let topic = unique("ifmt_retry");
     create_topic(&topic, 1).await;
     let ch = ch();
     let db = unique("ifmt");
@@ -703,11 +668,11 @@ async fn at_least_once_retry(json: bool) -> (Landed, String) {
     .unwrap();
     proxy.arm(Fault::WithholdResponse);
     let mut spec = SinkSpec::new(&topic, &table);
-    spec.delivery = "at-least-once";
+    spec.delivery = delivery;
     spec.clickhouse_url = proxy.url.clone();
     spec.insert_timeout = Duration::from_secs(3);
     spec.max_batch_rows = 500;
-    let mut sink = start_as(&spec, if json { "json" } else { "binary" });
+    let mut sink = start_as(&spec, format);
     let got = wait_for(&ch, &table, n, Duration::from_secs(120)).await;
     // The first batch is in (its answer withheld): its blind retry comes
     // after the client's timeout and the proxy's hold.
@@ -723,6 +688,7 @@ async fn at_least_once_retry(json: bool) -> (Landed, String) {
     assert!(sink.stop(Duration::from_secs(60)), "{tail}");
     assert_eq!(proxy.fired(), 1, "{tail}");
     assert_eq!(got.distinct_offsets, n, "{tail}");
+    exec(&ch, &format!("DROP DATABASE {db}")).await;
     (got, tail)
 }
 
@@ -733,9 +699,9 @@ async fn at_least_once_retry(json: bool) -> (Landed, String) {
 /// landed a second copy where the JSON path's is caught by the window.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn at_least_once_binary_retry_is_caught_by_the_window_as_json_is() {
-    let (json, _) = at_least_once_retry(true).await;
+    let (json, _) = lost_answer_retry("at-least-once", "json").await;
     assert_eq!(json.duplicates(), 0, "the JSON path: {json:?}");
-    let (binary, tail) = at_least_once_retry(false).await;
+    let (binary, tail) = lost_answer_retry("at-least-once", "binary").await;
     assert_eq!(
         binary.duplicates(),
         0,
