@@ -949,25 +949,15 @@ async fn a_binary_insert_refused_by_a_proxy_after_it_committed_lands_once() {
     );
 }
 
-/// BUG (exactly-once broken, a duplicate): a proxy refuses a binary insert
-/// (403, no ClickHouse code) that it forwarded and whose query is still
-/// running on the server (here: the body's last bytes are on their way).
-/// `json_may_differ` takes `ChErrorKind::Client` as a refusal, so
-/// `answer()` made it `Answer::Rejected`: "nothing of it is stored", and
-/// the protocol reconciles without fencing the attempt (a Rejected answer
-/// leaves no attempt to fence). The reconciliation finds nothing, the
-/// batch goes again as JSON and commits, and then the refused attempt
-/// commits too, within its deadline: every row of the batch twice. Its
-/// token would have caught the copy on a table with a dedup window; a
-/// MergeTree has none by default, and exactly-once promises to need none.
-/// Before this change a Client error stopped the sink (the JSON path still
-/// does, [`a_json_insert_refused_by_a_proxy_while_running_stops_the_sink_with_each_row_once`]),
-/// and the restart's lease takeover outlived the attempt's deadline. A fix:
-/// a binary insert refused with `ChErrorKind::Client` is answered
-/// `Answer::Unknown` (fenced: past its deadline and gone from the process
-/// list, then reconciled) before it goes again as JSON.
+/// A proxy refuses a binary insert (403, no ClickHouse code) that it
+/// forwarded and whose query still runs on the server (the body's last
+/// bytes are on their way). A proxy's refusal says nothing of the server's
+/// query: the attempt is fenced as an unknown outcome (past its deadline,
+/// gone from the process list), reconciled, then sent as JSON. Taken for a
+/// refusal (`Answer::Rejected`, reconciled unfenced) the JSON copy and the
+/// late binary one both landed: every row twice on a table with no dedup
+/// window.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "known bug: a proxy's 4xx of a binary insert is taken as Rejected, reconciled unfenced, the JSON retry duplicates the batch"]
 async fn a_binary_insert_refused_by_a_proxy_while_it_runs_lands_once() {
     let (got, running, tail) = refused_by_a_proxy(
         "binary",

@@ -1,12 +1,14 @@
 //! ClickHouse refusing a row: a value its column cannot hold goes to the DLQ
 //! as `rejected`, named by the row the server reports, and every other
 //! record lands once; the sink never stalls retrying a refusal. A permanent
-//! refusal that names no row stops the sink with the cause.
+//! refusal that names no row stops the sink with the cause, as does a
+//! reconciliation refused for good.
 
 use crate::harness::*;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::ClientConfig;
 use sluice_lab::poison;
+use sluice_lab::proxy::{Fault, Proxy};
 use sluice_lab::reject::{self, FAMILIES};
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
@@ -174,6 +176,40 @@ async fn a_refusal_naming_no_row_stops_the_sink_with_its_cause() {
     assert_eq!(code, Some(2), "{log}");
     assert!(
         log.contains("ClickHouse error 60") && log.contains("does not exist"),
+        "{log}"
+    );
+}
+
+/// An insert whose answer is lost, then the table dropped: the
+/// reconciliation that must come before the retry is refused for good
+/// (UNKNOWN_TABLE). The sink stops naming it, where it used to retry the
+/// reconciliation for ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reconciliation_refused_for_good_stops_the_sink_with_its_cause() {
+    let (topic, table, ch) = setup("reject_recon", 1, 50).await;
+    let proxy = Proxy::start(
+        Proxy::upstream_of(&clickhouse_url()),
+        Duration::from_secs(6),
+    )
+    .await
+    .unwrap();
+    proxy.arm(Fault::WithholdResponse);
+    let mut spec = SinkSpec::new(&topic, &table);
+    spec.clickhouse_url = proxy.url.clone();
+    spec.insert_timeout = Duration::from_secs(3);
+    let sink = spec.start();
+    let got = wait_for(&ch, &table, 50, Duration::from_secs(60)).await;
+    assert_eq!(got.distinct_offsets, 50);
+    // The rows are in; their answer is still held.
+    exec(&ch, &format!("DROP TABLE {table} SYNC")).await;
+    let (code, log) = tokio::task::spawn_blocking(move || exit_of(sink, Duration::from_secs(120)))
+        .await
+        .unwrap();
+    assert_eq!(proxy.fired(), 1, "{log}");
+    assert!(log.contains("insert outcome unknown"), "{log}");
+    assert_eq!(code, Some(2), "{log}");
+    assert!(
+        log.contains("ClickHouse error 60") && log.contains("UNKNOWN_TABLE"),
         "{log}"
     );
 }

@@ -449,6 +449,10 @@ async fn attempt_until_done(
             Next::Reconcile { fence, rows } => {
                 match reconcile(job, &rows, ctx, fence.as_ref()).await {
                     Ok(present) => way.reconciled(&present),
+                    // The table is gone, or the user may not read it: no
+                    // retry can tell what landed (the batch stays
+                    // uncommitted; a restart reconciles it again).
+                    Err(e) if !e.is_retriable() => return Outcome::Failed(e),
                     Err(e) => {
                         tracing::warn!(topic = %topic, error = %e, "reconciliation failed; will retry");
                         wait_or_abandoned(&mut delays, slices).await;
@@ -521,7 +525,18 @@ async fn attempt_until_done(
         };
         way.sent(qid, deadline_ms);
         let result = ctx.ch.insert(req).await;
-        let answered = answer(&result);
+        let mut answered = answer(&result);
+        if let (true, Err(e)) = (binary, &result) {
+            if e.kind == ChErrorKind::Client {
+                // Something in front of the server refused it (a binary
+                // insert's URL is longer). That says nothing of the
+                // server's query, which may run on and commit: fenced as an
+                // unknown outcome, reconciled, then sent as JSON.
+                answered = Answer::Unknown;
+                json_only = true;
+                ctx.bodies.refused(job.route_idx);
+            }
+        }
         way.answered(answered);
         let parts: Vec<i32> = batch.partitions().collect();
         match (answered, result) {
@@ -720,10 +735,8 @@ fn answer(result: &Result<(), ChError>) -> Answer {
 
 /// Whether a refused binary insert might have been taken as JSON: the
 /// refusal names a row, comes from the guard (the table's columns
-/// changed), is a parsing error, or comes from something in front of the
-/// server (a binary insert's URL is longer: a proxy may refuse it). A
-/// refusal of the table itself (it is gone, read-only, out of space) is
-/// the JSON insert's too.
+/// changed), or is a parsing error. A refusal of the table itself (it is
+/// gone, read-only, out of space) is the JSON insert's too.
 fn json_may_differ(e: &ChError) -> bool {
     /// CANNOT_PARSE_TEXT, CANNOT_PARSE_INPUT_ASSERTION_FAILED,
     /// CANNOT_READ_ALL_DATA, CANNOT_PARSE_DATE, CANNOT_PARSE_DATETIME,
@@ -731,11 +744,10 @@ fn json_may_differ(e: &ChError) -> bool {
     /// INCORRECT_DATA, TOO_LARGE_ARRAY_SIZE, TOO_LARGE_STRING_SIZE,
     /// UNKNOWN_ELEMENT_OF_ENUM.
     const PARSING: &[u32] = &[6, 27, 33, 38, 41, 53, 70, 72, 117, 128, 131, 691];
-    e.kind == ChErrorKind::Client
-        || e.kind == ChErrorKind::Server
-            && (e.row.is_some()
-                || e.message.contains(COLUMNS_CHANGED)
-                || e.code.is_some_and(|c| PARSING.contains(&c)))
+    e.kind == ChErrorKind::Server
+        && (e.row.is_some()
+            || e.message.contains(COLUMNS_CHANGED)
+            || e.code.is_some_and(|c| PARSING.contains(&c)))
 }
 
 /// The record of `batch` a permanent ClickHouse error names ([`ChError::row`],
