@@ -828,7 +828,8 @@ async fn refusing_proxy(
                         };
                         match m.load(Ordering::SeqCst) {
                             0 => {
-                                if cw2.lock().await.write_all(&buf[..n]).await.is_err() {
+                                let sent = cw2.lock().await.write_all(&buf[..n]).await;
+                                if sent.is_err() {
                                     break;
                                 }
                             }
