@@ -22,6 +22,13 @@
 //!   the proxy answers it itself with what [`Proxy::answer_next_insert`]
 //!   set (a 413 of a body limit, a gateway's 502 page, a 200 carrying an
 //!   exception), as a load balancer or gateway in front of ClickHouse does.
+//! - [`Fault::AnswerWhileRunning`]: the request is forwarded but for its
+//!   last bytes (the chunked body's end), the proxy answers the client
+//!   itself at once, and the last bytes follow `hold` later: the server's
+//!   query runs on after the client was refused, and commits.
+//! - [`Fault::AnswerAfterCommit`]: the request is forwarded whole; the
+//!   server's answer (it committed) is replaced by the proxy's own, as a
+//!   gateway's response-phase rule does.
 //!
 //! [`Proxy::hold_reads`] gives [`Fault::HoldRequest`] to the next n
 //! requests that are not INSERTs (a network blip on a read).
@@ -44,6 +51,8 @@ pub enum Fault {
     LateRequest = 4,
     SlowBody = 5,
     Answer = 6,
+    AnswerWhileRunning = 7,
+    AnswerAfterCommit = 8,
 }
 
 #[derive(Default)]
@@ -60,6 +69,11 @@ struct State {
     slow_ms: AtomicU64,
     /// Requests other than INSERTs still to hold.
     hold_reads: AtomicU32,
+    /// When set, an armed fault waits for an INSERT whose request head
+    /// holds these bytes.
+    marker: std::sync::Mutex<Option<Vec<u8>>>,
+    /// An armed fault stays armed: every INSERT gets it.
+    sticky: AtomicBool,
     /// The whole HTTP response [`Fault::Answer`] gives.
     answer: std::sync::Mutex<Vec<u8>>,
 }
@@ -102,6 +116,19 @@ impl Proxy {
             .to_string()
     }
 
+    /// From now on an armed fault waits for an INSERT whose request head
+    /// (its URL: the query, its settings) holds `marker`.
+    pub fn only_inserts_with(&self, marker: &[u8]) {
+        *self.state.marker.lock().unwrap() = Some(marker.to_vec());
+    }
+
+    /// From now on an armed fault stays armed: every INSERT (that
+    /// [`Self::only_inserts_with`] lets through) gets it, as a proxy's
+    /// rule does.
+    pub fn keep_armed(&self) {
+        self.state.sticky.store(true, Ordering::SeqCst);
+    }
+
     /// The next INSERT gets `fault`.
     pub fn arm(&self, fault: Fault) {
         self.state.armed.store(fault as u8, Ordering::SeqCst);
@@ -117,6 +144,14 @@ impl Proxy {
     /// `body` (and `headers`, each `Name: value`), and never reaches the
     /// server.
     pub fn answer_next_insert(&self, status: u16, headers: &[&str], body: &str) {
+        self.answer_next_insert_as(Fault::Answer, status, headers, body);
+    }
+
+    /// As [`Self::answer_next_insert`], when `fault` says: instead of the
+    /// server ([`Fault::Answer`]), while its query runs
+    /// ([`Fault::AnswerWhileRunning`]) or once it committed
+    /// ([`Fault::AnswerAfterCommit`]).
+    pub fn answer_next_insert_as(&self, fault: Fault, status: u16, headers: &[&str], body: &str) {
         let reason = match status {
             200 => "OK",
             400 => "Bad Request",
@@ -136,7 +171,7 @@ impl Proxy {
             body.len()
         ));
         *self.state.answer.lock().unwrap() = head.into_bytes();
-        self.arm(Fault::Answer);
+        self.arm(fault);
     }
 
     /// Every `n`-th INSERT from now on is delivered late (0: none).
@@ -170,8 +205,11 @@ impl Proxy {
 }
 
 async fn pipe(client: TcpStream, server: TcpStream, st: Arc<State>, hold: Duration) {
-    let (mut cr, mut cw) = client.into_split();
+    let (mut cr, cw) = client.into_split();
     let (mut sr, mut sw) = server.into_split();
+    // The upstream half answers the client itself for AnswerWhileRunning.
+    let cw = Arc::new(tokio::sync::Mutex::new(cw));
+    let cw_up = cw.clone();
     // Set once this connection carries a faulted insert.
     let mode = Arc::new(AtomicU8::new(0));
     let m = mode.clone();
@@ -202,7 +240,18 @@ async fn pipe(client: TcpStream, server: TcpStream, st: Arc<State>, hold: Durati
             if m.load(Ordering::SeqCst) == 0 && contains(chunk, b"query=INSERT") {
                 let every = s2.late_every.load(Ordering::SeqCst);
                 let nth = s2.inserts.fetch_add(1, Ordering::SeqCst) + 1;
-                let f = match s2.armed.swap(0, Ordering::SeqCst) {
+                let marked = s2
+                    .marker
+                    .lock()
+                    .unwrap()
+                    .as_ref()
+                    .is_none_or(|m| contains(chunk, m));
+                let armed = match (marked, s2.sticky.load(Ordering::SeqCst)) {
+                    (false, _) => 0,
+                    (true, false) => s2.armed.swap(0, Ordering::SeqCst),
+                    (true, true) => s2.armed.load(Ordering::SeqCst),
+                };
+                let f = match armed {
                     0 if every > 0 && nth.is_multiple_of(every) => Fault::LateRequest as u8,
                     f => f,
                 };
@@ -238,19 +287,27 @@ async fn pipe(client: TcpStream, server: TcpStream, st: Arc<State>, hold: Durati
                 }
                 x if x == Fault::DropRequest as u8 => break,
                 x if x == Fault::Answer as u8 => {
-                    // Take the whole request (its chunked body ends with an
-                    // empty chunk), then hang up on the server unasked.
-                    let mut tail = chunk.to_vec();
-                    while !tail.ends_with(b"0\r\n\r\n") {
-                        match cr.read(&mut buf).await {
-                            Ok(0) | Err(_) => break,
-                            Ok(n) => {
-                                tail.extend_from_slice(&buf[..n]);
-                                tail.drain(..tail.len().saturating_sub(8));
-                            }
-                        }
-                    }
+                    // Take the whole request, then hang up on the server
+                    // unasked.
+                    whole_request(chunk.to_vec(), &mut cr).await;
                     break;
+                }
+                x if x == Fault::AnswerWhileRunning as u8 => {
+                    let request = whole_request(chunk.to_vec(), &mut cr).await;
+                    let cut = request.len().saturating_sub(END.len());
+                    if sw.write_all(&request[..cut]).await.is_err() {
+                        break;
+                    }
+                    let answer = s2.answer.lock().unwrap().clone();
+                    {
+                        let mut cw = cw_up.lock().await;
+                        let _ = cw.write_all(&answer).await;
+                        let _ = cw.shutdown().await;
+                    }
+                    tokio::time::sleep(hold).await;
+                    let _ = sw.write_all(&request[cut..]).await;
+                    // The server's answer goes nowhere: wait for it.
+                    std::future::pending::<()>().await;
                 }
                 x if x == Fault::HoldRequest as u8 => {
                     tokio::time::sleep(hold).await;
@@ -274,14 +331,29 @@ async fn pipe(client: TcpStream, server: TcpStream, st: Arc<State>, hold: Durati
             // The client gave up long ago: the answer goes nowhere.
             continue;
         }
-        if mode.load(Ordering::SeqCst) == Fault::WithholdResponse as u8 {
-            // The server has answered: the insert is committed. Swallow the
-            // answer, keep the client waiting, then hang up.
-            tokio::time::sleep(hold).await;
-            break;
-        }
-        if mode.load(Ordering::SeqCst) != 0 || cw.write_all(&buf[..n]).await.is_err() {
-            break;
+        match mode.load(Ordering::SeqCst) {
+            m if m == Fault::WithholdResponse as u8 => {
+                // The server has answered: the insert is committed. Swallow
+                // the answer, keep the client waiting, then hang up.
+                tokio::time::sleep(hold).await;
+                break;
+            }
+            m if m == Fault::AnswerAfterCommit as u8 => {
+                // The server has answered: the insert is committed. The
+                // client gets the proxy's answer instead.
+                let answer = st.answer.lock().unwrap().clone();
+                let _ = cw.lock().await.write_all(&answer).await;
+                break;
+            }
+            // The client was answered: the server's answer goes nowhere.
+            m if m == Fault::AnswerWhileRunning as u8 => continue,
+            0 => {
+                let sent = cw.lock().await.write_all(&buf[..n]).await;
+                if sent.is_err() {
+                    break;
+                }
+            }
+            _ => break,
         }
     }
     if late(&mode) {
@@ -291,11 +363,30 @@ async fn pipe(client: TcpStream, server: TcpStream, st: Arc<State>, hold: Durati
         // The request is taken whole: the proxy answers it.
         let _ = upstream.await;
         let answer = st.answer.lock().unwrap().clone();
-        let _ = cw.write_all(&answer).await;
+        let _ = cw.lock().await.write_all(&answer).await;
     } else {
         upstream.abort();
     }
-    let _ = cw.shutdown().await;
+    let _ = cw.lock().await.shutdown().await;
+}
+
+/// The end of a chunked request body: an empty chunk.
+const END: &[u8] = b"0\r\n\r\n";
+
+/// A request whose first bytes are `request`, read from the client to the
+/// end of its chunked body.
+async fn whole_request(
+    mut request: Vec<u8>,
+    client: &mut tokio::net::tcp::OwnedReadHalf,
+) -> Vec<u8> {
+    let mut buf = vec![0u8; 64 * 1024];
+    while !request.ends_with(END) {
+        match client.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => request.extend_from_slice(&buf[..n]),
+        }
+    }
+    request
 }
 
 /// Holds a request whose first bytes are `held` for `hold`, taking the rest

@@ -249,6 +249,13 @@ impl ChError {
         rest.rsplit_once(": (at row ").map(|(name, _)| name)
     }
 
+    /// Whether the server says the table, its database or a column the
+    /// protocol reads is gone (NO_SUCH_COLUMN_IN_TABLE, UNKNOWN_IDENTIFIER,
+    /// UNKNOWN_TABLE, UNKNOWN_DATABASE): no retry of a read of it can pass.
+    pub(crate) fn table_is_gone(&self) -> bool {
+        self.kind == ChErrorKind::Server && self.code.is_some_and(|c| [16, 47, 60, 81].contains(&c))
+    }
+
     /// Whether no retry of the same rows can pass but fewer rows per insert
     /// may: the rows fall into more partitions of the table than one insert
     /// may create parts for (`max_partitions_per_insert_block`; the same

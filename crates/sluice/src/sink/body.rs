@@ -15,7 +15,8 @@
 //! binary insert was refused (the writer then sends that batch as JSON,
 //! [`Bodies::refused`]; the guard refuses every binary insert into a table
 //! whose columns changed), [`AFTER_FAILURE`] after a read failed, and
-//! [`UNUSABLE_FOR`] after it found a table it cannot encode. Reads run in
+//! [`UNUSABLE_FOR`] after it found a table it cannot encode or something in
+//! front of the server refused a binary insert ([`Bodies::refused_in_front`]). Reads run in
 //! the writer that needs them, one per route at a time, bounded by
 //! [`READ_WITHIN`]; meanwhile the others use the layout last read.
 
@@ -36,6 +37,7 @@ const AFTER_FAILURE: Duration = Duration::from_secs(10);
 const UNUSABLE_FOR: Duration = Duration::from_secs(60);
 
 const UNUSABLE: &str = "the table's rows cannot be encoded";
+const REFUSED_IN_FRONT: &str = "something in front of ClickHouse refused a binary insert";
 
 /// The binary path of each route.
 pub(crate) struct Bodies {
@@ -133,6 +135,24 @@ impl Bodies {
             let mut slot = slot.lock().unwrap_or_else(|p| p.into_inner());
             if slot.table.is_ok() {
                 slot.reread_at = Some(Instant::now());
+            }
+        }
+    }
+
+    /// Something in front of the server refused a binary insert of route
+    /// `ri` (a URL too long for it, a rule on the body): the route's
+    /// inserts go as JSON for [`UNUSABLE_FOR`] (each refusal costs a fence),
+    /// then its layout is read again.
+    pub(crate) fn refused_in_front(&self, ri: usize) {
+        if let Some(slot) = self.routes.get(ri) {
+            let mut slot = slot.lock().unwrap_or_else(|p| p.into_inner());
+            if slot.table.is_ok() {
+                tracing::warn!(
+                    for_secs = UNUSABLE_FOR.as_secs(),
+                    "{REFUSED_IN_FRONT}: inserts go as JSONEachRow"
+                );
+                slot.table = Err(REFUSED_IN_FRONT);
+                slot.reread_at = Some(Instant::now() + UNUSABLE_FOR);
             }
         }
     }

@@ -449,10 +449,12 @@ async fn attempt_until_done(
             Next::Reconcile { fence, rows } => {
                 match reconcile(job, &rows, ctx, fence.as_ref()).await {
                     Ok(present) => way.reconciled(&present),
-                    // The table is gone, or the user may not read it: no
-                    // retry can tell what landed (the batch stays
-                    // uncommitted; a restart reconciles it again).
-                    Err(e) if !e.is_retriable() => return Outcome::Failed(e),
+                    // The table is gone: no retry can tell what landed
+                    // (the batch stays uncommitted; a restart reconciles
+                    // it again). Anything else may pass (a fence that
+                    // gave up on a query still running, a proxy's 4xx in
+                    // a deploy, grants being applied): retried.
+                    Err(e) if e.table_is_gone() => return Outcome::Failed(e),
                     Err(e) => {
                         tracing::warn!(topic = %topic, error = %e, "reconciliation failed; will retry");
                         wait_or_abandoned(&mut delays, slices).await;
@@ -534,7 +536,7 @@ async fn attempt_until_done(
                 // unknown outcome, reconciled, then sent as JSON.
                 answered = Answer::Unknown;
                 json_only = true;
-                ctx.bodies.refused(job.route_idx);
+                ctx.bodies.refused_in_front(job.route_idx);
             }
         }
         way.answered(answered);
