@@ -407,6 +407,7 @@ impl PrivateBroker {
             .stderr(out)
             .spawn()
             .with_context(|| format!("starting {}", self.node.display()))?;
+        super::children::started(child.id());
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
@@ -551,6 +552,7 @@ impl PrivateClickHouse {
             .stderr(std::process::Stdio::null())
             .spawn()
             .context("starting a private ClickHouse server")?;
+        super::children::started(child.id());
         let me = Self {
             child: Some(child),
             port,

@@ -10,6 +10,7 @@
 //! of its own); `--jobs` scenarios (3) run at once, reported in the matrix's
 //! order.
 
+pub mod children;
 pub mod fixture;
 pub mod kafka_proxy;
 pub mod poison;
@@ -86,9 +87,12 @@ pub async fn main(
 ) -> anyhow::Result<Outcome> {
     tokio::select! {
         r = work(a) => r,
-        () = stop => anyhow::bail!(
-            "interrupted: stopped the lab's sinks and brokers (finished scenarios are saved)"
-        ),
+        () = stop => {
+            children::kill_all();
+            anyhow::bail!(
+                "interrupted: stopped the lab's sinks and brokers (finished scenarios are saved)"
+            )
+        }
     }
 }
 

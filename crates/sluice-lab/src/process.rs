@@ -194,6 +194,7 @@ impl SinkSpec {
             .stderr(std::fs::File::create(&log)?)
             .spawn()
             .context("starting sluice run")?;
+        super::children::started(child.id());
         Ok(SinkProcess {
             child: Some(child),
             log,
