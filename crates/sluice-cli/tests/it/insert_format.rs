@@ -900,10 +900,12 @@ async fn binary_always_refused(n: u64) -> (u32, Landed, String) {
 
 /// Every row lands once through the JSON fallback when the proxy refuses
 /// every binary insert, and the route goes as JSON after the first
-/// refusal (each would cost a fence): one refusal in all.
+/// refusal (each would cost a fence): of the ten batches, only those sent
+/// before the first refusal came back (at most `max_concurrent_inserts`,
+/// 4) are refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn binary_inserts_a_proxy_always_refuses_land_once_as_json() {
     let (fired, got, log) = binary_always_refused(1_000).await;
-    assert_eq!(fired, 1, "{log}");
+    assert!((1..=4).contains(&fired), "{fired} refusals: {log}");
     assert_eq!((got.rows, got.distinct_offsets), (1_000, 1_000), "{got:?}");
 }
