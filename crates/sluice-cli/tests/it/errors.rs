@@ -4,7 +4,6 @@
 use crate::harness::*;
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
 use rdkafka::ClientConfig;
-use sluice_lab::proxy::Proxy;
 use std::time::Duration;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -287,12 +286,7 @@ async fn answers_from_in_front_of_the_server_are_retried_or_split() {
     ];
     let round = 400;
     let (topic, table, ch) = setup("gateway", 1, 0).await;
-    let proxy = Proxy::start(
-        Proxy::upstream_of(&clickhouse_url()),
-        Duration::from_secs(5),
-    )
-    .await
-    .unwrap();
+    let proxy = clickhouse_proxy(Duration::from_secs(5)).await;
     let mut spec = SinkSpec::new(&topic, &table);
     spec.clickhouse_url = proxy.url.clone();
     let mut sink = spec.start();
@@ -326,12 +320,7 @@ async fn answers_from_in_front_of_the_server_are_retried_or_split() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gateways_other_refusal_stops_the_sink_with_its_status() {
     let (topic, table, ch) = setup("gateway403", 1, 100).await;
-    let proxy = Proxy::start(
-        Proxy::upstream_of(&clickhouse_url()),
-        Duration::from_secs(5),
-    )
-    .await
-    .unwrap();
+    let proxy = clickhouse_proxy(Duration::from_secs(5)).await;
     proxy.answer_next_insert(
         403,
         &["Content-Type: text/html"],

@@ -1,26 +1,19 @@
 //! Faults between the sink and ClickHouse, and group membership changes.
 
 use crate::harness::*;
-use sluice_lab::proxy::{Fault, Proxy};
+use sluice_lab::proxy::Fault;
 use sluice_protocol::token::{insert_token, query_id};
 use sluice_protocol::Row;
 use std::time::{Duration, Instant};
 
 const PARTITIONS: i32 = 8;
 
-fn upstream() -> String {
-    clickhouse_url()
-        .trim_start_matches("http://")
-        .trim_end_matches('/')
-        .to_string()
-}
-
 /// Runs a sink behind a proxy that injects `fault` into its first insert;
 /// returns what landed, how many ids are missing, and the sink's log.
 async fn behind_proxy(fault: Fault, hold: Duration) -> (Landed, u64, String) {
     let n = 50_000;
     let (topic, table, ch) = setup("proxy", PARTITIONS, n).await;
-    let proxy = Proxy::start(upstream(), hold).await.unwrap();
+    let proxy = clickhouse_proxy(hold).await;
     proxy.arm(fault);
     let mut spec = SinkSpec::new(&topic, &table);
     spec.clickhouse_url = proxy.url.clone();
@@ -45,9 +38,7 @@ async fn behind_proxy(fault: Fault, hold: Duration) -> (Landed, u64, String) {
 async fn reads_held_at_start_up_are_retried_and_every_record_lands() {
     let n = 2_000;
     let (topic, table, ch) = setup("startblip", PARTITIONS, n).await;
-    let proxy = Proxy::start(upstream(), Duration::from_secs(8))
-        .await
-        .unwrap();
+    let proxy = clickhouse_proxy(Duration::from_secs(8)).await;
     proxy.hold_reads(2);
     let mut spec = SinkSpec::new(&topic, &table);
     spec.clickhouse_url = proxy.url.clone();
@@ -89,7 +80,7 @@ async fn a_body_that_arrives_after_the_deadline_commits_nothing() {
     let n = 1_000;
     let (topic, table, ch) = setup("slowbody", 1, n).await;
     let hold = Duration::from_secs(30);
-    let proxy = Proxy::start(upstream(), hold).await.unwrap();
+    let proxy = clickhouse_proxy(hold).await;
     proxy.arm(Fault::SlowBody);
     let mut spec = SinkSpec::new(&topic, &table);
     spec.clickhouse_url = proxy.url.clone();

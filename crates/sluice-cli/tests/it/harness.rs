@@ -99,6 +99,15 @@ pub fn produce(topic: &str, partitions: i32, start: u64, n: u64) {
         .unwrap_or_else(|e| panic!("{e:#}"));
 }
 
+/// A fault-injecting proxy in front of the stack's ClickHouse; `hold` is
+/// how long its holding faults hold.
+pub async fn clickhouse_proxy(hold: Duration) -> sluice_lab::proxy::Proxy {
+    use sluice_lab::proxy::Proxy;
+    Proxy::start(Proxy::upstream_of(&clickhouse_url()), hold)
+        .await
+        .expect("starting a proxy in front of ClickHouse")
+}
+
 pub fn ch() -> clickhouse::Client {
     ch_at(&clickhouse_url())
 }

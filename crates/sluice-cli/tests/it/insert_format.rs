@@ -13,7 +13,7 @@
 use crate::binary::produce_raw;
 use crate::harness::*;
 use crate::metrics::value;
-use sluice_lab::proxy::{Fault, Proxy};
+use sluice_lab::proxy::Fault;
 use std::time::Duration;
 
 /// The sink's metrics at `addr`.
@@ -67,6 +67,28 @@ async fn rows_of(ch: &clickhouse::Client, table: &str, cols: &str) -> Vec<String
     .fetch_all::<String>()
     .await
     .unwrap_or_else(|e| panic!("reading {table}: {e}"))
+}
+
+/// `table` holds the same `n` rows as `twin` in `cols`, in `(partition,
+/// offset)` order; the first few that differ otherwise.
+async fn same_rows(ch: &clickhouse::Client, table: &str, twin: &str, cols: &str, n: u64) {
+    let (sunk, want) = (
+        rows_of(ch, table, cols).await,
+        rows_of(ch, twin, cols).await,
+    );
+    assert_eq!(want.len(), n as usize, "{twin}");
+    let differ: Vec<_> = sunk
+        .iter()
+        .zip(&want)
+        .filter(|(a, b)| a != b)
+        .take(5)
+        .collect();
+    assert!(
+        differ.is_empty() && sunk.len() == want.len(),
+        "sink vs JSON ({} rows against {}): {differ:?}",
+        sunk.len(),
+        want.len()
+    );
 }
 
 /// `records` (JSON objects, record `i` at `(partition, offset)` of
@@ -321,18 +343,7 @@ async fn columns_changing_under_the_sink_land_every_row_once_as_json_would() {
     exec(&ch, &format!("CREATE TABLE {twin} AS {table}")).await;
     json_twin(&ch, &twin, &topic, &placed(0..n, &changing_record), &[]).await;
     let cols = "id, n, a, d, s, r2, nn, e, t, payload, _topic, _partition, _offset";
-    let (sunk, want) = (
-        rows_of(&ch, &table, cols).await,
-        rows_of(&ch, &twin, cols).await,
-    );
-    assert_eq!(want.len(), n as usize);
-    let differ: Vec<_> = sunk
-        .iter()
-        .zip(&want)
-        .filter(|(a, b)| a != b)
-        .take(5)
-        .collect();
-    assert!(differ.is_empty(), "sink vs JSON: {differ:?}");
+    same_rows(&ch, &table, &twin, cols, n).await;
     exec(&ch, &format!("DROP DATABASE {db}")).await;
 }
 
@@ -522,18 +533,7 @@ async fn rows_the_encoder_leaves_to_json_land_as_json_stores_them_and_are_counte
     exec(&ch, &format!("CREATE TABLE {twin} AS {table}")).await;
     json_twin(&ch, &twin, &topic, &placed(0..n, &mixed_record), &settings).await;
     let cols = "id, payload, u8, d, ip, dt, s, _partition, _offset";
-    let (sunk, want) = (
-        rows_of(&ch, &table, cols).await,
-        rows_of(&ch, &twin, cols).await,
-    );
-    assert_eq!(want.len(), n as usize);
-    let differ: Vec<_> = sunk
-        .iter()
-        .zip(&want)
-        .filter(|(a, b)| a != b)
-        .take(5)
-        .collect();
-    assert!(differ.is_empty(), "sink vs JSON: {differ:?}");
+    same_rows(&ch, &table, &twin, cols, n).await;
     exec(&ch, &format!("DROP DATABASE {db}")).await;
 }
 
@@ -660,12 +660,7 @@ async fn lost_answer_retry(delivery: &'static str, format: &str) -> (Landed, Str
     )
     .await;
     produce(&topic, 1, 0, n);
-    let proxy = Proxy::start(
-        Proxy::upstream_of(&clickhouse_url()),
-        Duration::from_secs(6),
-    )
-    .await
-    .unwrap();
+    let proxy = clickhouse_proxy(Duration::from_secs(6)).await;
     proxy.arm(Fault::WithholdResponse);
     let mut spec = SinkSpec::new(&topic, &table);
     spec.delivery = delivery;
@@ -790,12 +785,7 @@ async fn refused_by_a_proxy(
     let table = create_table(&ch, &unique("ifmt")).await;
     produce(&topic, 1, 0, n);
     // A refusal while running: the body's end follows 1.5 s later.
-    let proxy = Proxy::start(
-        Proxy::upstream_of(&clickhouse_url()),
-        Duration::from_millis(1500),
-    )
-    .await
-    .unwrap();
+    let proxy = clickhouse_proxy(Duration::from_millis(1500)).await;
     proxy.only_inserts_with(marker);
     proxy.answer_next_insert_as(when, 403, &[], "");
     let mut spec = SinkSpec::new(&topic, &table);
@@ -877,9 +867,7 @@ async fn binary_always_refused(n: u64) -> (u32, Landed, String) {
     let ch = ch();
     let table = create_table(&ch, &unique("ifmt")).await;
     produce(&topic, 1, 0, n);
-    let proxy = Proxy::start(Proxy::upstream_of(&clickhouse_url()), Duration::ZERO)
-        .await
-        .unwrap();
+    let proxy = clickhouse_proxy(Duration::ZERO).await;
     proxy.only_inserts_with(b"RowBinaryWithDefaults");
     proxy.keep_armed();
     proxy.answer_next_insert(414, &[], "");

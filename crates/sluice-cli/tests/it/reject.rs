@@ -8,7 +8,7 @@ use crate::harness::*;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::ClientConfig;
 use sluice_lab::poison;
-use sluice_lab::proxy::{Fault, Proxy};
+use sluice_lab::proxy::Fault;
 use sluice_lab::reject::{self, FAMILIES};
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
@@ -187,12 +187,7 @@ async fn a_refusal_naming_no_row_stops_the_sink_with_its_cause() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reconciliation_refused_for_good_stops_the_sink_with_its_cause() {
     let (topic, table, ch) = setup("reject_recon", 1, 50).await;
-    let proxy = Proxy::start(
-        Proxy::upstream_of(&clickhouse_url()),
-        Duration::from_secs(6),
-    )
-    .await
-    .unwrap();
+    let proxy = clickhouse_proxy(Duration::from_secs(6)).await;
     proxy.arm(Fault::WithholdResponse);
     let mut spec = SinkSpec::new(&topic, &table);
     spec.clickhouse_url = proxy.url.clone();
@@ -284,12 +279,7 @@ async fn an_attempt_outliving_the_fence() -> (bool, String, Landed) {
     let table_sql = sluice::sql::TableRef::parse(&table).unwrap().sql();
     let rows = (0..n as i64).map(|o| Row::new(0, o)).collect::<Vec<_>>();
     let qid = query_id(&insert_token(&table_sql, &topic, rows.into_iter()), 0);
-    let proxy = Proxy::start(
-        Proxy::upstream_of(&clickhouse_url()),
-        Duration::from_secs(6),
-    )
-    .await
-    .unwrap();
+    let proxy = clickhouse_proxy(Duration::from_secs(6)).await;
     proxy.arm(Fault::WithholdResponse);
     let mut spec = SinkSpec::new(&topic, &table);
     spec.clickhouse_url = proxy.url.clone();

@@ -6,7 +6,6 @@
 
 use crate::harness::*;
 use crate::status::{partitions as json_parts, status_of};
-use sluice_lab::proxy::Proxy;
 use std::time::{Duration, Instant};
 
 /// At least once, a partition with nothing to read (empty, or committed up
@@ -34,12 +33,7 @@ async fn until_caught_up_at_least_once_with_an_empty_partition_exits() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn until_caught_up_interrupted_does_not_exit_0() {
     let (topic, table, ch) = setup("rv-sigterm", 1, 500).await;
-    let proxy = Proxy::start(
-        Proxy::upstream_of(&clickhouse_url()),
-        Duration::from_secs(30),
-    )
-    .await
-    .unwrap();
+    let proxy = clickhouse_proxy(Duration::from_secs(30)).await;
     let mut spec = SinkSpec::new(&topic, &table);
     spec.clickhouse_url = proxy.url.clone();
     spec.args = vec!["--until-caught-up".into()];
@@ -223,12 +217,7 @@ async fn status_names_an_unreachable_end_and_exits_2() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn until_caught_up_a_member_given_nothing() {
     let (topic, table, ch) = setup("rv-nothing", 1, 400).await;
-    let proxy = Proxy::start(
-        Proxy::upstream_of(&clickhouse_url()),
-        Duration::from_secs(30),
-    )
-    .await
-    .unwrap();
+    let proxy = clickhouse_proxy(Duration::from_secs(30)).await;
     let mut spec = SinkSpec::new(&topic, &table);
     spec.args = vec!["--until-caught-up".into()];
     spec.max_batch_rows = 50;
@@ -288,12 +277,7 @@ async fn until_caught_up_two_members_leave_nothing_behind() {
         .unwrap();
     let ch = ch();
     let table = create_table(&ch, &unique("it")).await;
-    let proxy = Proxy::start(
-        Proxy::upstream_of(&clickhouse_url()),
-        Duration::from_secs(30),
-    )
-    .await
-    .unwrap();
+    let proxy = clickhouse_proxy(Duration::from_secs(30)).await;
     let mut spec = SinkSpec::new(&topic, &table);
     spec.brokers = mock.bootstrap_servers();
     spec.args = vec!["--until-caught-up".into()];
